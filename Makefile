@@ -1,0 +1,34 @@
+# The two entry points of the README: `make study` and `make test`. Both set up what is missing first.
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup system-deps study test lint clean-cluster
+
+setup: system-deps $(STAMP)
+
+system-deps:
+	@bash envs/bootstrap.sh
+
+# Reinstall only when the pinned requirements or the package metadata change.
+$(STAMP): envs/requirements.txt envs/dev-requirements.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q -r envs/dev-requirements.txt
+	$(BIN)/pip install -q --no-deps -e .
+	touch $(STAMP)
+
+study: setup
+	source $(BIN)/activate && snakemake --cores 8 report
+
+test: setup
+	source $(BIN)/activate && pytest -q -rs tests
+
+lint: setup
+	source $(BIN)/activate && ruff check src tests workflow && ruff format --check src tests workflow \
+	  && snakefmt --check Snakefile workflow/rules && snakemake --lint
+
+# Remove every namespace, interface, qdisc and process a crashed run may have left behind.
+clean-cluster: setup
+	$(BIN)/commscope cleanup

@@ -1,0 +1,104 @@
+"""Entry point run by torchrun on every node: ``python -m commscope.workload.train SPEC.json``.
+
+Reads the cell's run spec, trains for the given steps with capture on, and writes this rank's
+traces (``ops_rank{R}.parquet``, ``steps_rank{R}.parquet``, ``rank{R}.json``) into the spec's
+output directory on the node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import time
+from dataclasses import asdict
+from datetime import timedelta
+from pathlib import Path
+
+import pandas as pd
+import torch
+import torch.distributed as dist
+
+from commscope.workload import capture
+from commscope.workload.models import GPTConfig
+from commscope.workload.strategies import RunSettings, StepLog, make_strategy
+
+
+def run(spec: dict) -> Path:
+    """Train one cell on this rank and write its traces; returns the output directory."""
+    out_dir = Path(spec["out_dir"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # Ranks share this node's cores: one intra-op thread each avoids oversubscription noise.
+    torch.set_num_threads(int(spec.get("threads", 1)))
+    use_cuda = torch.cuda.is_available() and spec.get("device", "auto") != "cpu"
+    if use_cuda:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    backend = "nccl" if use_cuda else "gloo"
+    capture.install()
+    dist.init_process_group(backend, timeout=timedelta(seconds=float(spec.get("pg_timeout_s", 120))))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cfg = GPTConfig(**spec["model"])
+    settings = RunSettings(
+        device=f"cuda:{torch.cuda.current_device()}" if use_cuda else "cpu",
+        seed=int(spec.get("seed", 0)),
+        bucket_cap_mb=float(spec.get("bucket_cap_mb", 25.0)),
+        microbatches=int(spec.get("microbatches", 4)),
+        pp_schedule=spec.get("pp_schedule", "1f1b"),
+    )
+    log = StepLog()
+    capture.enable(True)  # model construction ops (DDP's initial broadcast) count as step -1
+    strategy = make_strategy(spec["strategy"], cfg, settings, log)
+    dist.barrier()
+    for i in range(int(spec["steps"])):
+        capture.set_step(i)
+        t0 = time.time_ns()
+        strategy.step(i)
+        if use_cuda:
+            torch.cuda.synchronize()
+        log.rows.append((i, "step", t0, time.time_ns()))
+    capture.set_step(-1)
+    capture.set_phase("other")
+    dist.barrier()
+    capture.enable(False)
+
+    node = int(os.environ.get("GROUP_RANK", spec.get("node", 0)))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    ops = pd.DataFrame([asdict(r) for r in capture.records()])
+    if not ops.empty:
+        ops["t_end_ns"] = ops["t_end_ns"].astype("Int64")
+    ops.insert(0, "rank", rank)
+    ops.insert(1, "node", node)
+    ops.insert(2, "local_rank", local_rank)
+    ops.to_parquet(out_dir / f"ops_rank{rank}.parquet", index=False)
+    steps = pd.DataFrame(log.rows, columns=["step", "phase", "t_start_ns", "t_end_ns"])
+    steps.insert(0, "rank", rank)
+    steps.insert(1, "node", node)
+    steps.to_parquet(out_dir / f"steps_rank{rank}.parquet", index=False)
+    meta = {
+        "rank": rank,
+        "node": node,
+        "world_size": world,
+        "backend": backend,
+        "hostname": socket.gethostname(),
+        "grad_bytes_local": strategy.grad_bytes(),
+        "param_count_local": sum(
+            (p.to_local() if hasattr(p, "to_local") else p).numel()
+            for p in strategy.model.parameters()
+        ),
+        "torch": torch.__version__,
+    }
+    (out_dir / f"rank{rank}.json").write_text(json.dumps(meta, indent=2))
+    dist.destroy_process_group()
+    return out_dir
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("spec", type=Path, help="run spec JSON written by the orchestrator")
+    args = parser.parse_args()
+    run(json.loads(args.spec.read_text()))
+
+
+if __name__ == "__main__":
+    main()
