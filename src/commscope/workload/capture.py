@@ -179,7 +179,9 @@ class _Poller:
         with self.cond:
             self.pending.append((work, rec))
             if self.thread is None:
-                self.thread = threading.Thread(target=self._loop, name="commscope-poll", daemon=True)
+                self.thread = threading.Thread(
+                    target=self._loop, name="commscope-poll", daemon=True
+                )
                 self.thread.start()
             self.cond.notify()
 

@@ -64,7 +64,9 @@ class Strategy:
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Data-parallel strategies give each rank its own shard of the global batch."""
-        x, y = synthetic_batch(self.cfg, self.cfg.batch, self.settings.seed + 1000 * step + self.rank)
+        x, y = synthetic_batch(
+            self.cfg, self.cfg.batch, self.settings.seed + 1000 * step + self.rank
+        )
         return x.to(self.device), y.to(self.device)
 
     def step(self, i: int) -> None:

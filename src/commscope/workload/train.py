@@ -36,7 +36,9 @@ def run(spec: dict) -> Path:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     backend = "nccl" if use_cuda else "gloo"
     capture.install()
-    dist.init_process_group(backend, timeout=timedelta(seconds=float(spec.get("pg_timeout_s", 120))))
+    dist.init_process_group(
+        backend, timeout=timedelta(seconds=float(spec.get("pg_timeout_s", 120)))
+    )
     rank, world = dist.get_rank(), dist.get_world_size()
     cfg = GPTConfig(**spec["model"])
     settings = RunSettings(
@@ -96,6 +98,8 @@ def run(spec: dict) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("spec", type=Path, help="run spec JSON written by the orchestrator")
+    # The orchestrator's run tag: it only marks the command line so the run can be found/killed.
+    parser.add_argument("--tag", default="")
     args = parser.parse_args()
     run(json.loads(args.spec.read_text()))
 

@@ -1,0 +1,636 @@
+"""The emulated cluster: N nodes on this machine, one Linux network namespace each.
+
+Layout for a cluster called ``NAME`` with nodes ``0..n-1`` (all interface names <= 15 chars,
+hence the 1-6 character ``NAME``)::
+
+    root namespace                          namespace cs-NAME-i
+    ─────────────────────────────────       ─────────────────────────────────────
+    bridge NAME-mgmt  (mgmt .1)  ── NAMEm{i} ══ mgmt0  (mgmt .2+i)  sshd listens here
+    bridge NAME-exp   (no addr)  ── NAMEe{i} ══ exp0   (exp  .2+i)  training traffic, tc
+
+The management network connects every node to the root namespace (where the orchestrator runs)
+and carries SSH only; the experiment network connects the nodes to each other only (no address
+in the root namespace), so shaping ``exp0`` shapes exactly the training traffic.
+
+Each node runs its own sshd inside its namespace with a per-cluster host key, key-only auth and
+a known_hosts file written here, so :class:`~commscope.cluster.hosts.Host` verifies every node
+exactly as it would verify a real machine. Everything is done with ``ip``, ``ssh-keygen`` and
+``sshd`` as root. Links we create carry the alias ``commscope:cs-NAME`` so :func:`cleanup_all`
+can find them without guessing from names alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import ipaddress
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from commscope.cluster.hosts import Cluster, Host, NodeSpec
+
+log = logging.getLogger(__name__)
+
+NETNS_PREFIX = "cs-"
+SSHD = "/usr/sbin/sshd"
+_NAME_RE = re.compile(r"^[a-z0-9]{1,6}$")
+# Alias stamped on every root-side link we create: cleanup finds our links by it, not by name.
+_ALIAS_PREFIX = "commscope:"
+_BRIDGE_NF = Path("/proc/sys/net/bridge/bridge-nf-call-iptables")
+
+
+# ──────────────────────────────────────────────────────────────────────────── helpers
+
+
+def _require_root() -> None:
+    if os.geteuid() != 0:
+        raise PermissionError(
+            "the netns cluster backend needs root (network namespaces, veths, bridges and one "
+            "sshd per node); run as root, or use the ssh backend (an inventory of real hosts) "
+            "or the local mode (ranks on loopback, no shaping)"
+        )
+
+
+def _run(
+    args: Sequence[str], *, check: bool = True, timeout: float = 30.0
+) -> subprocess.CompletedProcess[str]:
+    """Run a command, capture output; on failure raise with the command and its stderr."""
+    proc = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise RuntimeError(
+            f"command failed (rc={proc.returncode}): {' '.join(args)}\n{proc.stderr.strip()}"
+        )
+    return proc
+
+
+def _quiet(args: Sequence[str]) -> bool:
+    """Run a cleanup command; "already gone" is fine, so never raise. True if it succeeded."""
+    try:
+        return _run(args, check=False).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def _ns_name(name: str, index: int) -> str:
+    return f"{NETNS_PREFIX}{name}-{index}"
+
+
+def _validate_name(name: str) -> None:
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise ValueError(
+            f"name={name!r} is invalid: the cluster name must be 1-6 lowercase letters/digits "
+            f"(e.g. 'cs0'), because it is part of interface names such as '{name}-mgmt' "
+            "which Linux limits to 15 characters"
+        )
+
+
+def list_netns() -> list[str]:
+    """Names of all network namespaces known to ``ip netns`` (those under /run/netns)."""
+    proc = _run(["ip", "-j", "netns", "list"], check=False)
+    if proc.returncode != 0 or not proc.stdout.strip():
+        return []
+    return [entry["name"] for entry in json.loads(proc.stdout)]
+
+
+def _root_links() -> list[dict]:
+    proc = _run(["ip", "-j", "link", "show"], check=False)
+    return json.loads(proc.stdout) if proc.returncode == 0 and proc.stdout.strip() else []
+
+
+def _netns_pids(ns: str) -> list[int]:
+    proc = _run(["ip", "netns", "pids", ns], check=False)
+    return [int(p) for p in proc.stdout.split() if p.isdigit()]
+
+
+def _kill_netns_pids(ns: str, grace_s: float = 3.0) -> list[int]:
+    """SIGTERM every process in ``ns``, SIGKILL what is left after ``grace_s``.
+
+    Needed because deleting a namespace only unmounts its name: processes inside keep it (and
+    its interfaces) alive.
+    """
+    pids = _netns_pids(ns)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and _netns_pids(ns):
+        time.sleep(0.05)
+    for pid in _netns_pids(ns):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and _netns_pids(ns):
+        time.sleep(0.05)
+    return pids
+
+
+def _disable_ipv6(dev: str | None = None, ns: str | None = None) -> None:
+    """Best effort: no IPv6 on cluster links, so router solicitations/MLD reports do not show up
+    in the interface counters we sample (and nothing tries SLAAC on a bridge)."""
+    keys = ["all", "default"] if dev is None else [dev]
+    for key in keys:
+        path = f"/proc/sys/net/ipv6/conf/{key}/disable_ipv6"
+        if ns is None:
+            with contextlib.suppress(OSError):
+                Path(path).write_text("1\n")
+        else:
+            _quiet(["ip", "netns", "exec", ns, "sh", "-c", f"echo 1 > {path}"])
+
+
+def _bridge_nf_note() -> str:
+    try:
+        if _BRIDGE_NF.read_text().strip() == "1":
+            return (
+                " Note: bridge netfilter is on (/proc/sys/net/bridge/bridge-nf-call-iptables = 1),"
+                " so bridged traffic between nodes passes the host's iptables FORWARD chain; a"
+                " DROP policy there (e.g. set by Docker) silently drops it. Allow the cluster"
+                " bridges in the firewall or set that sysctl to 0."
+            )
+    except OSError:
+        pass
+    return ""
+
+
+@contextlib.contextmanager
+def _locked(state_dir: Path) -> Iterator[None]:
+    """Exclusive fcntl lock on state_dir/.lock (blocks until concurrent provisioners finish)."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    with open(state_dir / ".lock", "a+") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def _subnet_hosts(subnet: str, field: str, n_nodes: int) -> tuple[ipaddress.IPv4Network, list]:
+    try:
+        net = ipaddress.ip_network(subnet, strict=True)
+    except ValueError as exc:
+        raise ValueError(
+            f"{field}={subnet!r} is not a network such as '198.18.0.0/24': {exc}"
+        ) from None
+    if net.version != 4:
+        raise ValueError(f"{field}={subnet!r} must be an IPv4 network such as '198.18.0.0/24'")
+    # base+1 is the root-side bridge address (mgmt) and base+2+i is node i.
+    addrs = [net.network_address + 2 + i for i in range(n_nodes)]
+    if n_nodes and addrs[-1] >= net.broadcast_address:
+        raise ValueError(
+            f"{field}={subnet!r} is too small for {n_nodes} nodes (needs {n_nodes + 3} addresses)"
+        )
+    return net, addrs
+
+
+def _check_no_route_overlap(net: ipaddress.IPv4Network, own_bridge: str, field: str) -> None:
+    """Refuse a management subnet that the root namespace already routes elsewhere: two clusters
+    on the same subnet would steal each other's SSH traffic."""
+    proc = _run(["ip", "-j", "-4", "route", "show", "table", "main"], check=False)
+    if proc.returncode != 0 or not proc.stdout.strip():
+        return
+    for route in json.loads(proc.stdout):
+        dst = route.get("dst", "")
+        if dst in ("", "default") or route.get("dev") == own_bridge:
+            continue
+        try:
+            other = ipaddress.ip_network(dst, strict=False)
+        except ValueError:
+            continue
+        if other.version == 4 and other.overlaps(net):
+            raise ValueError(
+                f"{field}={net} overlaps the route {dst} on dev {route.get('dev')} in the root "
+                "namespace (another cluster or a real network); choose another subnet"
+            )
+
+
+def _sshd_supports(option_line: str, cfg: Path) -> bool:
+    """Whether this sshd accepts a config line (PerSourcePenalties only exists from 9.8 on)."""
+    probe = cfg.with_suffix(".probe")
+    probe.write_text(cfg.read_text() + option_line + "\n")
+    try:
+        return _run([SSHD, "-t", "-f", str(probe)], check=False).returncode == 0
+    finally:
+        probe.unlink(missing_ok=True)
+
+
+def _keygen(path: Path, comment: str) -> None:
+    """A fresh passphrase-less ed25519 key pair at ``path`` and ``path``.pub."""
+    _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)])
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+# ──────────────────────────────────────────────────────────────────────────── public API
+
+
+def teardown_netns(name: str, state_dir: Path | None = None) -> None:
+    """Remove cluster ``name``: processes, namespaces, root-side veths, both bridges.
+
+    Idempotent and never raises because something is already gone. With ``state_dir``, also
+    removes its cluster.json (keys are kept: a rebuild makes new ones anyway).
+    """
+    _validate_name(name)
+    _require_root()
+    if state_dir is not None:
+        with _locked(Path(state_dir)):
+            _teardown(name, Path(state_dir))
+    else:
+        _teardown(name, None)
+
+
+def _teardown(name: str, state_dir: Path | None) -> list[str]:
+    removed: list[str] = []
+    ns_re = re.compile(rf"^{re.escape(NETNS_PREFIX + name)}-\d+$")
+    for ns in list_netns():
+        if ns_re.match(ns):
+            _kill_netns_pids(ns)
+            if _quiet(["ip", "netns", "delete", ns]):
+                removed.append(ns)
+    # Veth root ends vanish with their namespace peers; delete stragglers (e.g. a crash between
+    # creating a veth and moving its peer) and the bridges. Match by our alias or by exact name.
+    link_re = re.compile(rf"^{re.escape(name)}(m|e)\d+$|^{re.escape(name)}-(mgmt|exp)$")
+    alias = f"{_ALIAS_PREFIX}{NETNS_PREFIX}{name}"
+    for link in _root_links():
+        ifname = link.get("ifname", "")
+        ours = link_re.match(ifname) or link.get("ifalias") == alias
+        if ours and _quiet(["ip", "link", "delete", "dev", ifname]):
+            removed.append(ifname)
+    if state_dir is not None:
+        (state_dir / "cluster.json").unlink(missing_ok=True)
+        # sshd pid files of a dead cluster are stale; drop them so nobody trusts them.
+        for pidfile in state_dir.glob("node*/sshd.pid"):
+            pidfile.unlink(missing_ok=True)
+    return removed
+
+
+def cleanup_all(prefix: str = NETNS_PREFIX) -> list[str]:
+    """Remove every namespace whose name starts with ``prefix`` and our links; return their names.
+
+    Backs ``commscope cleanup``: after a crash, kills the processes in each namespace (sshd,
+    ranks, iperf3), deletes the namespaces, then the root-side veths and bridges stamped with our
+    alias (``commscope:<prefix>...``) or named after a cluster whose namespaces were found.
+    """
+    _require_root()
+    removed: list[str] = []
+    names: set[str] = set()
+    ns_re = re.compile(rf"^{re.escape(prefix)}([a-z0-9]{{1,6}})-\d+$")
+    for ns in list_netns():
+        if not ns.startswith(prefix):
+            continue
+        m = ns_re.match(ns)
+        if m:
+            names.add(m.group(1))
+        _kill_netns_pids(ns)
+        if _quiet(["ip", "netns", "delete", ns]):
+            removed.append(ns)
+    link_res = [re.compile(rf"^{re.escape(n)}(m|e)\d+$|^{re.escape(n)}-(mgmt|exp)$") for n in names]
+    for link in _root_links():
+        ifname = link.get("ifname", "")
+        ours = str(link.get("ifalias", "")).startswith(_ALIAS_PREFIX + prefix) or any(
+            r.match(ifname) for r in link_res
+        )
+        if ours and _quiet(["ip", "link", "delete", "dev", ifname]):
+            removed.append(ifname)
+    return removed
+
+
+@functools.lru_cache(maxsize=1)
+def kernel_has_netem() -> bool:
+    """Whether this kernel has the netem qdisc, probed for real (cached).
+
+    Adds a netem qdisc to a veth in a throwaway namespace; tc answers "Specified qdisc kind is
+    unknown" when sch_netem is neither built in nor loadable. (A veth, not a dummy device: some
+    kernels, this one included, have no dummy driver.)
+    """
+    _require_root()
+    ns = f"csprobe{os.getpid()}"
+    _quiet(["ip", "netns", "delete", ns])
+    try:
+        _run(["ip", "netns", "add", ns])
+        veth = ["type", "veth", "peer", "name", "probe1"]
+        _run(["ip", "-n", ns, "link", "add", "name", "probe0", *veth])
+        proc = _run(
+            ["tc", "-n", ns, "qdisc", "add", "dev", "probe0", "root", "netem", "delay", "1ms"],
+            check=False,
+        )
+        if proc.returncode == 0:
+            return True
+        if "Specified qdisc kind is unknown" in proc.stderr:
+            return False
+        raise RuntimeError(f"netem probe failed unexpectedly: {proc.stderr.strip()}")
+    finally:
+        _quiet(["ip", "netns", "delete", ns])
+
+
+def provision_netns(
+    name: str,
+    n_nodes: int,
+    state_dir: Path,
+    mgmt_subnet: str = "198.18.0.0/24",
+    exp_subnet: str = "198.19.0.0/24",
+    python: str = sys.executable,
+    connect_timeout: float = 10.0,
+) -> Cluster:
+    """Build (or reuse) the emulated cluster ``name`` with ``n_nodes`` nodes; return it.
+
+    Idempotent: if state_dir/cluster.json describes a live cluster of this name with at least
+    ``n_nodes`` nodes on the same subnets and every node's sshd answers, that cluster is returned
+    as is (all its nodes; take the first ``n_nodes``). Otherwise leftovers of ``name`` are torn
+    down and a fresh cluster is built. Holds an fcntl lock on state_dir/.lock throughout.
+    Raises PermissionError when not root, ValueError on bad arguments, RuntimeError when a node's
+    sshd does not come up or the experiment network does not connect.
+    """
+    _validate_name(name)
+    if not isinstance(n_nodes, int) or n_nodes < 1:
+        raise ValueError(f"n_nodes={n_nodes!r} must be a positive integer (e.g. 2)")
+    mgmt_net, mgmt_addrs = _subnet_hosts(mgmt_subnet, "mgmt_subnet", n_nodes)
+    exp_net, exp_addrs = _subnet_hosts(exp_subnet, "exp_subnet", n_nodes)
+    if mgmt_net.overlaps(exp_net):
+        raise ValueError(
+            f"mgmt_subnet={mgmt_subnet!r} and exp_subnet={exp_subnet!r} overlap; "
+            "use two disjoint networks (e.g. 198.18.0.0/24 and 198.19.0.0/24)"
+        )
+    _require_root()
+    for tool in ("ip", "ssh-keygen"):
+        if shutil.which(tool) is None:
+            raise RuntimeError(f"'{tool}' not found: install iproute2 and openssh-client")
+    if not os.access(SSHD, os.X_OK):
+        raise RuntimeError(f"{SSHD} not found: install openssh-server")
+    state_dir = Path(state_dir).resolve()
+    with _locked(state_dir):
+        existing = _reuse(name, n_nodes, state_dir, mgmt_subnet, exp_subnet, python)
+        if existing is not None:
+            log.info("netns cluster %s: reusing %d live nodes", name, existing.size)
+            return existing
+        _teardown(name, state_dir)
+        _check_no_route_overlap(mgmt_net, f"{name}-mgmt", "mgmt_subnet")
+        try:
+            cluster = _build(
+                name, state_dir, mgmt_net, mgmt_addrs, exp_net, exp_addrs, python, connect_timeout
+            )
+        except BaseException:
+            # Never leave half a cluster behind (namespaces, sshds) when building fails.
+            _teardown(name, state_dir)
+            raise
+        cluster.to_json(state_dir / "cluster.json")
+        return cluster
+
+
+def _reuse(
+    name: str, n_nodes: int, state_dir: Path, mgmt_subnet: str, exp_subnet: str, python: str
+) -> Cluster | None:
+    path = state_dir / "cluster.json"
+    if not path.exists():
+        return None
+    try:
+        cluster = Cluster.from_json(path)
+    except (ValueError, KeyError, TypeError) as exc:
+        log.warning("ignoring unreadable %s: %s", path, exc)
+        return None
+    extra = cluster.extra
+    if (
+        cluster.name != name
+        or cluster.backend != "netns"
+        or cluster.size < n_nodes
+        or extra.get("mgmt_subnet") != mgmt_subnet
+        or extra.get("exp_subnet") != exp_subnet
+    ):
+        return None
+    live = set(list_netns())
+    if any(node.netns not in live for node in cluster.nodes):
+        return None
+    for host in cluster.hosts(connect_timeout=5.0):
+        try:
+            with host:
+                host.run("true", timeout=10)
+        except Exception as exc:  # any failure means "not reusable", we rebuild
+            log.info("netns cluster %s: %s not answering (%s); rebuilding", name, host.name, exc)
+            return None
+    if any(node.python != python for node in cluster.nodes):
+        # Same machine and filesystem: a different interpreter needs no rebuild, just a record.
+        cluster.nodes = [replace(node, python=python) for node in cluster.nodes]
+        cluster.to_json(path)
+    return cluster
+
+
+def _build(
+    name: str,
+    state_dir: Path,
+    mgmt_net: ipaddress.IPv4Network,
+    mgmt_addrs: list,
+    exp_net: ipaddress.IPv4Network,
+    exp_addrs: list,
+    python: str,
+    connect_timeout: float,
+) -> Cluster:
+    alias = f"{_ALIAS_PREFIX}{NETNS_PREFIX}{name}"
+    br_mgmt, br_exp = f"{name}-mgmt", f"{name}-exp"
+    gateway = mgmt_net.network_address + 1
+    n_nodes = len(mgmt_addrs)
+
+    # Bridges. Note: always spell out `name`/`dev`: `ip link add a ...` parses "a" as "address".
+    for br in (br_mgmt, br_exp):
+        _run(["ip", "link", "add", "name", br, "type", "bridge"])
+        _run(["ip", "link", "set", "dev", br, "alias", alias])
+        _disable_ipv6(br)
+        _run(["ip", "link", "set", "dev", br, "up"])
+    _run(["ip", "addr", "add", f"{gateway}/{mgmt_net.prefixlen}", "dev", br_mgmt])
+
+    # Keys: one client key and a known_hosts listing each node's fresh host key.
+    client_key = state_dir / "id_ed25519"
+    if not client_key.exists():
+        _keygen(client_key, comment=f"commscope-{name}")
+    authorized = state_dir / "authorized_keys"
+    authorized.write_text(client_key.with_suffix(".pub").read_text())
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation chroot
+
+    known_hosts: list[str] = []
+    nodes: list[NodeSpec] = []
+    for i in range(n_nodes):
+        ns = _ns_name(name, i)
+        node_dir = state_dir / f"node{i}"
+        workdir = node_dir / "work"
+        workdir.mkdir(parents=True, exist_ok=True)
+
+        _run(["ip", "netns", "add", ns])
+        _disable_ipv6(ns=ns)
+        _run(["ip", "-n", ns, "link", "set", "dev", "lo", "up"])
+        for root_end, node_end, br, net, addr in (
+            (f"{name}m{i}", "mgmt0", br_mgmt, mgmt_net, mgmt_addrs[i]),
+            (f"{name}e{i}", "exp0", br_exp, exp_net, exp_addrs[i]),
+        ):
+            veth = ["type", "veth", "peer", "name", node_end, "netns", ns]
+            _run(["ip", "link", "add", "name", root_end, *veth])
+            _run(["ip", "link", "set", "dev", root_end, "alias", alias])
+            _disable_ipv6(root_end)
+            _run(["ip", "link", "set", "dev", root_end, "master", br, "up"])
+            _run(["ip", "-n", ns, "addr", "add", f"{addr}/{net.prefixlen}", "dev", node_end])
+            _run(["ip", "-n", ns, "link", "set", "dev", node_end, "up"])
+
+        host_key = node_dir / "ssh_host_ed25519_key"
+        for stale in (host_key, host_key.with_suffix(".pub")):
+            stale.unlink(missing_ok=True)
+        _keygen(host_key, comment=ns)
+        pub = host_key.with_suffix(".pub").read_text().split()
+        known_hosts.append(f"{mgmt_addrs[i]} {pub[0]} {pub[1]}")
+        _start_sshd(ns, node_dir, mgmt_addrs[i], host_key, authorized)
+
+        nodes.append(
+            NodeSpec(
+                name=f"node{i}",
+                index=i,
+                ssh_host=str(mgmt_addrs[i]),
+                exp_iface="exp0",
+                exp_addr=str(exp_addrs[i]),
+                ssh_port=22,
+                user="root",
+                key_file=str(client_key),
+                known_hosts=str(state_dir / "known_hosts"),
+                workdir=str(workdir),
+                python=python,
+                ifb_iface="ifb0",
+                netns=ns,
+            )
+        )
+    (state_dir / "known_hosts").write_text("\n".join(known_hosts) + "\n")
+
+    cluster = Cluster(
+        name=name,
+        backend="netns",
+        nodes=nodes,
+        state_dir=str(state_dir),
+        extra={
+            "mgmt_subnet": str(mgmt_net),
+            "exp_subnet": str(exp_net),
+            "bridge_mgmt": br_mgmt,
+            "bridge_exp": br_exp,
+            "gateway": str(gateway),
+        },
+    )
+    for i, node in enumerate(nodes):
+        _wait_for_sshd(node, state_dir / f"node{i}", connect_timeout)
+    _check_exp_connectivity(nodes)
+    return cluster
+
+
+def _start_sshd(ns: str, node_dir: Path, listen: object, host_key: Path, authorized: Path) -> None:
+    cfg = node_dir / "sshd_config"
+    pidfile = node_dir / "sshd.pid"
+    logfile = node_dir / "sshd.log"
+    pidfile.unlink(missing_ok=True)
+    cfg.write_text(
+        "\n".join(
+            [
+                f"ListenAddress {listen}",
+                "Port 22",
+                f"HostKey {host_key}",
+                f"PidFile {pidfile}",
+                f"AuthorizedKeysFile {authorized}",
+                "PubkeyAuthentication yes",
+                "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no",
+                "UsePAM no",
+                "PermitRootLogin prohibit-password",
+                # The state dir lives wherever the caller says (e.g. a pytest tmp dir): don't let
+                # sshd refuse keys because of group-writable parents.
+                "StrictModes no",
+                "UseDNS no",
+                "X11Forwarding no",
+                "PrintMotd no",
+                # fabric's put/get use SFTP.
+                "Subsystem sftp internal-sftp",
+                "LogLevel INFO",
+                "",
+            ]
+        )
+    )
+    # OpenSSH >= 9.8 penalises sources that connect without authenticating (our readiness polls,
+    # tests of wrong host keys); all our clients come from one address, so switch it off.
+    if _sshd_supports("PerSourcePenalties no", cfg):
+        cfg.write_text(cfg.read_text() + "PerSourcePenalties no\n")
+    check = _run([SSHD, "-t", "-f", str(cfg)], check=False)
+    if check.returncode != 0:
+        raise RuntimeError(f"sshd rejects its config {cfg}: {check.stderr.strip()}")
+    # sshd daemonises; -E appends its log to a file we can show when something goes wrong.
+    _run(["ip", "netns", "exec", ns, SSHD, "-f", str(cfg), "-E", str(logfile)])
+
+
+def _wait_for_sshd(node: NodeSpec, node_dir: Path, connect_timeout: float) -> None:
+    """Poll until the node's sshd accepts a verified, authenticated session (or give up)."""
+    deadline = time.monotonic() + max(connect_timeout, 5.0)
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            with Host(node, connect_timeout=min(connect_timeout, 2.0)) as host:
+                host.run("true", timeout=5)
+            return
+        except Exception as exc:  # sshd not listening yet, or a real failure: retry till deadline
+            last = exc
+            time.sleep(0.1)
+    raise RuntimeError(
+        f"sshd of {node.name} ({node.netns}, {node.ssh_host}:22) did not accept a session within "
+        f"{max(connect_timeout, 5.0):.0f}s: {last!r}\n--- sshd log tail "
+        f"({node_dir / 'sshd.log'}):\n{_tail(node_dir / 'sshd.log')}" + _bridge_nf_note()
+    )
+
+
+# Runs inside node0's namespace: TCP connect to a closed port; "refused" proves the peer answered.
+_CONNECT_PROBE = """
+import socket, sys
+bad = []
+for addr in sys.argv[1:]:
+    s = socket.socket(); s.settimeout(1.0)
+    try:
+        s.connect((addr, 9))
+    except ConnectionRefusedError:
+        pass
+    except OSError as exc:
+        bad.append(f"{addr}: {exc}")
+    finally:
+        s.close()
+print("\\n".join(bad)); sys.exit(1 if bad else 0)
+"""
+
+
+def _check_exp_connectivity(nodes: list[NodeSpec]) -> None:
+    """node0 must reach every node on the experiment network (ping, else a TCP probe)."""
+    if len(nodes) < 2:
+        return
+    src = nodes[0].netns or ""
+    targets = [n.exp_addr for n in nodes[1:]]
+    failures: list[str] = []
+    if shutil.which("ping"):
+        for addr in targets:
+            # Two tries: the very first packet also waits for ARP.
+            ping = ["ip", "netns", "exec", src, "ping", "-c1", "-W1", addr]
+            ok = any(_run(ping, check=False).returncode == 0 for _ in range(2))
+            if not ok:
+                failures.append(f"{addr}: no ping reply")
+    else:
+        log.info("ping not installed: checking experiment network with a TCP connect probe")
+        proc = _run(
+            ["ip", "netns", "exec", src, sys.executable, "-c", _CONNECT_PROBE, *targets],
+            check=False,
+        )
+        if proc.returncode != 0:
+            failures.append(proc.stdout.strip() or proc.stderr.strip())
+    if failures:
+        detail = "; ".join(failures)
+        raise RuntimeError(
+            f"experiment network broken: {src} cannot reach {detail}." + _bridge_nf_note()
+        )

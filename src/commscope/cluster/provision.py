@@ -1,0 +1,128 @@
+"""Bring a cluster up (or find it up) and take it down, whichever backend the config names.
+
+netns: emulated nodes on this machine (:mod:`commscope.cluster.netns`).
+ssh: real hosts listed in an inventory YAML (config/cluster.example.yaml); we check each host
+answers with a verified key, has the experiment interface, and has the pinned torch.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from commscope.cluster.hosts import Cluster, Host, NodeSpec
+
+INVENTORY_NODE_KEYS = {
+    "host", "port", "user", "key_file", "exp_iface", "exp_addr", "workdir", "python", "name",
+}  # fmt: skip
+
+
+def state_dir(cluster_cfg: dict[str, Any], root: Path) -> Path:
+    """Where a cluster keeps its keys, sshd configs and cluster.json (outside results/)."""
+    return (Path(root) / ".commscope" / "cluster" / cluster_cfg.get("name", "cs")).resolve()
+
+
+def load_inventory(path: Path) -> list[NodeSpec]:
+    """Parse an ssh-backend inventory; errors name the node and the key."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(
+            f"cluster.inventory: {path} does not exist; copy config/cluster.example.yaml "
+            "and list your hosts, or use cluster.backend: netns"
+        )
+    data = yaml.safe_load(path.read_text()) or {}
+    known_hosts = data.get("known_hosts", "")
+    if not known_hosts:
+        raise ValueError(
+            f"{path}: known_hosts is required (host keys are verified; collect them with "
+            "`ssh-keyscan HOST >> FILE` after checking the fingerprints)"
+        )
+    nodes = []
+    for i, entry in enumerate(data.get("nodes", [])):
+        unknown = set(entry) - INVENTORY_NODE_KEYS
+        if unknown:
+            raise ValueError(f"{path}: nodes[{i}] has unknown keys {sorted(unknown)}")
+        for key in ("host", "exp_iface", "exp_addr"):
+            if key not in entry:
+                raise ValueError(f"{path}: nodes[{i}].{key} is required")
+        nodes.append(
+            NodeSpec(
+                name=entry.get("name", f"node{i}"),
+                index=i,
+                ssh_host=entry["host"],
+                ssh_port=int(entry.get("port", 22)),
+                user=entry.get("user", data.get("user", "root")),
+                key_file=str(Path(entry.get("key_file", data.get("key_file", ""))).expanduser())
+                if entry.get("key_file", data.get("key_file"))
+                else "",
+                known_hosts=str(Path(known_hosts).expanduser()),
+                exp_iface=entry["exp_iface"],
+                exp_addr=entry["exp_addr"],
+                workdir=entry.get("workdir", data.get("workdir", "/tmp/commscope")),
+                python=entry.get("python", data.get("python", "python3")),
+            )
+        )
+    if not nodes:
+        raise ValueError(f"{path}: nodes: is empty; list 2-8 hosts")
+    return nodes
+
+
+def check_ssh_node(host: Host) -> None:
+    """Fail early, naming the node, if it cannot run a cell."""
+    spec = host.spec
+    iface = shlex.quote(spec.exp_iface)
+    checks = {
+        f"interface {spec.exp_iface} exists": f"test -e /sys/class/net/{iface}",
+        "torch and commscope import": f"{shlex.quote(spec.python)} -c 'import torch, commscope'",
+        "tc is installed": "command -v tc",
+    }
+    for what, cmd in checks.items():
+        if not host.run(cmd, warn=True).ok:
+            raise RuntimeError(
+                f"node {spec.name} ({spec.ssh_host}): check failed: {what}; "
+                "install the node environment (pip install -r envs/requirements.txt and this "
+                "package) and check the inventory"
+            )
+    host.run(f"mkdir -p {shlex.quote(spec.workdir)}")
+
+
+def provision(cluster_cfg: dict[str, Any], n_nodes: int, root: Path) -> Cluster:
+    """Return a running cluster of at least ``n_nodes`` nodes; its JSON is in its state dir."""
+    sdir = state_dir(cluster_cfg, root)
+    timeout = float(cluster_cfg.get("connect_timeout_s", 10))
+    if cluster_cfg.get("backend", "netns") == "netns":
+        from commscope.cluster.netns import provision_netns
+
+        return provision_netns(
+            cluster_cfg.get("name", "cs"),
+            n_nodes,
+            sdir,
+            mgmt_subnet=cluster_cfg.get("mgmt_subnet", "198.18.0.0/24"),
+            exp_subnet=cluster_cfg.get("exp_subnet", "198.19.0.0/24"),
+            python=sys.executable,
+            connect_timeout=timeout,
+        )
+    nodes = load_inventory(Path(cluster_cfg["inventory"]))
+    if len(nodes) < n_nodes:
+        raise ValueError(f"sweep.nodes asks for {n_nodes} nodes; the inventory lists {len(nodes)}")
+    cluster = Cluster(
+        name=cluster_cfg.get("name", "cs"), backend="ssh", nodes=nodes, state_dir=str(sdir)
+    )
+    for spec in nodes[:n_nodes]:
+        with Host(spec, connect_timeout=timeout) as host:
+            check_ssh_node(host)
+    cluster.to_json(sdir / "cluster.json")
+    return cluster
+
+
+def teardown(cluster_cfg: dict[str, Any], root: Path) -> None:
+    """Take the cluster down. netns: namespaces, bridges, sshds go; ssh hosts are left running
+    (each cell already unshaped them and killed what it started)."""
+    if cluster_cfg.get("backend", "netns") == "netns":
+        from commscope.cluster.netns import teardown_netns
+
+        teardown_netns(cluster_cfg.get("name", "cs"), state_dir(cluster_cfg, root))

@@ -1,0 +1,138 @@
+"""The study configuration: sweep cells and the checks that run before anything touches a node.
+
+The JSON schema (workflow/schemas/config.schema.yaml) catches unknown keys, wrong types and
+malformed values; :func:`check_study` catches combinations the schema cannot express (a
+strategy's degrees against the world size, a model that does not exist, delay on a kernel
+without netem) and names the key and the fix.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+SWEEP_AXES: tuple[str, ...] = (
+    "strategy",
+    "model",
+    "nodes",
+    "ranks_per_node",
+    "bw",
+    "delay",
+    "jitter",
+    "loss",
+    "steps",
+    "repeat",
+)
+SCHEMA_PATH = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with the key that causes it and how to fix it."""
+
+
+def validate_config(config: dict[str, Any], schema_path: Path = SCHEMA_PATH) -> dict[str, Any]:
+    """Validate against the schema with Snakemake's validator (fills defaults in place)."""
+    from snakemake.exceptions import WorkflowError
+    from snakemake.utils import validate
+
+    try:
+        validate(config, str(schema_path), set_default=True)
+    except WorkflowError as err:
+        raise ConfigError(str(err)) from None
+    return config
+
+
+def load_config(path: Path) -> dict[str, Any]:
+    """Read a YAML config and validate it; semantic checks are separate (:func:`check_study`)."""
+    return validate_config(yaml.safe_load(Path(path).read_text()) or {})
+
+
+def cells_frame(config: dict[str, Any]) -> pd.DataFrame:
+    """All sweep cells (cartesian product of the axes), one row each, axes in a fixed order."""
+    sweep = config["sweep"]
+    rows = itertools.product(*(sweep[axis] for axis in SWEEP_AXES))
+    frame = pd.DataFrame(list(rows), columns=list(SWEEP_AXES))
+    duplicated = frame.duplicated()
+    if duplicated.any():
+        raise ConfigError(
+            "sweep: duplicate values in an axis produce the same cell twice "
+            f"(e.g. {frame[duplicated].iloc[0].to_dict()}); list each value once"
+        )
+    return frame
+
+
+def loss_pct(loss: str) -> float:
+    """'0.5pct' -> 0.5 (the config writes loss path-safely, without '%')."""
+    return float(loss.removesuffix("pct"))
+
+
+def check_study(
+    config: dict[str, Any],
+    max_nodes: int | None = None,
+    has_netem: Callable[[], bool] | None = None,
+) -> pd.DataFrame:
+    """Check every cell for impossible combinations; return the cells frame if all are fine.
+
+    ``max_nodes`` is how many nodes the cluster can have (the inventory size for ssh);
+    ``has_netem`` is asked only if some cell needs delay, jitter or loss.
+    """
+    from commscope.shaping import LinkShape
+    from commscope.workload.models import GPTConfig
+    from commscope.workload.strategies import validate_degrees
+
+    cells = cells_frame(config)
+    problems: list[str] = []
+    models = config["models"]
+    for name in sorted(set(cells["model"]) - set(models)):
+        problems.append(
+            f"sweep.model: {name!r} is not defined under models: (defined: {sorted(models)})"
+        )
+    if max_nodes is not None and cells["nodes"].max() > max_nodes:
+        problems.append(
+            f"sweep.nodes: {int(cells['nodes'].max())} nodes asked for but the cluster has "
+            f"{max_nodes}; lower sweep.nodes or add hosts to the inventory"
+        )
+    run = config.get("run", {})
+    microbatches = int(run.get("microbatches", 4))
+    seen: set[tuple] = set()
+    for cell in cells.itertuples(index=False):
+        key = (cell.strategy, cell.model, cell.nodes * cell.ranks_per_node)
+        if cell.model not in models or key in seen:
+            continue
+        seen.add(key)
+        spec = {k: v for k, v in models[cell.model].items() if k != "kind"}
+        for msg in validate_degrees(cell.strategy, GPTConfig(**spec), key[2], microbatches):
+            problems.append(
+                f"cell strategy={cell.strategy} model={cell.model} nodes={cell.nodes} "
+                f"ranks_per_node={cell.ranks_per_node} (world {key[2]}): {msg}"
+            )
+    shapes = {}
+    for cell in cells[["bw", "delay", "jitter", "loss"]].drop_duplicates().itertuples(index=False):
+        try:
+            shapes[cell] = LinkShape.parse(
+                cell.bw, cell.delay, cell.jitter, f"{loss_pct(cell.loss)}%"
+            )
+        except ValueError as err:
+            problems.append(f"sweep: {err}")
+    needs_netem = [c for c, s in shapes.items() if s.needs_netem]
+    if needs_netem and has_netem is not None and not has_netem():
+        c = needs_netem[0]
+        problems.append(
+            f"sweep.delay/jitter/loss: cells ask for delay={c.delay} jitter={c.jitter} "
+            f"loss={c.loss} but this kernel has no netem qdisc (tc: 'Specified qdisc kind is "
+            "unknown'); set delay/jitter to [0ms] and loss to [0pct], or run on a kernel "
+            "with sch_netem"
+        )
+    if problems:
+        raise ConfigError("invalid study configuration:\n  - " + "\n  - ".join(problems))
+    return cells
+
+
+def cell_id(cell: dict[str, Any]) -> str:
+    """Path of a cell below results/runs/: one ``axis~value`` directory per axis, in order."""
+    return "/".join(f"{axis}~{cell[axis]}" for axis in SWEEP_AXES)

@@ -1,0 +1,260 @@
+"""Run one sweep cell on the cluster.
+
+Order (ARCHITECTURE.md §2): shape links → start samplers → torchrun on every node over SSH →
+stop samplers → fetch traces over SFTP → always unshape and kill what is left, also when the run
+failed or hung. One cell owns the cluster at a time (an fcntl lock on the cluster state dir, on
+top of Snakemake's ``cluster_slot`` resource).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import shlex
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from commscope.cluster.hosts import Cluster, Host
+from commscope.config import loss_pct
+from commscope.shaping import LinkShape, check_shape_supported, host_has_netem, qdisc_stats, shaped
+
+log = logging.getLogger(__name__)
+
+
+class CellFailed(RuntimeError):
+    """The cell's training did not finish on every node; the message carries the log tails."""
+
+
+@contextmanager
+def cluster_lock(state_dir: Path) -> Iterator[None]:
+    """Serialise cells (and re-provisioning) on one cluster, whatever runs them."""
+    path = Path(state_dir) / ".cell.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def link_shape(cell: dict[str, Any]) -> LinkShape:
+    """The tc shape a cell asks for."""
+    return LinkShape.parse(cell["bw"], cell["delay"], cell["jitter"], f"{loss_pct(cell['loss'])}%")
+
+
+def _torchrun_cmd(
+    host: Host, cluster: Cluster, cell: dict[str, Any], run: dict[str, Any], spec: str, tag: str
+) -> str:
+    master = cluster.nodes[0]
+    n = host.spec
+    args = [
+        "timeout", "-k", "10", str(int(run["timeout_s"])),
+        n.python, "-m", "torch.distributed.run",
+        "--nnodes", str(cell["nodes"]),
+        "--nproc-per-node", str(cell["ranks_per_node"]),
+        "--node-rank", str(n.index),
+        "--master-addr", master.exp_addr,
+        "--master-port", str(run["master_port"]),
+        "--max-restarts", "0",
+        "-m", "commscope.workload.train", spec, "--tag", tag,
+    ]  # fmt: skip
+    return " ".join(shlex.quote(a) for a in args)
+
+
+def _tag_pattern(tag: str) -> str:
+    # "[c]ommscope-..." matches the tag but not the shell command line that carries the pattern,
+    # so pkill never kills the SSH session running it.
+    return shlex.quote(f"[{tag[0]}]{tag[1:]}")
+
+
+def _kill_tagged(host: Host, tag: str) -> None:
+    """Kill everything this cell started on ``host`` (torchrun, workers, sampler)."""
+    pat = _tag_pattern(tag)
+    host.run(f"pkill -TERM -f {pat}; sleep 0.5; pkill -KILL -f {pat}; true", warn=True)
+
+
+def run_cell(
+    cluster: Cluster,
+    cell: dict[str, Any],
+    model: dict[str, Any],
+    run: dict[str, Any],
+    out_dir: Path,
+) -> Path:
+    """Run ``cell`` on the first ``cell['nodes']`` nodes; raw traces land in ``out_dir``.
+
+    The caller owns the cluster for the duration (see :func:`cluster_lock`)."""
+    n_nodes = int(cell["nodes"])
+    if n_nodes > cluster.size:
+        raise ValueError(
+            f"cell wants nodes={n_nodes} but cluster {cluster.name} has {cluster.size}"
+        )
+    shape = link_shape(cell)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tag = f"commscope-{uuid.uuid4().hex[:12]}"
+    hosts = [
+        Host(spec, connect_timeout=float(run.get("connect_timeout_s", 10)))
+        for spec in cluster.nodes[:n_nodes]
+    ]
+    try:
+        if shape.needs_netem:
+            # Refuse before anything runs: never emulate a delay by silently dropping it.
+            check_shape_supported(shape, host_has_netem(hosts[0]))
+        _run_shaped(hosts, cluster, cell, model, run, shape, tag, out_dir)
+    finally:
+        for h in hosts:
+            try:
+                _kill_tagged(h, tag)
+            finally:
+                h.close()
+    return out_dir
+
+
+def _run_shaped(
+    hosts: list[Host],
+    cluster: Cluster,
+    cell: dict[str, Any],
+    model: dict[str, Any],
+    run: dict[str, Any],
+    shape: LinkShape,
+    tag: str,
+    out_dir: Path,
+) -> None:
+    remote_dirs = {h.name: f"{h.spec.workdir}/{tag}" for h in hosts}
+    for h in hosts:
+        rdir = remote_dirs[h.name]
+        h.run(f"mkdir -p {shlex.quote(rdir)}")
+        spec = {
+            "strategy": cell["strategy"],
+            "model": {k: v for k, v in model.items() if k != "kind"},
+            "steps": int(cell["steps"]),
+            "seed": int(cell["repeat"]),
+            "out_dir": rdir,
+            "node": h.spec.index,
+            "bucket_cap_mb": run["bucket_cap_mb"],
+            "microbatches": run["microbatches"],
+            "pp_schedule": run["pp_schedule"],
+            "pg_timeout_s": run["timeout_s"],
+        }
+        local_spec = out_dir / f"spec_{h.name}.json"
+        local_spec.write_text(json.dumps(spec, indent=2))
+        h.put(local_spec, f"{rdir}/spec.json")
+        local_spec.unlink()
+
+    meta: dict[str, Any] = {"tag": tag, "shape": shape.__dict__, "nodes": []}
+    with shaped(hosts, shape):
+        meta["qdisc_before"] = {h.name: qdisc_stats(h) for h in hosts}
+        for h in hosts:
+            rdir = remote_dirs[h.name]
+            sampler = (
+                f"{shlex.quote(h.spec.python)} -m commscope.sampler --iface {h.spec.exp_iface} "
+                f"--hz {int(run['sample_hz'])} --out {rdir}/counters.parquet "
+                f"--max-seconds {float(run['timeout_s']) + 30} --tag {tag}"
+            )
+            # Background only the sampler: `a && b &` would background a subshell that keeps
+            # the SSH channel's stdout open, and the call would block until the sampler exits.
+            h.run(f"cd {rdir} && (nohup setsid {sampler} > sampler.log 2>&1 < /dev/null &)")
+        meta["t_start_ns"] = time.time_ns()
+        failures = _torchrun_everywhere(hosts, cluster, cell, run, remote_dirs, tag)
+        meta["t_end_ns"] = time.time_ns()
+        meta["qdisc_after"] = {h.name: qdisc_stats(h) for h in hosts}
+        for h in hosts:
+            h.run(f"pkill -TERM -f {_tag_pattern('commscope.sampler')}.*{tag}", warn=True)
+        for h in hosts:
+            _wait_for(h, f"{remote_dirs[h.name]}/counters.parquet", timeout_s=20)
+    # Fetch whatever exists, also after a failure: logs explain it and nothing measured is lost.
+    for h in hosts:
+        node_dir = out_dir / h.name
+        listing = h.run(f"ls -1 {shlex.quote(remote_dirs[h.name])}", warn=True).stdout.split()
+        for name in listing:
+            h.get(f"{remote_dirs[h.name]}/{name}", node_dir / name)
+        h.run(f"rm -rf {shlex.quote(remote_dirs[h.name])}", warn=True)
+        meta["nodes"].append({"name": h.name, "index": h.spec.index, "exp_iface": h.spec.exp_iface})
+    (out_dir / "run.json").write_text(json.dumps(meta, indent=2, default=str))
+    if failures:
+        raise CellFailed("training failed on " + "; ".join(failures))
+
+
+def _torchrun_everywhere(
+    hosts: list[Host],
+    cluster: Cluster,
+    cell: dict[str, Any],
+    run: dict[str, Any],
+    remote_dirs: dict[str, str],
+    tag: str,
+) -> list[str]:
+    """Start torchrun on all nodes at once; return a description of each node that failed."""
+
+    def launch(h: Host) -> tuple[str, int]:
+        rdir = remote_dirs[h.name]
+        cmd = _torchrun_cmd(h, cluster, cell, run, f"{rdir}/spec.json", tag)
+        env = {
+            "GLOO_SOCKET_IFNAME": h.spec.exp_iface,
+            "OMP_NUM_THREADS": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+        # The local `timeout` is the backstop if the remote `timeout` cannot fire (node gone).
+        res = h.run(
+            f"cd {shlex.quote(rdir)} && {cmd} > torchrun.log 2>&1",
+            env=env,
+            warn=True,
+            timeout=float(run["timeout_s"]) + 60,
+        )
+        return h.name, res.exited
+
+    failures = []
+    with ThreadPoolExecutor(len(hosts)) as pool:
+        futures = {pool.submit(launch, h): h for h in hosts}
+        for fut in as_completed(futures):
+            h = futures[fut]
+            try:
+                name, code = fut.result()
+            except Exception as err:  # command timeout or SSH failure
+                name, code = h.name, None
+                failures.append(f"{h.name}: {type(err).__name__}: {err}")
+            if code == 0:
+                continue
+            if code is not None:
+                reason = "timed out" if code in (124, 137) else f"exit {code}"
+                tail = h.run(f"tail -n 25 {remote_dirs[h.name]}/torchrun.log", warn=True).stdout
+                failures.append(f"{name}: {reason}\n{tail}")
+            # The other nodes would only wait for the lost peer until the gloo timeout.
+            for other in hosts:
+                _kill_tagged(other, tag)
+    return failures
+
+
+def _wait_for(host: Host, path: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if host.run(f"test -e {shlex.quote(path)}", warn=True).ok:
+            return
+        time.sleep(0.2)
+    log.warning("%s: %s did not appear within %.0fs", host.name, path, timeout_s)
+
+
+def provision_and_run(
+    cluster_cfg: dict[str, Any],
+    cell: dict[str, Any],
+    model: dict[str, Any],
+    run: dict[str, Any],
+    out_dir: Path,
+    root: Path | None = None,
+) -> Path:
+    """Make sure the cluster is up with enough nodes (idempotent), then run the cell on it."""
+    from commscope.cluster.provision import provision, state_dir
+
+    root = root or Path.cwd()
+    with cluster_lock(state_dir(cluster_cfg, root)):
+        cluster = provision(cluster_cfg, int(cell["nodes"]), root)
+        log.info(
+            "cell %s on %s cluster %s (%d nodes)", cell, cluster.backend, cluster.name, cluster.size
+        )
+        run = {**run, "connect_timeout_s": cluster_cfg.get("connect_timeout_s", 10)}
+        return run_cell(cluster, cell, model, run, out_dir)

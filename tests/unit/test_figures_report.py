@@ -1,0 +1,163 @@
+"""Figures and the HTML report, drawn from a small synthetic study (2 strategies x 2 caps x 2
+repeats) whose headline numbers are known."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from synthetic import make_ddp_cell
+
+from commscope import figures, metrics, report
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+STRATEGY_BUCKETS = {"ddp": (600_000, 400_000), "fsdp": (50_000, 20_000, 5_000)}
+CONFIG = {
+    "sweep": {"strategy": ["ddp", "fsdp"], "bw": ["10mbit", "none"], "repeats": 2},
+    "cluster": {"backend": "netns", "nodes": 2, "state_dir": Path("/tmp/state")},
+}
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    root = tmp_path_factory.mktemp("study")
+    metric_dirs, cells = [], {}
+    for strategy, buckets in STRATEGY_BUCKETS.items():
+        for bw in ("10mbit", "none"):
+            for repeat in (0, 1):
+                # Step time grows with the cap's scarcity and a little with the repeat, so the
+                # sensitivity plot has something to show.
+                slow = 3.0 if bw == "10mbit" else 1.0
+                step_ms = [120.0] + [100.0 * slow + 2 * repeat] * 3
+                cell = make_ddp_cell(
+                    root / "runs",
+                    strategy=strategy,
+                    bw=bw,
+                    repeat=repeat,
+                    bucket_bytes=buckets,
+                    step_ms=step_ms,
+                )
+                out = root / "metrics" / cell.relative_to(root / "runs")
+                metrics.compute_cell_metrics(cell, out)
+                metric_dirs.append(out)
+                cells[metrics.load_cell(cell).meta["cell"]] = (cell, out)
+    metrics.aggregate_cells(metric_dirs, root / "agg")
+    return {"root": root, "agg": root / "agg", "cells": cells}
+
+
+def _assert_png(path: Path) -> None:
+    data = path.read_bytes()
+    assert data[:8] == PNG_MAGIC, path
+    assert len(data) > 5_000, path  # a real plot, not an empty canvas
+
+
+def test_plot_cell_throughput_writes_png_deterministically(study: dict, tmp_path: Path) -> None:
+    cell_dir, metrics_dir = next(iter(study["cells"].values()))
+    first = figures.plot_cell_throughput(
+        metrics_dir, cell_dir / "steps.parquet", tmp_path / "a.png"
+    )
+    second = figures.plot_cell_throughput(
+        metrics_dir, cell_dir / "steps.parquet", tmp_path / "b.png"
+    )
+    assert first == tmp_path / "a.png"
+    _assert_png(first)
+    assert first.read_bytes() == second.read_bytes()
+
+
+def test_plot_study_writes_the_three_figures(study: dict, tmp_path: Path) -> None:
+    paths = figures.plot_study(study["agg"], tmp_path / "fig")
+    assert [p.name for p in paths] == [f"{name}.png" for name in figures.STUDY_FIGURES]
+    for path in paths:
+        _assert_png(path)
+
+
+def test_plot_study_survives_empty_tables(study: dict, tmp_path: Path) -> None:
+    agg = tmp_path / "agg"
+    agg.mkdir()
+    for name in metrics.METRIC_TABLES:
+        table = pd.read_parquet(study["agg"] / f"{name}.parquet")
+        table.iloc[0:0].to_parquet(agg / f"{name}.parquet")
+    for path in figures.plot_study(agg, tmp_path / "fig"):
+        assert path.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_bytes_per_step_by_op_means_over_measured_steps(study: dict) -> None:
+    agg = study["agg"]
+    table = figures.bytes_per_step_by_op(
+        pd.read_parquet(agg / "op_volume.parquet"), pd.read_parquet(agg / "step_times.parquet")
+    ).set_index(["strategy", "op"])
+    # Two ranks each send the whole gradient in every measured step; the step -1 broadcast
+    # and the warm-up step are left out; barriers have no payload.
+    assert table.loc[("ddp", "allreduce"), "bytes_per_step"] == 2_000_000
+    assert table.loc[("fsdp", "allreduce"), "bytes_per_step"] == 150_000
+    assert table.loc[("ddp", "barrier"), "bytes_per_step"] == 0
+    assert ("ddp", "broadcast") not in table.index
+    assert table.loc[("ddp", "allreduce"), "cells"] == 4
+
+
+def test_strategy_table(study: dict) -> None:
+    summary = pd.read_parquet(study["agg"] / "summary.parquet")
+    table = report.strategy_table(summary).set_index("strategy")
+    assert table.loc["ddp", "cells"] == 4
+    assert table.loc["ddp", "framework_bytes_per_step"] == 2_000_000
+    assert table.loc["fsdp", "messages_per_step"] == 8  # 2 ranks x (3 buckets + barrier)
+    # (3 x 300 + 3 x 100 + 2 + 2 x 302 + ... ) ms: mean over caps and repeats.
+    assert table.loc["ddp", "step_time_mean_s"] == pytest.approx((0.3 + 0.302 + 0.1 + 0.102) / 4)
+    assert table.loc["ddp", "wire_over_framework"] == pytest.approx(1.05)
+
+
+def test_formatters() -> None:
+    assert report.fmt_bytes(2_000_000) == "2.00 MB"
+    assert report.fmt_bytes(150_000) == "150.00 kB"
+    assert report.fmt_bytes(512) == "512 B"
+    assert report.fmt_bytes(float("nan")) == "n/a"
+    assert report.fmt_bps(84e6) == "84.0 Mbit/s"
+    assert report.fmt_bps(1.5e9) == "1.5 Gbit/s"
+    assert report.fmt_ms(0.1) == "100.0 ms"
+    assert report.fmt_ratio(1.05) == "1.05"
+    assert report.fmt_ratio(None) == "n/a"
+    assert report.fmt_count(6.0) == "6"
+
+
+def test_software_versions() -> None:
+    versions = report.software_versions()
+    for key in ("python", "torch", "commscope", "snakemake", "pandas", "kernel"):
+        assert versions[key], key
+    assert versions["pandas"] == pd.__version__
+    assert versions["commscope"] == report.commscope.__version__
+
+
+def test_render_report_is_self_contained(study: dict, tmp_path: Path) -> None:
+    study_figs = figures.plot_study(study["agg"], tmp_path / "fig")
+    cell_figs = {
+        cell: figures.plot_cell_throughput(m_dir, c_dir / "steps.parquet", tmp_path / f"{i}.png")
+        for i, (cell, (c_dir, m_dir)) in enumerate(sorted(study["cells"].items())[:2])
+    }
+    out = tmp_path / "report" / "index.html"
+    report.render_report(study["agg"], study_figs, cell_figs, CONFIG, out)
+    html = out.read_text()
+
+    assert html.startswith("<!DOCTYPE html>")
+    assert html.count('<img src="data:image/png;base64,') == len(study_figs) + len(cell_figs)
+    assert html.count("<details>") == len(cell_figs)
+    for cell in cell_figs:
+        assert f"<summary>{cell}</summary>" in html
+    # The summary numbers, formatted for humans (ddp row, then fsdp row).
+    ddp_row = re.search(r"<tr><td class=\"text\">ddp</td>.*?</tr>", html).group(0)
+    for text in ("2.00 MB", "201.0 ms", ">6<", "1.05 MB", "1.05</td>"):
+        assert text in ddp_row, text
+    fsdp_row = re.search(r"<tr><td class=\"text\">fsdp</td>.*?</tr>", html).group(0)
+    assert "150.00 kB" in fsdp_row and ">8<" in fsdp_row
+    # Every cell is listed, the config is there as YAML, versions too.
+    assert html.count("<td>10mbit</td>") == 4 and html.count("<td>none</td>") == 4
+    assert "  strategy:\n  - ddp\n  - fsdp" in html
+    assert "state_dir: /tmp/state" in html  # a Path in the config does not break the dump
+    assert '<th class="text">torch</th>' in html
+    # Nothing outside the file is referenced (base64 payloads stripped first: their alphabet
+    # can spell anything).
+    text = re.sub(r"data:image/png;base64,[A-Za-z0-9+/=]+", "", html)
+    assert not re.search(r"https?:", text)
+    assert not re.search(r"(src|href)=\"(?!data:)", html)
+    assert "<link" not in text and "<script" not in text

@@ -1,0 +1,50 @@
+# Shared helpers: the sweep cells (Paramspace, one directory level per axis) and their settings.
+import logging
+from pathlib import Path
+
+from snakemake.utils import Paramspace
+
+from commscope.cluster.provision import load_inventory, teardown
+from commscope.config import check_study
+
+
+def _netem_probe():
+    from commscope.cluster.netns import kernel_has_netem
+
+    return kernel_has_netem()
+
+
+# Impossible combinations stop the workflow here, before any node is touched.
+if config["cluster"]["backend"] == "ssh":
+    CELLS = check_study(
+        config, max_nodes=len(load_inventory(config["cluster"]["inventory"]))
+    )
+else:
+    CELLS = check_study(config, has_netem=_netem_probe)
+cellspace = Paramspace(CELLS)
+CELL = cellspace.wildcard_pattern
+RUNS = "results/runs"
+
+
+wildcard_constraints:
+    **{axis: "[^/]+" for axis in CELLS.columns},
+
+
+def cell_params(wildcards):
+    """The cell's own sweep values (typed), and nothing else: reruns follow only them."""
+    return cellspace.instance(wildcards)
+
+
+def model_params(wildcards):
+    return config["models"][wildcards.model]
+
+
+def all_cells(pattern):
+    return expand(pattern, cell=cellspace.instance_patterns)
+
+
+def teardown_cluster():
+    try:
+        teardown(config["cluster"], Path.cwd())
+    except Exception as err:  # never mask the workflow's own result
+        logging.getLogger("commscope").warning("cluster teardown failed: %s", err)

@@ -1,0 +1,19 @@
+# The final self-contained HTML report.
+
+
+rule report:
+    input:
+        aggregate=rules.aggregate.output,
+        figures=rules.study_figures.output,
+        cell_figures=expand(
+            f"{RUNS}/{{cell}}/figures/throughput.png", cell=cellspace.instance_patterns
+        ),
+    output:
+        "results/report/index.html",
+    log:
+        "results/logs/report.log",
+    params:
+        config=config,
+        cells=list(cellspace.instance_patterns),
+    script:
+        "../scripts/report.py"
