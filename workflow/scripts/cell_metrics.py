@@ -6,4 +6,4 @@ from commscope.logs import log_to
 from commscope.metrics import compute_cell_metrics
 
 with log_to(snakemake.log[0]):
-    compute_cell_metrics(Path(snakemake.input.cell).parent, Path(snakemake.output[0]).parent)
+    compute_cell_metrics(Path(snakemake.input[0]).parent, Path(snakemake.output[0]).parent)

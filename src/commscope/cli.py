@@ -1,0 +1,49 @@
+"""The ``commscope`` command: housekeeping around the Snakemake pipeline.
+
+commscope cleanup            remove every namespace, bridge, veth and process a crashed run left
+commscope check [CONFIG]     validate a study config (schema + combinations) without running it
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _cleanup(_args: argparse.Namespace) -> int:
+    from commscope.cluster.netns import cleanup_all
+
+    removed = cleanup_all()
+    print("removed: " + (", ".join(removed) if removed else "nothing (already clean)"))
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from commscope.config import ConfigError, check_study, load_config
+
+    try:
+        config = load_config(args.config)
+        cells = check_study(config)
+    except (ConfigError, FileNotFoundError) as err:
+        print(f"{args.config}: {err}", file=sys.stderr)
+        return 2
+    print(f"{args.config}: ok, {len(cells)} cells")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="commscope", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("cleanup", help="remove leftovers of the netns cluster").set_defaults(
+        func=_cleanup
+    )
+    check = sub.add_parser("check", help="validate a study config without running it")
+    check.add_argument("config", nargs="?", type=Path, default=Path("config/config.yaml"))
+    check.set_defaults(func=_check)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

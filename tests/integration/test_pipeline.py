@@ -1,0 +1,184 @@
+"""The real pipeline on a tiny study: `snakemake report` in a temporary directory.
+
+2 nodes, DDP and PP, an unshaped and a capped link, a few steps. Checks the numbers against
+physics, then that reruns follow only changed cells, then that nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from commscope.cluster.netns import list_netns
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+NAME = "cspt"  # test-only cluster name and subnets: a real study may run concurrently
+CONFIG = {
+    "cluster": {
+        "backend": "netns",
+        "name": NAME,
+        "mgmt_subnet": "198.18.210.0/24",
+        "exp_subnet": "198.19.210.0/24",
+    },
+    "run": {"timeout_s": 120, "sample_hz": 1000, "warmup_steps": 1, "microbatches": 2},
+    "models": {
+        "tiny": {"layers": 2, "hidden": 64, "heads": 2, "seq": 32, "vocab": 256, "batch": 4}
+    },
+    "sweep": {
+        "strategy": ["ddp", "pp"],
+        "model": ["tiny"],
+        "nodes": [2],
+        "ranks_per_node": [1],
+        "bw": ["20mbit", "none"],
+        "steps": [4],
+    },
+}
+
+
+def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), *args]
+    return subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=900)
+
+
+def job_counts(dry_run_output: str) -> dict[str, int]:
+    """Parse the 'Job stats' table of a dry run into {rule: count}."""
+    counts = {}
+    for line in dry_run_output.split("Job stats:")[-1].splitlines():
+        m = re.match(r"^(\w+)\s+(\d+)$", line.strip())
+        if m and m.group(1) != "total":
+            counts[m.group(1)] = int(m.group(2))
+    return counts
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    workdir = tmp_path_factory.mktemp("study")
+    (workdir / "config").mkdir()
+    (workdir / "config" / "config.yaml").write_text(yaml.safe_dump(CONFIG))
+    result = snakemake(workdir, "--cores", "2", "report")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return workdir
+
+
+def _cell_dirs(workdir: Path, strategy: str) -> dict[str, Path]:
+    runs = workdir / "results" / "runs" / f"strategy~{strategy}"
+    return {p.parent.parent.name: p for p in runs.rglob("trace/cell.json")}
+
+
+def test_report_is_self_contained(study: Path) -> None:
+    html = (study / "results" / "report" / "index.html").read_text()
+    assert html.count("data:image/png;base64,") >= 3
+    assert not re.search(r"""(src|href)=["']https?://""", html)
+    for strategy in ("ddp", "pp"):
+        assert strategy in html
+
+
+def test_ddp_allreduce_bytes_equal_gradient_bytes(study: Path) -> None:
+    for cell_json in _cell_dirs(study, "ddp").values():
+        meta = json.loads(cell_json.read_text())
+        ops = pd.read_parquet(cell_json.parent / "ops.parquet")
+        measured = ops[ops.step >= 0]
+        assert set(measured.op) <= {"allreduce", "broadcast"}
+        per_step = measured[measured.op == "allreduce"].groupby(["rank", "step"])["bytes"].sum()
+        assert len(per_step) == 2 * 4
+        assert (per_step == meta["grad_bytes"]).all(), per_step
+
+
+def test_pp_sends_only_between_adjacent_stages(study: Path) -> None:
+    for cell_json in _cell_dirs(study, "pp").values():
+        ops = pd.read_parquet(cell_json.parent / "ops.parquet")
+        p2p = ops[(ops.step >= 1) & ops.op.isin(["send", "recv"])]
+        assert set(zip(p2p["rank"], p2p["peer"], strict=True)) == {(0, 1), (1, 0)}
+        # 1F1B over 2 micro-batches: stage 0 sends 2 activations, stage 1 sends 2 gradients.
+        sends = p2p[p2p.op == "send"].groupby(["rank", "step"]).size()
+        assert (sends == 2).all(), sends
+
+
+def test_wire_bytes_cover_framework_bytes(study: Path) -> None:
+    for strategy in ("ddp", "pp"):
+        for cell_json in _cell_dirs(study, strategy).values():
+            wire = pd.read_parquet(cell_json.parent.parent / "metrics" / "wire.parquet")
+            assert len(wire) == 2
+            # Headers, TCP acks and the rendezvous store come on top; never less than the payload.
+            assert (wire.wire_tx_bytes >= wire.framework_tx_bytes).all(), wire
+            assert (wire.framework_tx_bytes > 0).all()
+
+
+def test_step_time_grows_as_the_cap_shrinks(study: Path) -> None:
+    summary = pd.read_parquet(study / "results" / "aggregate" / "summary.parquet")
+    ddp = summary[summary.strategy == "ddp"].set_index("bw")["step_time_mean_s"]
+    # ~540 KB of gradients per step: ~0.2 s at 20 Mbit/s, milliseconds unshaped.
+    assert ddp["20mbit"] > 3 * ddp["none"], ddp
+
+
+def test_counters_sampled_fast_enough(study: Path) -> None:
+    for cell_json in _cell_dirs(study, "ddp").values():
+        counters = pd.read_parquet(cell_json.parent / "counters.parquet")
+        for _, node in counters.groupby("node"):
+            duration_s = (node.t_ns.max() - node.t_ns.min()) / 1e9
+            assert len(node) / duration_s >= 100
+
+
+def test_nothing_to_do_after_a_full_run(study: Path) -> None:
+    result = snakemake(study, "-n", "report")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Nothing to be done" in result.stdout + result.stderr
+
+
+def test_adding_a_cell_reruns_only_that_cell(study: Path, tmp_path: Path) -> None:
+    config = dict(CONFIG, sweep=dict(CONFIG["sweep"], bw=["20mbit", "none", "50mbit"]))
+    changed = tmp_path / "changed.yaml"
+    changed.write_text(yaml.safe_dump(config))
+    result = snakemake(study, "-n", "report", "--configfile", str(changed))
+    assert result.returncode == 0, result.stderr[-3000:]
+    counts = job_counts(result.stdout)
+    # Two new cells (ddp and pp at 50mbit): their own jobs, then one aggregate/figures/report.
+    assert counts == {
+        "run_cell": 2,
+        "parse_cell": 2,
+        "cell_metrics": 2,
+        "cell_figure": 2,
+        "aggregate": 1,
+        "study_figures": 1,
+        "report": 1,
+    }, counts
+    assert "bw~20mbit" not in result.stdout.split("rule run_cell")[-1].split("rule ")[0]
+
+
+def test_changing_one_models_shape_reruns_only_its_cells(study: Path, tmp_path: Path) -> None:
+    models = {"tiny": CONFIG["models"]["tiny"], "other": dict(CONFIG["models"]["tiny"], batch=8)}
+    # Same cells as the full run (model axis unchanged), one unused model added: nothing to do.
+    config = dict(CONFIG, models=models)
+    changed = tmp_path / "changed.yaml"
+    changed.write_text(yaml.safe_dump(config))
+    result = snakemake(study, "-n", "report", "--configfile", str(changed))
+    assert "Nothing to be done" in result.stdout + result.stderr
+
+
+def test_cluster_torn_down_after_the_workflow(study: Path) -> None:
+    assert not [ns for ns in list_netns() if ns.startswith(f"cs-{NAME}-")]
+    leftovers = subprocess.run(
+        ["pgrep", "-af", "[c]ommscope.(sampler|workload)"], capture_output=True, text=True
+    ).stdout
+    assert NAME not in leftovers and "commscope-" not in leftovers, leftovers
+
+
+def test_bad_config_stops_before_anything_runs(tmp_path: Path) -> None:
+    bad = dict(CONFIG, sweep=dict(CONFIG["sweep"], strategy=["tp"], nodes=[4]))
+    bad["models"] = {"tiny": dict(CONFIG["models"]["tiny"], heads=2)}
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "config.yaml").write_text(yaml.safe_dump(bad))
+    result = snakemake(tmp_path, "--cores", "1", "report")
+    assert result.returncode != 0
+    assert "model.heads" in result.stderr and "divisible by 4" in result.stderr
+    assert not (tmp_path / "results").exists()
+    assert not [ns for ns in list_netns() if ns.startswith(f"cs-{NAME}-")]
