@@ -22,12 +22,12 @@ $(STAMP): envs/requirements.txt envs/dev-requirements.txt pyproject.toml
 study: setup
 	source $(BIN)/activate && snakemake --cores 8 report
 
-test: setup
+test: lint
 	source $(BIN)/activate && pytest -q -rs tests
 
 lint: setup
 	source $(BIN)/activate && ruff check src tests workflow && ruff format --check src tests workflow \
-	  && snakefmt --check Snakefile workflow/rules && snakemake --lint
+	  && snakefmt --check Snakefile workflow/rules && snakemake --lint >/dev/null
 
 # Remove every namespace, interface, qdisc and process a crashed run may have left behind.
 clean-cluster: setup

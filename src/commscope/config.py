@@ -106,7 +106,10 @@ def check_study(
             continue
         seen.add(key)
         spec = {k: v for k, v in models[cell.model].items() if k != "kind"}
-        for msg in validate_degrees(cell.strategy, GPTConfig(**spec), key[2], microbatches):
+        schedule = run.get("pp_schedule", "1f1b")
+        for msg in validate_degrees(
+            cell.strategy, GPTConfig(**spec), key[2], microbatches, schedule
+        ):
             problems.append(
                 f"cell strategy={cell.strategy} model={cell.model} nodes={cell.nodes} "
                 f"ranks_per_node={cell.ranks_per_node} (world {key[2]}): {msg}"

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from commscope.cluster.hosts import Cluster, Host
+from commscope.cluster.hosts import Cluster, Host, on_all
 from commscope.config import loss_pct
 from commscope.shaping import LinkShape, check_shape_supported, host_has_netem, qdisc_stats, shaped
 
@@ -77,7 +77,13 @@ def _tag_pattern(tag: str) -> str:
 def _kill_tagged(host: Host, tag: str) -> None:
     """Kill everything this cell started on ``host`` (torchrun, workers, sampler)."""
     pat = _tag_pattern(tag)
-    host.run(f"pkill -TERM -f {pat}; sleep 0.5; pkill -KILL -f {pat}; true", warn=True)
+    # TERM, give up to 2 s to exit, then KILL whatever is left.
+    host.run(
+        f"pkill -TERM -f {pat} || exit 0; "
+        f"for i in $(seq 20); do pgrep -f {pat} >/dev/null || exit 0; sleep 0.1; done; "
+        f"pkill -KILL -f {pat}; true",
+        warn=True,
+    )
 
 
 def run_cell(
@@ -108,10 +114,10 @@ def run_cell(
             check_shape_supported(shape, host_has_netem(hosts[0]))
         _run_shaped(hosts, cluster, cell, model, run, shape, tag, out_dir)
     finally:
-        for h in hosts:
-            try:
-                _kill_tagged(h, tag)
-            finally:
+        try:
+            on_all(hosts, lambda h: _kill_tagged(h, tag))
+        finally:
+            for h in hosts:
                 h.close()
     return out_dir
 
@@ -127,9 +133,9 @@ def _run_shaped(
     out_dir: Path,
 ) -> None:
     remote_dirs = {h.name: f"{h.spec.workdir}/{tag}" for h in hosts}
-    for h in hosts:
+
+    def prepare(h: Host) -> None:
         rdir = remote_dirs[h.name]
-        h.run(f"mkdir -p {shlex.quote(rdir)}")
         spec = {
             "strategy": cell["strategy"],
             "model": {k: v for k, v in model.items() if k != "kind"},
@@ -144,38 +150,54 @@ def _run_shaped(
         }
         local_spec = out_dir / f"spec_{h.name}.json"
         local_spec.write_text(json.dumps(spec, indent=2))
+        h.run(f"mkdir -p {shlex.quote(rdir)}")
         h.put(local_spec, f"{rdir}/spec.json")
         local_spec.unlink()
 
-    meta: dict[str, Any] = {"tag": tag, "shape": shape.__dict__, "nodes": []}
+    def start_sampler(h: Host) -> None:
+        rdir = remote_dirs[h.name]
+        sampler = (
+            f"{shlex.quote(h.spec.python)} -m commscope.sampler --iface {h.spec.exp_iface} "
+            f"--hz {int(run['sample_hz'])} --out {rdir}/counters.parquet "
+            f"--max-seconds {float(run['timeout_s']) + 30} --tag {tag}"
+        )
+        # Background only the sampler: `a && b &` would background a subshell that keeps
+        # the SSH channel's stdout open, and the call would block until the sampler exits.
+        h.run(f"cd {rdir} && (nohup setsid {sampler} > sampler.log 2>&1 < /dev/null &)")
+
+    def stop_sampler(h: Host) -> None:
+        rdir = remote_dirs[h.name]
+        # One round trip: signal, then wait (up to 20 s) for the atomically renamed output.
+        h.run(
+            f"pkill -TERM -f {_tag_pattern('commscope.sampler')}.*{tag}; "
+            f"for i in $(seq 200); do test -e {rdir}/counters.parquet && exit 0; sleep 0.1; done; "
+            f"echo 'sampler output missing' >&2",
+            warn=True,
+        )
+
+    def fetch(h: Host) -> dict[str, Any]:
+        # Fetch whatever exists, also after a failure: logs explain it, nothing measured is lost.
+        rdir = remote_dirs[h.name]
+        for name in h.run(f"ls -1 {shlex.quote(rdir)}", warn=True).stdout.split():
+            h.get(f"{rdir}/{name}", out_dir / h.name / name)
+        h.run(f"rm -rf {shlex.quote(rdir)}", warn=True)
+        return {"name": h.name, "index": h.spec.index, "exp_iface": h.spec.exp_iface}
+
+    on_all(hosts, prepare)
+    meta: dict[str, Any] = {"tag": tag, "shape": shape.__dict__}
     with shaped(hosts, shape):
-        meta["qdisc_before"] = {h.name: qdisc_stats(h) for h in hosts}
-        for h in hosts:
-            rdir = remote_dirs[h.name]
-            sampler = (
-                f"{shlex.quote(h.spec.python)} -m commscope.sampler --iface {h.spec.exp_iface} "
-                f"--hz {int(run['sample_hz'])} --out {rdir}/counters.parquet "
-                f"--max-seconds {float(run['timeout_s']) + 30} --tag {tag}"
-            )
-            # Background only the sampler: `a && b &` would background a subshell that keeps
-            # the SSH channel's stdout open, and the call would block until the sampler exits.
-            h.run(f"cd {rdir} && (nohup setsid {sampler} > sampler.log 2>&1 < /dev/null &)")
+        meta["qdisc_before"] = dict(
+            zip([h.name for h in hosts], on_all(hosts, qdisc_stats), strict=True)
+        )
+        on_all(hosts, start_sampler)
         meta["t_start_ns"] = time.time_ns()
         failures = _torchrun_everywhere(hosts, cluster, cell, run, remote_dirs, tag)
         meta["t_end_ns"] = time.time_ns()
-        meta["qdisc_after"] = {h.name: qdisc_stats(h) for h in hosts}
-        for h in hosts:
-            h.run(f"pkill -TERM -f {_tag_pattern('commscope.sampler')}.*{tag}", warn=True)
-        for h in hosts:
-            _wait_for(h, f"{remote_dirs[h.name]}/counters.parquet", timeout_s=20)
-    # Fetch whatever exists, also after a failure: logs explain it and nothing measured is lost.
-    for h in hosts:
-        node_dir = out_dir / h.name
-        listing = h.run(f"ls -1 {shlex.quote(remote_dirs[h.name])}", warn=True).stdout.split()
-        for name in listing:
-            h.get(f"{remote_dirs[h.name]}/{name}", node_dir / name)
-        h.run(f"rm -rf {shlex.quote(remote_dirs[h.name])}", warn=True)
-        meta["nodes"].append({"name": h.name, "index": h.spec.index, "exp_iface": h.spec.exp_iface})
+        meta["qdisc_after"] = dict(
+            zip([h.name for h in hosts], on_all(hosts, qdisc_stats), strict=True)
+        )
+        on_all(hosts, stop_sampler)
+    meta["nodes"] = on_all(hosts, fetch)
     (out_dir / "run.json").write_text(json.dumps(meta, indent=2, default=str))
     if failures:
         raise CellFailed("training failed on " + "; ".join(failures))
@@ -225,18 +247,8 @@ def _torchrun_everywhere(
                 tail = h.run(f"tail -n 25 {remote_dirs[h.name]}/torchrun.log", warn=True).stdout
                 failures.append(f"{name}: {reason}\n{tail}")
             # The other nodes would only wait for the lost peer until the gloo timeout.
-            for other in hosts:
-                _kill_tagged(other, tag)
+            on_all(hosts, lambda other: _kill_tagged(other, tag))
     return failures
-
-
-def _wait_for(host: Host, path: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if host.run(f"test -e {shlex.quote(path)}", warn=True).ok:
-            return
-        time.sleep(0.2)
-    log.warning("%s: %s did not appear within %.0fs", host.name, path, timeout_s)
 
 
 def provision_and_run(

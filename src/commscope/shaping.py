@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from decimal import Decimal
 
-from commscope.cluster.hosts import Host
+from commscope.cluster.hosts import Host, on_all
 
 log = logging.getLogger(__name__)
 
@@ -459,31 +459,32 @@ def shaped(hosts: list[Host], shape: LinkShape) -> Iterator[None]:
     the third host, Ctrl-C), then each host's qdisc snapshot must equal the one taken before
     shaping, else ShapingError (chained to the block's exception, if any).
     """
-    before = {h.name: qdisc_snapshot(h) for h in hosts}
+    # Per-node steps run concurrently (on_all): each is an SSH round trip.
+    before = dict(zip([h.name for h in hosts], on_all(hosts, qdisc_snapshot), strict=True))
     for name, snap in before.items():
         if any(not line.endswith(": default") for line in snap.splitlines()):
             log.warning("%s already has non-default qdiscs before shaping:\n%s", name, snap)
     try:
-        for h in hosts:
-            apply_shape(h, shape)
+        on_all(hosts, lambda h: apply_shape(h, shape))
         yield
     finally:
-        problems: list[str] = []
-        for h in hosts:
+
+        def unshape_and_check(h: Host) -> str | None:
             try:
                 remove_shape(h)
             except Exception as exc:  # carry on: every other host must still be unshaped
-                problems.append(f"{h.name}: unshape failed: {exc}")
-        for h in hosts:
+                return f"{h.name}: unshape failed: {exc}"
             try:
                 after = qdisc_snapshot(h)
             except Exception as exc:
-                problems.append(f"{h.name}: cannot read qdiscs after unshaping: {exc}")
-                continue
+                return f"{h.name}: cannot read qdiscs after unshaping: {exc}"
             if after != before[h.name]:
-                problems.append(
+                return (
                     f"{h.name}: qdiscs not back to their pre-shaping state.\n"
                     f"before:\n{before[h.name]}\nafter:\n{after}"
                 )
+            return None
+
+        problems = [p for p in on_all(hosts, unshape_and_check) if p]
         if problems:
             raise ShapingError("unshaping left the cluster dirty:\n" + "\n".join(problems))

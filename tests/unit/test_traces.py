@@ -49,6 +49,7 @@ def _ops(rank: int, node: int) -> pd.DataFrame:
             group_ranks="0,1",
             group_size=2,
             peer=-1,
+            root=-1,
             dtype="float32",
             numel=GRAD_BYTES[rank] // 4,
             bytes=GRAD_BYTES[rank],

@@ -22,6 +22,8 @@ rule cell_metrics:
         ),
     log:
         f"results/logs/cell_metrics/{CELL}.log",
+    conda:
+        "../../envs/commscope.yaml"
     script:
         "../scripts/cell_metrics.py"
 
@@ -34,6 +36,8 @@ rule cell_figure:
         f"{RUNS}/{CELL}/figures/throughput.png",
     log:
         f"results/logs/cell_figure/{CELL}.log",
+    conda:
+        "../../envs/commscope.yaml"
     script:
         "../scripts/cell_figure.py"
 
@@ -48,6 +52,8 @@ rule aggregate:
         expand("results/aggregate/{table}.parquet", table=METRIC_TABLES),
     log:
         "results/logs/aggregate.log",
+    conda:
+        "../../envs/commscope.yaml"
     script:
         "../scripts/aggregate.py"
 
@@ -59,5 +65,7 @@ rule study_figures:
         directory("results/figures"),
     log:
         "results/logs/study_figures.log",
+    conda:
+        "../../envs/commscope.yaml"
     script:
         "../scripts/study_figures.py"

@@ -12,6 +12,8 @@ rule report:
         "results/report/index.html",
     log:
         "results/logs/report.log",
+    conda:
+        "../../envs/commscope.yaml"
     params:
         config=config,
         cells=list(cellspace.instance_patterns),

@@ -8,6 +8,8 @@ rule run_cell:
         f"results/logs/run_cell/{CELL}.log",
     benchmark:
         f"results/benchmarks/run_cell/{CELL}.tsv"
+    conda:
+        "../../envs/commscope.yaml"
     resources:
         # profiles/default gives cluster_slot=1: one cell at a time owns the cluster.
         cluster_slot=1,
@@ -30,6 +32,8 @@ rule parse_cell:
         cell=f"{RUNS}/{CELL}/trace/cell.json",
     log:
         f"results/logs/parse_cell/{CELL}.log",
+    conda:
+        "../../envs/commscope.yaml"
     params:
         cell=cell_params,
         warmup_steps=config["run"]["warmup_steps"],

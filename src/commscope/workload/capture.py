@@ -61,6 +61,7 @@ FUNCTIONAL_OPS: dict[str, str] = {
 _IN_ARGS = ("tensors", "input_tensors", "input_tensor", "input", "inputs", "tensor")
 _OUT_ARGS = ("output_tensors", "output_tensor", "output", "outputs")
 _AUTOGRAD_KEYS = ("AutogradCPU", "AutogradCUDA")
+_ROOTED = ("broadcast", "reduce", "gather", "scatter")
 
 
 @dataclass
@@ -73,6 +74,7 @@ class OpRecord:
     group_ranks: str
     group_size: int
     peer: int
+    root: int
     dtype: str
     numel: int
     bytes: int
@@ -126,11 +128,17 @@ def _record(op: str, source: str, schema_args: dict[str, Any], pg: dist.ProcessG
     group, ranks, size = _group_info(pg)
     ins = [t for a in _IN_ARGS if a in schema_args for t in _flatten(schema_args[a])]
     outs = [t for a in _OUT_ARGS if a in schema_args for t in _flatten(schema_args[a])]
-    peer = -1
-    for key in ("dst", "src"):
-        if key in schema_args and isinstance(schema_args[key], int) and schema_args[key] >= 0:
-            # c10d P2P ops carry the group-local peer; store the global rank.
-            peer = dist.get_global_rank(pg, schema_args[key])
+    peer = root = -1
+    # c10d ops carry group-local ranks; the table stores global ranks.
+    if op in ("send", "recv"):
+        for key in ("dst", "src"):
+            if isinstance(schema_args.get(key), int) and schema_args[key] >= 0:
+                peer = dist.get_global_rank(pg, schema_args[key])
+    elif op in _ROOTED:
+        for key in ("root_rank", "root", "src"):
+            if isinstance(schema_args.get(key), int) and schema_args[key] >= 0:
+                root = dist.get_global_rank(pg, schema_args[key])
+                break
     if op in ("recv",):
         outs, ins = ins, []
     ref = (ins or outs)[0] if (ins or outs) else None
@@ -145,6 +153,7 @@ def _record(op: str, source: str, schema_args: dict[str, Any], pg: dist.ProcessG
             group_ranks=ranks,
             group_size=size,
             peer=peer,
+            root=root,
             dtype=str(ref.dtype).removeprefix("torch.") if ref is not None else "",
             numel=sum(t.numel() for t in ins) if ins else sum(t.numel() for t in outs),
             bytes=_nbytes(ins) if ins else _nbytes(outs),
@@ -169,8 +178,9 @@ class _Poller:
     and sleeps on a condition otherwise, so it costs nothing when idle.
     """
 
-    def __init__(self, interval_s: float = 200e-6) -> None:
+    def __init__(self, interval_s: float = 200e-6, give_up_s: float = 5.0) -> None:
         self.interval_s = interval_s
+        self.give_up_ns = int(give_up_s * 1e9)
         self.pending: list[tuple[dist.Work, OpRecord]] = []
         self.cond = threading.Condition()
         self.thread: threading.Thread | None = None
@@ -191,11 +201,14 @@ class _Poller:
                 while not self.pending:
                     self.cond.wait()
                 still = []
+                now = time.time_ns()
                 for work, rec in self.pending:
                     if work.is_completed():
                         _complete(rec)
-                    else:
+                    elif now - rec.t_issue_ns < self.give_up_ns:
                         still.append((work, rec))
+                    # else: this Work never reports completion (gloo's reduce-scatter keeps
+                    # is_completed() False even after wait()): leave t_end_ns null, stop polling.
                 self.pending = still
             time.sleep(self.interval_s)
 

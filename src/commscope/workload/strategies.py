@@ -194,7 +194,9 @@ def make_strategy(name: str, cfg: GPTConfig, settings: RunSettings, log: StepLog
     return classes[name](cfg, settings, log)
 
 
-def validate_degrees(name: str, cfg: GPTConfig, world: int, microbatches: int) -> list[str]:
+def validate_degrees(
+    name: str, cfg: GPTConfig, world: int, microbatches: int, pp_schedule: str = "1f1b"
+) -> list[str]:
     """Problems that make ``name`` impossible on ``world`` ranks with this model (empty = ok)."""
     problems = []
     if cfg.hidden % cfg.heads:
@@ -210,6 +212,11 @@ def validate_degrees(name: str, cfg: GPTConfig, world: int, microbatches: int) -
         if cfg.layers < world:
             problems.append(
                 f"pp over {world} ranks needs model.layers ({cfg.layers}) >= {world} stages"
+            )
+        if pp_schedule == "1f1b" and microbatches < world:
+            problems.append(
+                f"pp with the 1f1b schedule needs run.microbatches ({microbatches}) >= the "
+                f"number of stages ({world}); raise run.microbatches or use pp_schedule: gpipe"
             )
         if cfg.batch % microbatches:
             problems.append(

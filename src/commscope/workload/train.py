@@ -66,9 +66,10 @@ def run(spec: dict) -> Path:
 
     node = int(os.environ.get("GROUP_RANK", spec.get("node", 0)))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    ops = pd.DataFrame([asdict(r) for r in capture.records()])
-    if not ops.empty:
-        ops["t_end_ns"] = ops["t_end_ns"].astype("Int64")
+    recs = capture.records()
+    ops = pd.DataFrame([asdict(r) for r in recs])
+    # Build the nullable column directly: via float64, ns epoch times would round to 256 ns.
+    ops["t_end_ns"] = pd.array([r.t_end_ns for r in recs], dtype="Int64")
     ops.insert(0, "rank", rank)
     ops.insert(1, "node", node)
     ops.insert(2, "local_rank", local_rank)
