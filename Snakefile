@@ -16,6 +16,7 @@ validate(config, "workflow/schemas/config.schema.yaml")
 include: "workflow/rules/common.smk"
 include: "workflow/rules/run.smk"
 include: "workflow/rules/analysis.smk"
+include: "workflow/rules/predict.smk"
 include: "workflow/rules/report.smk"
 
 
@@ -23,6 +24,10 @@ rule all:
     default_target: True
     input:
         rules.report.output,
+
+
+onstart:
+    preflight()
 
 
 # The cluster lives only while the workflow runs: taken down on success and on failure alike.

@@ -33,10 +33,19 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["predict"]:
+        # The predictor owns its (many) flags: hand it the rest of the command line.
+        from commscope.predict.cli import main as predict_main
+
+        return predict_main(argv[1:])
     parser = argparse.ArgumentParser(prog="commscope", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("cleanup", help="remove leftovers of the netns cluster").set_defaults(
         func=_cleanup
+    )
+    sub.add_parser(
+        "predict", help="predict traffic and step time analytically (see predict --help)"
     )
     check = sub.add_parser("check", help="validate a study config without running it")
     check.add_argument("config", nargs="?", type=Path, default=Path("config/config.yaml"))

@@ -52,18 +52,36 @@ def load_config(path: Path) -> dict[str, Any]:
     return validate_config(yaml.safe_load(Path(path).read_text()) or {})
 
 
-def cells_frame(config: dict[str, Any]) -> pd.DataFrame:
-    """All sweep cells (cartesian product of the axes), one row each, axes in a fixed order."""
+# Axes a sweep block may leave out (the schema's defaults, also inside a list of blocks).
+AXIS_DEFAULTS: dict[str, list[Any]] = {
+    "delay": ["0ms"],
+    "jitter": ["0ms"],
+    "loss": ["0pct"],
+    "repeat": [0],
+}
+
+
+def sweep_blocks(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """The sweep as a list of blocks (a single block is a list of one)."""
     sweep = config["sweep"]
-    rows = itertools.product(*(sweep[axis] for axis in SWEEP_AXES))
-    frame = pd.DataFrame(list(rows), columns=list(SWEEP_AXES))
-    duplicated = frame.duplicated()
-    if duplicated.any():
-        raise ConfigError(
-            "sweep: duplicate values in an axis produce the same cell twice "
-            f"(e.g. {frame[duplicated].iloc[0].to_dict()}); list each value once"
-        )
-    return frame
+    return list(sweep) if isinstance(sweep, list) else [sweep]
+
+
+def cells_frame(config: dict[str, Any]) -> pd.DataFrame:
+    """All sweep cells: the union of each block's cartesian product, axes in a fixed order."""
+    frames = []
+    for i, block in enumerate(sweep_blocks(config)):
+        axes = [block.get(axis, AXIS_DEFAULTS.get(axis)) for axis in SWEEP_AXES]
+        frame = pd.DataFrame(list(itertools.product(*axes)), columns=list(SWEEP_AXES))
+        duplicated = frame.duplicated()
+        if duplicated.any():
+            raise ConfigError(
+                f"sweep block {i}: duplicate values in an axis produce the same cell twice "
+                f"(e.g. {frame[duplicated].iloc[0].to_dict()}); list each value once"
+            )
+        frames.append(frame)
+    # Blocks may overlap on purpose (a baseline cell in two comparisons): run it once.
+    return pd.concat(frames, ignore_index=True).drop_duplicates(ignore_index=True)
 
 
 def loss_pct(loss: str) -> float:
@@ -82,8 +100,7 @@ def check_study(
     ``has_netem`` is asked only if some cell needs delay, jitter or loss.
     """
     from commscope.shaping import LinkShape
-    from commscope.workload.models import GPTConfig
-    from commscope.workload.strategies import validate_degrees
+    from commscope.workload.strategies import validate_cell
 
     cells = cells_frame(config)
     problems: list[str] = []
@@ -97,22 +114,22 @@ def check_study(
             f"sweep.nodes: {int(cells['nodes'].max())} nodes asked for but the cluster has "
             f"{max_nodes}; lower sweep.nodes or add hosts to the inventory"
         )
-    run = config.get("run", {})
-    microbatches = int(run.get("microbatches", 4))
+    for name in sorted(set(cells["strategy"]) - set(strategy_names(config))):
+        problems.append(
+            f"sweep.strategy: {name!r} is neither built in nor defined under strategies: "
+            f"(available: {sorted(strategy_names(config))})"
+        )
     seen: set[tuple] = set()
     for cell in cells.itertuples(index=False):
-        key = (cell.strategy, cell.model, cell.nodes * cell.ranks_per_node)
-        if cell.model not in models or key in seen:
+        world = int(cell.nodes * cell.ranks_per_node)
+        key = (cell.strategy, cell.model, world)
+        if cell.model not in models or cell.strategy not in strategy_names(config) or key in seen:
             continue
         seen.add(key)
-        spec = {k: v for k, v in models[cell.model].items() if k != "kind"}
-        schedule = run.get("pp_schedule", "1f1b")
-        for msg in validate_degrees(
-            cell.strategy, GPTConfig(**spec), key[2], microbatches, schedule
-        ):
+        for msg in validate_cell(models[cell.model], strategy_spec(config, cell.strategy), world):
             problems.append(
                 f"cell strategy={cell.strategy} model={cell.model} nodes={cell.nodes} "
-                f"ranks_per_node={cell.ranks_per_node} (world {key[2]}): {msg}"
+                f"ranks_per_node={cell.ranks_per_node} (world {world}): {msg}"
             )
     shapes = {}
     for cell in cells[["bw", "delay", "jitter", "loss"]].drop_duplicates().itertuples(index=False):
@@ -134,6 +151,21 @@ def check_study(
     if problems:
         raise ConfigError("invalid study configuration:\n  - " + "\n  - ".join(problems))
     return cells
+
+
+def strategy_names(config: dict[str, Any]) -> set[str]:
+    """Strategy names a sweep may use: the built-ins plus the config's own."""
+    from commscope.workload.strategies import BUILTIN_STRATEGIES
+
+    return set(BUILTIN_STRATEGIES) | set(config.get("strategies") or {})
+
+
+def strategy_spec(config: dict[str, Any], name: str) -> dict[str, Any]:
+    """The definition of strategy ``name``: the config's entry, else the built-in."""
+    from commscope.workload.strategies import BUILTIN_STRATEGIES
+
+    own = (config.get("strategies") or {}).get(name)
+    return dict(own if own is not None else BUILTIN_STRATEGIES[name])
 
 
 def cell_id(cell: dict[str, Any]) -> str:

@@ -13,9 +13,14 @@ Definitions worth knowing before reading a number:
 * *framework bytes* are the payload bytes of each op's input tensor(s) as each rank recorded
   them, summed over ranks (a send and its matching recv both count, as do the n inputs of an
   n-rank all-reduce). It measures what the framework asks for, not what the wire carries.
-* *ring bytes* (:func:`ring_send_bytes`) are what one rank must transmit for an op under the
-  bandwidth-optimal (ring) algorithm; :func:`wire_vs_framework` compares their inter-node part
-  with the interface counters.
+* *ring bytes* are what one rank must transmit for an op under the bandwidth-optimal (ring
+  and chain) algorithms. :func:`op_destinations` is the one model of who sends how much to
+  whom; :func:`ring_send_bytes` (per-rank totals), :func:`wire_vs_framework` (whose
+  inter-node part is compared with the interface counters) and :func:`comm_matrix` all
+  derive from it.
+* the *communication matrix* (:func:`comm_matrix`, :func:`node_matrix`) gives those bytes
+  per measured step for every (sender, receiver) pair of ranks and of nodes; its node
+  diagonal is traffic inside a node, which never reaches the experiment interface.
 * *traffic shape* is computed from the interface counters binned at several widths; a bin width
   finer than the sampling interval cannot show bursts, so such rows are flagged and hold NaN
   rather than an interpolated, artificially smooth number.
@@ -25,7 +30,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +62,8 @@ METRIC_TABLES: tuple[str, ...] = (
     "shape",
     "step_times",
     "wire",
+    "comm_matrix",
+    "node_matrix",
 )
 
 DEFAULT_BIN_MS: tuple[int, ...] = (1, 10, 100)
@@ -71,7 +78,7 @@ RESOLUTION_SLACK = 1.05
 
 P2P_OPS = frozenset({"send", "recv"})
 _RING_OPS = frozenset({"allreduce", "allgather", "reduce_scatter"})
-# Ops whose per-rank traffic depends on a root rank that ops.parquet does not record.
+# Ops whose traffic depends on a root rank (the ``root`` column; older traces lack it).
 _ROOTED_OPS = frozenset({"broadcast", "reduce", "gather", "scatter"})
 KNOWN_OPS = frozenset(
     _RING_OPS | _ROOTED_OPS | {"alltoall", "send", "recv", "barrier"},
@@ -576,88 +583,249 @@ def wire_bytes(counters: pd.DataFrame, window: tuple[int, int]) -> pd.DataFrame:
 # --------------------------------------------------------------------------------------------
 
 
-def ring_send_bytes(op: str, bytes: float, group_size: int, is_root: bool | None = None) -> float:
-    """Bytes one rank transmits for one op under the bandwidth-optimal (ring) algorithm.
+# The traffic model: who sends what to whom for one op. ring_send_bytes, the wire comparison
+# and the communication matrix all derive from op_destinations(), so they cannot disagree.
 
-    ``bytes`` is the op's input payload on this rank as recorded in ops.parquet, ``n`` the
-    group size:
+# Optional ops.parquet column with the exact bytes a rank sends to each member of the group, in
+# group_ranks order ("b0,b1,..." or a list), for all-to-alls with uneven splits (MoE dispatch).
+# Null where not applicable; without it an all-to-all is modelled as an even split.
+SPLIT_COLUMN = "split_bytes"
 
-    ============== =========================== ============================================
-    op             bytes sent by this rank     why
-    ============== =========================== ============================================
-    allreduce      2(n-1)/n * bytes            ring reduce-scatter, then ring all-gather
-    reduce_scatter (n-1)/n * bytes             input is the full tensor S_total
-    allgather      (n-1) * bytes               input is the shard: (n-1)/n * S_total
-    alltoall       (n-1)/n * bytes             input holds n equal chunks, one stays local
-    scatter        root: (n-1)/n * bytes,      the root's input holds n chunks, one stays
-                   others: 0                   local
-    broadcast      root: bytes, others:        chain along the ring from the root: every
-                   (n-2)/(n-1) * bytes         rank but the last forwards S once
-    reduce         root: 0, others: bytes      chain along the ring into the root
-    gather         root: 0, others: bytes      each rank sends its input to the root
-    send           bytes
-    recv, barrier  0                           barrier payloads are a few bytes: ignored
-    ============== =========================== ============================================
 
-    Whatever the algorithm, a rooted op moves (n-1) chunks in total over the group. When the
-    root is unknown (``is_root=None``) these return the even share (n-1)/n * bytes: exact for
-    the group total, an estimate per rank. A group of one sends nothing.
+def op_destinations(
+    op: str,
+    bytes: float,
+    group_ranks: Any,
+    rank: int,
+    peer: int = -1,
+    root: int = -1,
+    splits: Any = None,
+) -> list[tuple[int, float]]:
+    """Where the bytes ``rank`` transmits for one op go, as ``[(destination rank, bytes)]``.
+
+    This is commscope's single traffic model: the bandwidth-optimal algorithms (rings and
+    chains) that gloo and NCCL use for large messages. ``bytes`` (S) is the op's payload on
+    this rank as recorded in ops.parquet, ``group_ranks`` the group's global ranks ("0,2,4"
+    or a sequence) in group order, which is taken as the ring order, n their number, ``peer``
+    and ``root`` global ranks (-1 when not applicable or not recorded):
+
+    ============== =============================================================================
+    op             what ``rank`` sends, and to whom
+    ============== =============================================================================
+    allreduce      2(n-1)/n * S to its ring successor (ring reduce-scatter, then all-gather)
+    reduce_scatter (n-1)/n * S to its successor (S is the full input)
+    allgather      (n-1) * S to its successor (S is the local shard)
+    alltoall       S/n to every other member (n equal chunks, one stays local); exactly
+                   ``splits[j]`` to member j when the per-destination split is known
+    broadcast      chain from the root along the ring: S to its successor, except the root's
+                   ring predecessor, last in the chain, which forwards nothing
+    reduce         chain along the ring into the root: S to its successor, except the root
+    gather         S to the root, except the root itself
+    scatter        the root sends S/n to every other member; the others send nothing
+    send           S to ``peer``
+    recv, barrier  nothing: the sender accounts for a transfer; barrier payloads are a few
+                   bytes and are ignored
+    ============== =============================================================================
+
+    A rooted op whose root is unknown (``root`` not in the group) gets the expectation over a
+    root drawn uniformly from the group: broadcast and reduce send (n-1)/n * S to the
+    successor, gather and scatter S/n to every other member. That keeps each rank's and the
+    group's expected totals, while single destinations are estimates. A rank outside its
+    group, a group of one, a send without a recorded peer, and zero-byte transfers give an
+    empty list. Unknown ops raise ``ValueError`` rather than being silently dropped.
     """
-    n = int(group_size)
     if op not in KNOWN_OPS:
         raise ValueError(f"no traffic model for op {op!r}; known ops: {sorted(KNOWN_OPS)}")
+    size = float(bytes)
     if op == "send":
-        return float(bytes)
-    if op in ("recv", "barrier") or n <= 1:
-        return 0.0
-    share = (n - 1) / n * bytes
-    if op == "allreduce":
-        return 2 * share
-    if op == "allgather":
-        return float((n - 1) * bytes)
-    if op in ("reduce_scatter", "alltoall"):
-        return share
-    # Rooted ops: broadcast, reduce, gather, scatter.
-    if is_root is None:
-        return share
-    if op == "scatter":
-        return share if is_root else 0.0
-    if op == "broadcast":
-        return float(bytes) if is_root else (n - 2) / (n - 1) * bytes
-    return 0.0 if is_root else float(bytes)
-
-
-def _internode_fraction(
-    op: str,
-    rank: int,
-    members: Sequence[int],
-    peer: int,
-    node_of: dict[int, int],
-    root: int = -1,
-) -> float:
-    """Fraction of a rank's ring bytes that leave its node.
-
-    Ring collectives, and the chain broadcast/reduce, send everything to the ring successor,
-    taken as the next member in ``group_ranks`` order (gloo and NCCL rings follow rank order;
-    for node-contiguous layouts the per-node crossing count is the same in either direction).
-    A gather sends to the root; all-to-all and scatter (from the root) spread bytes evenly
-    over the other members, as does a gather whose root is unknown (``root`` < 0: averaged
-    over possible roots).
-    """
-    here = node_of.get(rank)
-    if op == "send":
-        return float(node_of.get(peer) != here)
-    if op == "gather" and root >= 0:
-        return float(node_of.get(root) != here)
-    if op in _RING_OPS or op in ("broadcast", "reduce"):
-        if rank not in members or len(members) < 2:
-            return 0.0
-        succ = members[(members.index(rank) + 1) % len(members)]
-        return float(node_of.get(succ) != here)
+        return [(int(peer), size)] if int(peer) >= 0 and size else []
+    members = _parse_ranks(group_ranks)
+    rank, root = int(rank), int(root)
+    n = len(members)
+    if op in ("recv", "barrier") or n <= 1 or rank not in members or not size:
+        return []
+    here = members.index(rank)
+    succ = members[(here + 1) % n]
     others = [m for m in members if m != rank]
-    if not others:
-        return 0.0
-    return sum(node_of.get(m) != here for m in others) / len(others)
+    root_known = root in members
+    if op == "allreduce":
+        out = [(succ, 2 * (n - 1) / n * size)]
+    elif op == "reduce_scatter":
+        out = [(succ, (n - 1) / n * size)]
+    elif op == "allgather":
+        out = [(succ, float((n - 1) * size))]
+    elif op == "alltoall":
+        exact = _parse_splits(splits)
+        if exact is None:
+            out = [(m, size / n) for m in others]
+        elif len(exact) != n:
+            raise ValueError(
+                f"{SPLIT_COLUMN} has {len(exact)} entries for a group of {n} ({group_ranks!r})"
+            )
+        else:
+            out = [(m, b) for m, b in zip(members, exact, strict=True) if m != rank]
+    elif op in ("broadcast", "reduce"):
+        if not root_known:
+            out = [(succ, (n - 1) / n * size)]
+        elif op == "broadcast":
+            last = members[(members.index(root) - 1) % n]
+            out = [] if rank == last else [(succ, size)]
+        else:
+            out = [] if rank == root else [(succ, size)]
+    elif op == "gather" and root_known:
+        out = [] if rank == root else [(root, size)]
+    elif op == "scatter" and root_known:
+        out = [(m, size / n) for m in others] if rank == root else []
+    else:  # gather or scatter with the root unknown
+        out = [(m, size / n) for m in others]
+    return [(dst, b) for dst, b in out if b]
+
+
+def ring_send_bytes(op: str, bytes: float, group_size: int, is_root: bool | None = None) -> float:
+    """Bytes one rank transmits for one op, knowing only the group size and, for rooted ops,
+    whether the rank is the root: the total of :func:`op_destinations` over its destinations.
+
+    With S = ``bytes`` and n = ``group_size`` this gives allreduce 2(n-1)/n * S,
+    reduce_scatter and alltoall (n-1)/n * S, allgather (n-1) * S, send S, recv and barrier 0;
+    for rooted ops: scatter root (n-1)/n * S, others 0; broadcast root S, others
+    (n-2)/(n-1) * S (a non-root's place in the chain is unknown here, so this is the mean over
+    the non-root places: every rank but the last forwards S once); reduce and gather root 0,
+    others S. With ``is_root=None`` (root unknown) rooted ops give the expected share
+    (n-1)/n * S. Whatever the algorithm, a rooted op moves (n-1) chunks over the group in
+    total. A group of one sends nothing.
+    """
+    n = max(int(group_size), 1)
+    members = list(range(n))
+    if op in _ROOTED_OPS and is_root is not None and n > 1:
+        # Rank 0 plays the root; a non-root averages over the places it could hold.
+        if is_root:
+            return _sent_total(op, bytes, members, rank=0, root=0)
+        places = members[1:]
+        return sum(_sent_total(op, bytes, members, rank=r, root=0) for r in places) / len(places)
+    return _sent_total(op, bytes, members, rank=0, peer=1)
+
+
+def _sent_total(
+    op: str, bytes: float, members: Sequence[int], rank: int, peer: int = -1, root: int = -1
+) -> float:
+    return float(sum(b for _, b in op_destinations(op, bytes, members, rank, peer, root)))
+
+
+def _parse_splits(splits: Any) -> list[float] | None:
+    """Per-destination byte counts from a ``split_bytes`` value; None when absent."""
+    if splits is None or splits is pd.NA:
+        return None
+    if isinstance(splits, float) and math.isnan(splits):
+        return None
+    if isinstance(splits, str):
+        parts = [p for p in splits.split(",") if p.strip()]
+        return [float(p) for p in parts] if parts else None
+    values = [float(v) for v in splits]
+    return values or None
+
+
+def _splits_key(splits: Any) -> str | None:
+    """A hashable, canonical form of a ``split_bytes`` value (parquet gives lists as arrays)."""
+    values = _parse_splits(splits)
+    return None if values is None else ",".join(f"{v:g}" for v in values)
+
+
+def _ranks_key(group_ranks: Any) -> str | None:
+    """``group_ranks`` as its canonical string, whatever form the trace stored it in."""
+    members = _parse_ranks(group_ranks)
+    return ",".join(map(str, members)) if members else None
+
+
+def _sends(ops: pd.DataFrame, extra_keys: Sequence[str] = ()) -> pd.DataFrame:
+    """Every transfer the op records imply, summed over identical records.
+
+    One row per (sender ``rank``, ``dst_rank``, ``op``, ``extra_keys``...) with ``bytes``
+    summed over all matching records of ``ops`` and ``estimated`` true when the bytes come
+    from a rooted op whose root was not recorded (see :func:`op_destinations`). Each record
+    counts once, as its own rank's sends: a recv adds nothing, its send carries the bytes.
+    """
+    cols = ["rank", "dst_rank", "op", *extra_keys, "bytes", "estimated"]
+    if ops.empty:
+        return pd.DataFrame(columns=cols)
+    frame = pd.DataFrame(
+        {
+            "rank": ops["rank"].astype("int64"),
+            "op": ops["op"].astype(str),
+            "size": pd.to_numeric(ops["bytes"], errors="coerce").fillna(0).astype("float64"),
+            "group_ranks": _hashable(ops["group_ranks"], _ranks_key)
+            if "group_ranks" in ops
+            else None,
+            "peer": _rank_column(ops, "peer"),
+            "root": _rank_column(ops, "root"),
+            "splits": _hashable(ops[SPLIT_COLUMN], _splits_key) if SPLIT_COLUMN in ops else None,
+            **{k: ops[k] for k in extra_keys},
+        },
+        index=ops.index,
+    )
+    # Ops repeat identically every step: model each distinct kind once, then weight by count.
+    keys = ["rank", "op", "size", "group_ranks", "peer", "root", "splits", *extra_keys]
+    kinds = frame.groupby(keys, sort=False, dropna=False).size().rename("n").reset_index()
+    records = []
+    for kind in kinds.itertuples(index=False, name=None):
+        rank, op, size, group_ranks, peer, root, splits, *extra, n = kind
+        dests = op_destinations(op, size, group_ranks, rank, peer, root, splits)
+        estimated = op in _ROOTED_OPS and int(root) not in _parse_ranks(group_ranks)
+        records += [(int(rank), int(dst), op, *extra, b * n, estimated) for dst, b in dests]
+    out = pd.DataFrame(records, columns=cols)
+    return out.astype({"rank": "int64", "dst_rank": "int64", "bytes": "float64"})
+
+
+def _hashable(values: pd.Series, canonical: Callable[[Any], str | None]) -> pd.Series:
+    """``values`` ready to group by: string columns as they are (the trace format, and a
+    per-row Python call on millions of ops is what would cost), anything else (lists from
+    parquet list columns) through ``canonical``."""
+    if pd.api.types.infer_dtype(values, skipna=True) in ("string", "empty"):
+        return values
+    return values.map(canonical)
+
+
+def _rank_column(ops: pd.DataFrame, col: str) -> pd.Series | int:
+    """A global-rank column as int64 with -1 for null/absent (older traces lack ``root``)."""
+    if col not in ops:
+        return -1
+    return pd.to_numeric(ops[col], errors="coerce").fillna(-1).astype("int64")
+
+
+@dataclass
+class _Placement:
+    """Which node each rank runs on.
+
+    ``recorded`` is what the trace says (every rank that issued an op); a rank that issued none
+    (only ever a peer or a root) is placed by ``ranks_per_node``, as ranks on a node are
+    contiguous, and at node -1 when that is unknown too.
+    """
+
+    recorded: dict[int, int]
+    ranks_per_node: int = 0
+
+    @classmethod
+    def from_ops(cls, ops: pd.DataFrame, ranks_per_node: Any = None) -> _Placement:
+        recorded: dict[int, int] = {}
+        if not ops.empty and {"rank", "node"} <= set(ops.columns):
+            pairs = ops[["rank", "node"]].drop_duplicates("rank")
+            recorded = {int(r): int(n) for r, n in pairs.itertuples(index=False, name=None)}
+        return cls(recorded, _positive_int(ranks_per_node))
+
+    def node(self, rank: int) -> int:
+        """The node of global rank ``rank`` (-1 when it cannot be placed)."""
+        rank = int(rank)
+        if rank in self.recorded:
+            return self.recorded[rank]
+        return rank // self.ranks_per_node if self.ranks_per_node and rank >= 0 else -1
+
+
+def _positive_int(value: Any) -> int:
+    """``value`` as a non-negative int; 0 when absent, null or not a number."""
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        return 0
+    return max(number, 0)
 
 
 WIRE_COLUMNS = [
@@ -682,9 +850,10 @@ def wire_vs_framework(
 ) -> pd.DataFrame:
     """Per node: bytes its interface sent vs bytes its ranks had to send to other nodes.
 
-    ``framework_tx_bytes`` sums :func:`ring_send_bytes` over the node's ranks, counting only
-    the part that crosses to another node (ranks on the same node talk over loopback, which
-    the experiment interface never sees); ``framework_tx_bytes_with_local`` counts it all.
+    ``framework_tx_bytes`` sums the transfers of :func:`op_destinations` over the node's
+    ranks, counting only those to another node (ranks on the same node talk over loopback,
+    which the experiment interface never sees); ``framework_tx_bytes_with_local`` counts them
+    all.
     ``estimated_tx_bytes`` is the part of ``framework_tx_bytes`` coming from rooted ops
     (broadcast/reduce/gather/scatter) whose root is not recorded: their per-node split is an
     even-share estimate. An optional ``root`` column in ``ops`` (global rank, -1 or null when
@@ -728,52 +897,41 @@ def wire_vs_framework(
 
 
 def _framework_tx_per_node(ops: pd.DataFrame, meta: dict[str, Any]) -> pd.DataFrame:
+    """Per node, the bytes its ranks send under :func:`op_destinations`: to other nodes
+    (``framework_tx_bytes``), in all (``..._with_local``), and the estimated part."""
     cols = ["node", "framework_tx_bytes", "framework_tx_bytes_with_local", "estimated_tx_bytes"]
     if ops.empty:
         return pd.DataFrame(columns=cols)
-    node_of = dict(ops[["rank", "node"]].drop_duplicates("rank").itertuples(index=False, name=None))
-    rpn = int(meta.get("params", {}).get("ranks_per_node") or 0)
-    ops = ops.assign(
-        root=pd.to_numeric(ops["root"], errors="coerce").fillna(-1).astype("int64")
-        if "root" in ops
-        else -1
+    place = _Placement.from_ops(ops, meta.get("params", {}).get("ranks_per_node"))
+    sends = _sends(ops)
+    src = sends["rank"].map(place.node)
+    # A destination that cannot be placed (-1) counts as remote, like any other node.
+    remote = src != sends["dst_rank"].map(place.node)
+    inter = sends["bytes"].where(remote, 0.0)
+    per_node = pd.DataFrame(
+        {
+            "node": src,
+            "framework_tx_bytes": inter,
+            "framework_tx_bytes_with_local": sends["bytes"],
+            "estimated_tx_bytes": inter.where(sends["estimated"].astype(bool), 0.0),
+        },
+        columns=cols,
     )
-    # Ops repeat identically every step: model each distinct kind once, then weight by count.
-    keys = ["rank", "op", "bytes", "group_size", "group_ranks", "peer", "root"]
-    kinds = ops.groupby(keys, sort=False, dropna=False).size().rename("n").reset_index()
-    records = []
-    for rank, op, size, group_size, group_ranks, peer, root, n in kinds.itertuples(
-        index=False, name=None
-    ):
-        members = _parse_ranks(group_ranks)
-        for m in [*members, int(peer), int(root)]:
-            if m >= 0 and m not in node_of and rpn > 0:
-                node_of[m] = m // rpn
-        rooted = op in _ROOTED_OPS
-        is_root = (int(rank) == root) if rooted and root >= 0 else None
-        sent = ring_send_bytes(op, size, group_size, is_root=is_root) * n
-        if op == "broadcast" and root in members and int(rank) in members:
-            # With the root known the chain is known too: root -> successor -> ... and the
-            # root's ring predecessor, last in the chain, forwards nothing; all others send S.
-            last = members[(members.index(root) - 1) % len(members)]
-            sent = 0.0 if int(rank) == last else float(size) * n
-        share = _internode_fraction(op, int(rank), members, int(peer), node_of, int(root))
-        inter = sent * share
-        records.append(
-            {
-                "node": node_of[int(rank)],
-                "framework_tx_bytes": inter,
-                "framework_tx_bytes_with_local": sent,
-                "estimated_tx_bytes": inter if rooted and is_root is None else 0.0,
-            }
-        )
-    return pd.DataFrame(records, columns=cols).groupby("node", as_index=False).sum()
+    # Nodes whose ranks only receive still get a row (of zeros) to sit next to their counters.
+    nodes = sorted(set(place.recorded.values()))
+    out = per_node.groupby("node").sum().reindex(nodes, fill_value=0.0).rename_axis("node")
+    return out.astype("float64").reset_index()[cols]
 
 
 def _parse_ranks(group_ranks: Any) -> list[int]:
-    if group_ranks is None or (isinstance(group_ranks, float) and math.isnan(group_ranks)):
+    """Global ranks from a ``group_ranks`` value ("0,1", or a sequence); [] when null."""
+    if group_ranks is None or group_ranks is pd.NA:
         return []
-    return [int(r) for r in str(group_ranks).split(",") if r.strip()]
+    if isinstance(group_ranks, float) and math.isnan(group_ranks):
+        return []
+    if isinstance(group_ranks, str):
+        return [int(r) for r in group_ranks.split(",") if r.strip()]
+    return [int(r) for r in group_ranks]
 
 
 def _params_from(meta: dict[str, Any], *frames: pd.DataFrame) -> dict[str, Any]:
@@ -784,6 +942,104 @@ def _params_from(meta: dict[str, Any], *frames: pd.DataFrame) -> dict[str, Any]:
     params = {"cell": meta.get("cell")}
     params.update(meta.get("params", {}))
     return params
+
+
+# --------------------------------------------------------------------------------------------
+# Communication matrix: who sends how much to whom
+# --------------------------------------------------------------------------------------------
+
+COMM_MATRIX_COLUMNS = ["src_rank", "dst_rank", "src_node", "dst_node", "op", "bytes"]
+NODE_MATRIX_COLUMNS = ["src_node", "dst_node", "bytes"]
+# Optional ops.parquet column naming the parallel dimension of an op's group (dp, tp, pp, ...);
+# when present the rank matrix keeps it, so traffic can be split by dimension.
+GROUP_KIND_COLUMN = "group_kind"
+
+
+def comm_matrix(
+    ops: pd.DataFrame,
+    warmup_steps: int = 0,
+    measured_steps: Iterable[int] | None = None,
+) -> pd.DataFrame:
+    """Rank x rank communication matrix: bytes each rank sends to each other rank per step.
+
+    Transfers come from :func:`op_destinations` applied to every op record (each record counts
+    once, as its own rank's sends), so each sender's row total equals its modelled send volume
+    (:func:`ring_send_bytes` where the place in a ring or chain does not matter). ``bytes`` is
+    the mean per measured step: the total over the measured steps divided by their number, so
+    a step without a given transfer counts as zero. Measured steps are ``measured_steps`` when
+    given (e.g. the non-warm-up steps of :func:`step_times`, which also counts steps that
+    issued no op), else every step number >= ``warmup_steps`` found in ``ops``; set-up ops
+    outside any step (``step == -1``) never count. ``src_node``/``dst_node`` come from the
+    trace, ranks that issued no op are placed by the ``ranks_per_node`` column (-1 when it is
+    absent). Rows are sparse: only pairs that exchanged bytes appear. A rooted op whose root
+    was not recorded contributes its expected share (see :func:`op_destinations`).
+
+    Columns: cell params, src_rank, dst_rank, src_node, dst_node, op, [group_kind,] bytes
+    (group_kind only when ``ops`` has that column).
+    """
+    params = _param_cols(ops)
+    extra = [GROUP_KIND_COLUMN] if GROUP_KIND_COLUMN in ops.columns else []
+    cols = [*COMM_MATRIX_COLUMNS[:-1], *extra, "bytes"]
+    fixed_steps = None if measured_steps is None else {int(s) for s in measured_steps}
+    frames = []
+    for cell_params, cell_ops in _per_cell(ops):
+        if fixed_steps is None:
+            steps = set(cell_ops.loc[cell_ops["step"] >= max(warmup_steps, 0), "step"].tolist())
+        else:
+            steps = {s for s in fixed_steps if s >= 0}
+        if not steps:
+            continue
+        sends = _sends(cell_ops[cell_ops["step"].isin(steps)], extra)
+        if sends.empty:
+            continue
+        # Placed from the whole cell, so a rank only seen outside measured steps still maps.
+        place = _Placement.from_ops(cell_ops, cell_params.get("ranks_per_node"))
+        sends = sends.rename(columns={"rank": "src_rank"})
+        sends["src_node"] = sends["src_rank"].map(place.node).astype("int64")
+        sends["dst_node"] = sends["dst_rank"].map(place.node).astype("int64")
+        keys = cols[:-1]
+        per_step = _groupby(sends, keys)["bytes"].sum().div(len(steps)).reset_index()
+        frames.append(_with_params(cell_params, per_step[cols]))
+    return _concat(frames, [*params, *cols])
+
+
+def node_matrix(rank_matrix: pd.DataFrame) -> pd.DataFrame:
+    """Node x node matrix from :func:`comm_matrix`: bytes per step each node sends to each node.
+
+    The diagonal (``src_node == dst_node``) is traffic between ranks of one node, which goes
+    over loopback (or NVLink/PCIe) and never reaches the experiment interface; the off-diagonal
+    entries are what the network has to carry. The matrix is complete: every pair of the
+    cell's nodes (0 .. ``nodes``-1 when that column is present, plus any node seen) has a row,
+    zero where nothing flows, so the diagonal is explicit and heatmaps are square.
+
+    Columns: cell params, src_node, dst_node, bytes.
+    """
+    params = _param_cols(rank_matrix)
+    frames = []
+    for cell_params, sub in _per_cell(rank_matrix):
+        nodes = set(sub["src_node"].astype(int)) | set(sub["dst_node"].astype(int))
+        nodes |= set(range(_positive_int(cell_params.get("nodes"))))
+        order = sorted(nodes)
+        grid = pd.MultiIndex.from_product([order, order], names=["src_node", "dst_node"])
+        summed = (
+            sub.groupby(["src_node", "dst_node"])["bytes"]
+            .sum()
+            .reindex(grid, fill_value=0.0)
+            .reset_index()
+        )
+        frames.append(_with_params(cell_params, summed[NODE_MATRIX_COLUMNS]))
+    return _concat(frames, [*params, *NODE_MATRIX_COLUMNS])
+
+
+def node_traffic_split(node_mat: pd.DataFrame) -> tuple[float, float]:
+    """``(inter-node, intra-node)`` bytes of one cell's :func:`node_matrix`: the off-diagonal
+    and the diagonal sums."""
+    if node_mat.empty:
+        return 0.0, 0.0
+    diagonal = node_mat["src_node"] == node_mat["dst_node"]
+    return float(node_mat.loc[~diagonal, "bytes"].sum()), float(
+        node_mat.loc[diagonal, "bytes"].sum()
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -800,6 +1056,8 @@ SUMMARY_COLUMNS = [
     "framework_bytes_per_step_per_rank",
     "messages_per_step",
     "p2p_byte_share",
+    "internode_bytes_per_step",
+    "intranode_bytes_per_step",
     "wire_tx_bytes_per_step_per_node",
     "throughput_mean_bps",
     "bw_utilization",
@@ -810,13 +1068,18 @@ SUMMARY_COLUMNS = [
 ]
 
 
-def cell_summary(traces: CellTraces) -> pd.DataFrame:
+def cell_summary(traces: CellTraces, node_mat: pd.DataFrame | None = None) -> pd.DataFrame:
     """The headline numbers of one cell, one row, over its measured (non-warm-up) steps.
 
     * step_time_mean_s / step_time_std_s: step duration across ranks (sample std, ddof=1).
     * framework_bytes_per_step (all ranks) and ..._per_rank (divided by world_size),
       messages_per_step: ops issued by all ranks; steps without any op count as zero.
     * p2p_byte_share: share of framework bytes in send/recv.
+    * internode_bytes_per_step / intranode_bytes_per_step: bytes per measured step the
+      ranks send, under :func:`op_destinations`, to ranks on other nodes (the off-diagonal
+      of :func:`node_matrix`: what the network carries) and on their own node (the
+      diagonal: loopback). ``node_mat`` is this cell's node matrix when the caller already
+      has it; otherwise it is computed over the measured steps of ``traces.steps``.
     * wire_tx_bytes_per_step_per_node: interface tx bytes inside the measured window divided
       by the measured steps, averaged over nodes.
     * throughput_mean_bps: tx rate over the window, averaged over nodes; bw_utilization
@@ -855,6 +1118,11 @@ def cell_summary(traces: CellTraces) -> pd.DataFrame:
     row["messages_per_step"] = len(measured_ops) / n_measured if n_measured else nan
     p2p = measured_ops["bytes"][measured_ops["op"].isin(P2P_OPS)].sum() if total_bytes else 0
     row["p2p_byte_share"] = float(p2p) / total_bytes if total_bytes else nan
+    if node_mat is None:
+        node_mat = node_matrix(comm_matrix(traces.ops, measured_steps=measured["step"]))
+    inter, intra = node_traffic_split(node_mat)
+    row["internode_bytes_per_step"] = inter if n_measured else nan
+    row["intranode_bytes_per_step"] = intra if n_measured else nan
 
     for col in (
         "wire_tx_bytes_per_step_per_node",
@@ -896,7 +1164,8 @@ def compute_cell_metrics(cell_dir: Path, out_dir: Path) -> None:
     """Compute every per-cell metric table of ``cell_dir`` and write them to ``out_dir``.
 
     Writes summary, op_volume (per rank), msg_sizes, throughput (bins 1/10/100 ms stacked,
-    column ``bin_ms``), shape (inside the training window), step_times and wire, each as
+    column ``bin_ms``), shape (inside the training window), step_times, wire, comm_matrix
+    (rank x rank bytes per measured step) and node_matrix (node x node), each as
     ``<name>.parquet``.
     """
     out_dir = Path(out_dir)
@@ -904,8 +1173,14 @@ def compute_cell_metrics(cell_dir: Path, out_dir: Path) -> None:
     traces = load_cell(Path(cell_dir))
     params = traces.params
     st = step_times(traces.steps, traces.warmup_steps)
+    # The same measured steps as the summary: steps that issued no op still count as steps.
+    measured_steps = st.loc[~st["warmup"].astype(bool), "step"] if not st.empty else []
+    rank_mat = comm_matrix(traces.ops, traces.warmup_steps, measured_steps=measured_steps)
+    node_mat = node_matrix(rank_mat)
     tables: dict[str, pd.DataFrame] = {
-        "summary": cell_summary(traces),
+        "summary": cell_summary(traces, node_mat=node_mat),
+        "comm_matrix": rank_mat,
+        "node_matrix": node_mat,
         "op_volume": op_volume(traces.ops, per_rank=True),
         "msg_sizes": message_sizes(traces.ops, traces.warmup_steps),
         "step_times": st,

@@ -30,6 +30,8 @@ STRATEGY_COLUMNS: list[tuple[str, str, str]] = [
     ("step_time_mean_s", "mean step time", "ms"),
     ("framework_bytes_per_step", "framework bytes / step", "bytes"),
     ("messages_per_step", "messages / step", "count"),
+    ("internode_bytes_per_step", "inter-node bytes / step (model)", "bytes"),
+    ("intranode_bytes_per_step", "intra-node bytes / step (model)", "bytes"),
     ("wire_tx_bytes_per_step_per_node", "wire tx / step / node", "bytes"),
     ("throughput_mean_bps", "mean tx rate / node", "bps"),
     ("peak_to_mean_10ms", "peak / mean (10 ms)", "ratio"),
@@ -195,6 +197,17 @@ def _strategy_rows(summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+def _cell_text(value: Any) -> str:
+    """A table value for humans: big integers with thousands separators, floats to 4 digits."""
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    if isinstance(value, int) or (hasattr(value, "dtype") and str(value.dtype).startswith("int")):
+        return f"{int(value):,}"
+    if isinstance(value, float):
+        return f"{value:,.4g}" if abs(value) < 1e6 else f"{value:,.0f}"
+    return str(value)
+
+
 def render_report(
     aggregate_dir: Path,
     study_figures: list[Path],
@@ -205,14 +218,17 @@ def render_report(
     title: str = "commscope: what parallelism strategies do to the network",
     template_dir: Path | None = None,
     captions_path: Path | None = None,
+    tables: list[dict[str, Any]] | None = None,
 ) -> None:
     """Write the study report to ``out_html`` as one self-contained HTML file.
 
     Sections: what was run (one row per cell), a summary per strategy, the study figures with
     captions saying how to read them (``report/captions.yaml``, keyed by figure file stem),
     per-cell throughput figures (``cell_figures`` maps cell id to PNG; collapsible), the full
-    config as YAML, and the software versions. Images are embedded as base64 data URIs and the
-    CSS is inline, so the file references nothing outside itself.
+    config as YAML, and the software versions. ``tables`` adds sections after the summary, each a
+    dict with ``title``, ``intro`` (text) and ``frame`` (a DataFrame shown as is). Images are
+    embedded as base64 data URIs and the CSS is inline, so the file references nothing outside
+    itself.
     """
     template_dir = Path(template_dir) if template_dir else REPORT_DIR / "templates"
     if not (template_dir / TEMPLATE_NAME).exists():
@@ -256,6 +272,17 @@ def render_report(
         figures=figures,
         cell_figures=cells,
         cell_figure_caption=captions.get("cell_throughput", {}).get("caption", ""),
+        extra_tables=[
+            {
+                "title": t["title"],
+                "intro": t.get("intro", ""),
+                "header": list(map(str, t["frame"].columns)),
+                "rows": [
+                    [_cell_text(v) for v in row] for row in t["frame"].itertuples(index=False)
+                ],
+            }
+            for t in (tables or [])
+        ],
         config_yaml=_config_yaml(config),
         versions=software_versions(),
     )

@@ -90,6 +90,7 @@ def run_cell(
     cluster: Cluster,
     cell: dict[str, Any],
     model: dict[str, Any],
+    strategy: dict[str, Any],
     run: dict[str, Any],
     out_dir: Path,
 ) -> Path:
@@ -112,7 +113,7 @@ def run_cell(
         if shape.needs_netem:
             # Refuse before anything runs: never emulate a delay by silently dropping it.
             check_shape_supported(shape, host_has_netem(hosts[0]))
-        _run_shaped(hosts, cluster, cell, model, run, shape, tag, out_dir)
+        _run_shaped(hosts, cluster, cell, model, strategy, run, shape, tag, out_dir)
     finally:
         try:
             on_all(hosts, lambda h: _kill_tagged(h, tag))
@@ -127,6 +128,7 @@ def _run_shaped(
     cluster: Cluster,
     cell: dict[str, Any],
     model: dict[str, Any],
+    strategy: dict[str, Any],
     run: dict[str, Any],
     shape: LinkShape,
     tag: str,
@@ -138,14 +140,12 @@ def _run_shaped(
         rdir = remote_dirs[h.name]
         spec = {
             "strategy": cell["strategy"],
-            "model": {k: v for k, v in model.items() if k != "kind"},
+            "model": model,
+            "plan": strategy,
             "steps": int(cell["steps"]),
             "seed": int(cell["repeat"]),
             "out_dir": rdir,
             "node": h.spec.index,
-            "bucket_cap_mb": run["bucket_cap_mb"],
-            "microbatches": run["microbatches"],
-            "pp_schedule": run["pp_schedule"],
             "pg_timeout_s": run["timeout_s"],
         }
         local_spec = out_dir / f"spec_{h.name}.json"
@@ -255,6 +255,7 @@ def provision_and_run(
     cluster_cfg: dict[str, Any],
     cell: dict[str, Any],
     model: dict[str, Any],
+    strategy: dict[str, Any],
     run: dict[str, Any],
     out_dir: Path,
     root: Path | None = None,
@@ -269,4 +270,4 @@ def provision_and_run(
             "cell %s on %s cluster %s (%d nodes)", cell, cluster.backend, cluster.name, cluster.size
         )
         run = {**run, "connect_timeout_s": cluster_cfg.get("connect_timeout_s", 10)}
-        return run_cell(cluster, cell, model, run, out_dir)
+        return run_cell(cluster, cell, model, strategy, run, out_dir)

@@ -60,8 +60,19 @@ def build_cell_tables(
         "ops": out_dir / "ops.parquet",
         "steps": out_dir / "steps.parquet",
         "counters": out_dir / "counters.parquet",
+        "train": out_dir / "train.parquet",
+        "moe": out_dir / "moe.parquet",
         "cell": out_dir / "cell.json",
     }
+    # Per-step loss and MoE routing: every rank writes them (empty for dense models).
+    for table in ("train", "moe"):
+        files = sorted(raw_dir.glob(f"*/{table}_rank*.parquet"))
+        frame = (
+            pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+            if files
+            else pd.DataFrame()
+        )
+        _with_params(frame, cell).to_parquet(paths[table], index=False)
     _with_params(ops.sort_values(["rank", "t_issue_ns"]), cell).to_parquet(
         paths["ops"], index=False
     )
@@ -88,6 +99,7 @@ def build_cell_tables(
         "qdisc_before": run_meta.get("qdisc_before"),
         "qdisc_after": run_meta.get("qdisc_after"),
         "torch": ranks[0]["torch"] if ranks else None,
+        "plan": ranks[0].get("plan") if ranks else None,
     }
     paths["cell"].write_text(json.dumps(meta, indent=2, default=str))
     return paths

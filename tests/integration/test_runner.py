@@ -1,4 +1,5 @@
-"""run_cell on a real 2-node cluster: a good cell, a hung cell, a cell with a crashing rank."""
+"""run_cell on a real 2-node cluster: a good cell, a hybrid cell on 2 ranks per node, a hung
+cell, a cell with a crashing rank."""
 
 from __future__ import annotations
 
@@ -12,18 +13,14 @@ import pytest
 from commscope.cluster.hosts import Cluster
 from commscope.runner import CellFailed, run_cell
 from commscope.shaping import qdisc_snapshot
+from commscope.workload.strategies import BUILTIN_STRATEGIES, ParallelPlan
 
 pytestmark = pytest.mark.integration
 
 MODEL = {"layers": 2, "hidden": 32, "heads": 2, "seq": 16, "vocab": 64, "batch": 4}
-RUN = {
-    "timeout_s": 60,
-    "sample_hz": 200,
-    "master_port": 29531,
-    "bucket_cap_mb": 25,
-    "microbatches": 2,
-    "pp_schedule": "1f1b",
-}
+# Pipeline and bucket settings belong to the strategy now; run: keeps timing and sampling.
+RUN = {"timeout_s": 60, "sample_hz": 200, "master_port": 29531}
+DDP = BUILTIN_STRATEGIES["ddp"]
 
 
 def cell(**overrides: object) -> dict:
@@ -42,11 +39,16 @@ def cell(**overrides: object) -> dict:
     return base | overrides
 
 
-def leftover_processes() -> str:
+def leftover_processes(cluster: Cluster) -> str:
+    """commscope processes a cell on ``cluster`` left behind (a study running on another
+    cluster at the same time is not ours to judge: its work directories differ)."""
     out = subprocess.run(
         ["pgrep", "-af", "[c]ommscope.(workload|sampler)"], capture_output=True, text=True
     )
-    return out.stdout
+    workdirs = [node.workdir for node in cluster.nodes]
+    return "".join(
+        line + "\n" for line in out.stdout.splitlines() if any(f"{w}/" in line for w in workdirs)
+    )
 
 
 def assert_clean(cluster: Cluster) -> None:
@@ -54,15 +56,22 @@ def assert_clean(cluster: Cluster) -> None:
         with host:
             snap = qdisc_snapshot(host)
         assert all(line.endswith(": default") for line in snap.splitlines()), snap
-    assert leftover_processes() == ""
+    assert leftover_processes(cluster) == ""
 
 
 def test_cell_runs_and_fetches_every_nodes_traces(netns_cluster: Cluster, tmp_path: Path) -> None:
-    out = run_cell(netns_cluster, cell(), MODEL, RUN, tmp_path / "raw")
-    for node in ("node0", "node1"):
+    out = run_cell(netns_cluster, cell(), MODEL, DDP, RUN, tmp_path / "raw")
+    for index, node in enumerate(("node0", "node1")):
         files = {p.name for p in (out / node).iterdir()}
         assert {"counters.parquet", "torchrun.log", "spec.json"} <= files
         assert any(f.startswith("ops_rank") for f in files)
+        # The spec carries the model and the strategy's definition; each rank records the plan
+        # resolved for the cell's world (2 nodes x 1 rank: dp=2).
+        spec = json.loads((out / node / "spec.json").read_text())
+        assert spec["plan"] == DDP and spec["model"] == MODEL
+        rank_meta = json.loads((out / node / f"rank{index}.json").read_text())
+        assert ParallelPlan(**rank_meta["plan"]) == ParallelPlan(dp=2)
+        assert rank_meta["node"] == index
     meta = json.loads((out / "run.json").read_text())
     assert meta["shape"]["rate_bps"] == 100_000_000
     # The qdisc statistics taken while shaped show the tbf on both nodes.
@@ -78,7 +87,14 @@ def test_hung_cell_is_killed_everywhere_and_fails_cleanly(
 ) -> None:
     # 1 kbit/s cannot carry DDP's first gradient bucket in 4 s: the run hangs in all-reduce.
     with pytest.raises(CellFailed, match="timed out"):
-        run_cell(netns_cluster, cell(bw="8kbit", steps=50), MODEL, RUN | {"timeout_s": 4}, tmp_path)
+        run_cell(
+            netns_cluster,
+            cell(bw="8kbit", steps=50),
+            MODEL,
+            DDP,
+            RUN | {"timeout_s": 4},
+            tmp_path,
+        )
     assert_clean(netns_cluster)
     # What was measured before the kill is still fetched (logs, counters).
     assert (tmp_path / "node0" / "torchrun.log").exists()
@@ -89,5 +105,59 @@ def test_crashing_rank_fails_the_cell_fast(netns_cluster: Cluster, tmp_path: Pat
     # reshape raises in the first forward (check_study would refuse this config up front).
     bad_model = MODEL | {"heads": 1}
     with pytest.raises(CellFailed, match="exit"):
-        run_cell(netns_cluster, cell(strategy="tp"), bad_model, RUN, tmp_path)
+        run_cell(
+            netns_cluster, cell(strategy="tp"), bad_model, BUILTIN_STRATEGIES["tp"], RUN, tmp_path
+        )
+    assert_clean(netns_cluster)
+
+
+@pytest.mark.parametrize(
+    ("mapping", "tp_groups", "dp_groups"),
+    [("pp-dp-tp", {"0,1", "2,3"}, {"0,2", "1,3"}), ("tp-dp", {"0,2", "1,3"}, {"0,1", "2,3"})],
+)
+def test_the_mapping_places_tp_inside_or_across_nodes(
+    netns_cluster: Cluster,
+    tmp_path: Path,
+    mapping: str,
+    tp_groups: set[str],
+    dp_groups: set[str],
+) -> None:
+    # 2 nodes x 2 ranks: torchrun numbers ranks node by node, so the innermost mesh dimension
+    # pairs ranks on one node. pp-dp-tp keeps TP's per-layer all-reduces inside a node;
+    # tp-dp sends them across and keeps the gradient all-reduce inside instead.
+    strategy = {"dp": -1, "tp": 2, "mapping": mapping}
+    # 4 ranks starting torch on shared cores: allow more than RUN's 60 s.
+    out = run_cell(
+        netns_cluster,
+        cell(strategy="dp-tp", ranks_per_node=2, bw="none"),
+        MODEL,
+        strategy,
+        RUN | {"timeout_s": 240},
+        tmp_path,
+    )
+    ops = pd.concat(
+        [
+            pd.read_parquet(out / f"node{n}" / f"ops_rank{r}.parquet")
+            for n in (0, 1)
+            for r in (2 * n, 2 * n + 1)
+        ],
+        ignore_index=True,
+    )
+    assert (ops["node"] == ops["rank"] // 2).all()
+    steps = ops[ops["step"] >= 0]
+    tp = steps[steps["source"] == "functional"]
+    dp = steps[(steps["source"] == "c10d") & (steps["op"] == "allreduce")]
+    assert set(tp["group_ranks"]) == tp_groups
+    assert set(dp["group_ranks"]) == dp_groups
+    plan = ParallelPlan.from_dict(strategy).resolve(4)
+    for r in range(4):
+        assert set(tp[tp["rank"] == r]["group_ranks"]) == {
+            ",".join(map(str, plan.group_of("tp", r)))
+        }
+        assert set(dp[dp["rank"] == r]["group_ranks"]) == {
+            ",".join(map(str, plan.group_of("dp", r)))
+        }
+    node_of = dict(zip(ops["rank"], ops["node"], strict=False))
+    tp_nodes = {frozenset(node_of[int(x)] for x in g.split(",")) for g in tp_groups}
+    assert all(len(nodes) == (1 if mapping == "pp-dp-tp" else 2) for nodes in tp_nodes)
     assert_clean(netns_cluster)

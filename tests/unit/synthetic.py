@@ -286,3 +286,139 @@ def make_ddp_cell(
     steps_df.to_parquet(cell_dir / "steps.parquet", index=False)
     counters_df.to_parquet(cell_dir / "counters.parquet", index=False)
     return cell_dir
+
+
+# --------------------------------------------------------------------------------------------
+# Hybrid data x tensor parallel cells: the node mapping decides where the TP bytes go
+# --------------------------------------------------------------------------------------------
+
+# 2 nodes x 2 ranks (ranks 0, 1 on node 0; 2, 3 on node 1), dp=2 x tp=2. With TP innermost
+# (mapping dp-tp) the TP groups sit inside a node; with DP innermost (tp-dp) they straddle it.
+HYBRID_GROUPS: dict[bool, dict[str, list[list[int]]]] = {
+    True: {"tp": [[0, 1], [2, 3]], "dp": [[0, 2], [1, 3]]},
+    False: {"tp": [[0, 2], [1, 3]], "dp": [[0, 1], [2, 3]]},
+}
+
+
+def make_hybrid_cell(
+    root: Path,
+    *,
+    tp_inside_node: bool = True,
+    strategy: str | None = None,
+    tp_bytes: int = 1_000_000,
+    dp_bytes: int = 250_000,
+    step_ms: Sequence[float] = (100, 100, 100, 100),
+    warmup_steps: int = 1,
+    bw: str = "1gbit",
+    repeat: int = 0,
+    with_group_kind: bool = True,
+    warmup_extra_bytes: int = 5_000_000,
+) -> Path:
+    """Write a dp=2 x tp=2 cell on 2 nodes x 2 ranks under ``root``; return its directory.
+
+    Every step, every rank all-reduces ``tp_bytes`` twice in its TP group (forward and
+    backward) and ``dp_bytes`` once in its DP group (gradients). Before the steps (step -1)
+    rank 0 broadcasts 3 MB to the world with its root recorded, and the warm-up steps carry an
+    extra all-reduce of ``warmup_extra_bytes`` in the world group: neither may reach a
+    per-step matrix. No counters are written (the matrix is a framework-level model).
+
+    In a group of two a ring all-reduce sends the whole payload to the other member, so per
+    step each node sends 2 x 2 x ``tp_bytes`` through its TP groups and 2 x ``dp_bytes``
+    through its DP groups: on the node diagonal for the groups inside a node, off it for the
+    groups across nodes.
+    """
+    strategy = strategy or ("dpxtp-tp-inside" if tp_inside_node else "dpxtp-tp-across")
+    params = cell_params(
+        strategy=strategy, nodes=2, ranks_per_node=2, bw=bw, steps=len(step_ms), repeat=repeat
+    )
+    world, rpn = 4, 2
+    cell_dir = Path(root) / cell_id(params)
+    cell_dir.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "cell": cell_id(params),
+        "params": params,
+        "world_size": world,
+        "bw_bps": BW_BPS[bw],
+        "warmup_steps": warmup_steps,
+        "t0_ns": T0_NS,
+    }
+    (cell_dir / "cell.json").write_text(json.dumps(meta, indent=2))
+
+    groups = HYBRID_GROUPS[tp_inside_node]
+    group_of = {(kind, r): g for kind, gs in groups.items() for g in gs for r in g}
+    starts = 10 + np.concatenate([[0], np.cumsum(step_ms)[:-1]])
+    ops: list[dict[str, Any]] = []
+    steps: list[dict[str, Any]] = []
+
+    def op_row(
+        rank: int,
+        step: int,
+        phase: str,
+        op: str,
+        nbytes: int,
+        members: list[int],
+        kind: str,
+        t: float,
+        root: int = -1,
+    ) -> None:
+        ops.append(
+            {
+                "rank": rank,
+                "node": rank // rpn,
+                "local_rank": rank % rpn,
+                "step": step,
+                "phase": phase,
+                "op": op,
+                "source": "c10d",
+                "group": kind,
+                "group_ranks": ",".join(map(str, members)),
+                "group_size": len(members),
+                "peer": -1,
+                "root": root,
+                "dtype": "float32",
+                "numel": nbytes // 4,
+                "bytes": nbytes,
+                "bytes_out": nbytes,
+                "seq": len(ops),
+                "t_issue_ns": T0_NS + int(t * MS),
+                "t_end_ns": T0_NS + int((t + 5) * MS),
+                "group_kind": kind,
+            }
+        )
+
+    world_group = list(range(world))
+    for rank in range(world):
+        op_row(rank, -1, "other", "broadcast", 3_000_000, world_group, "world", 2, root=0)
+    for step, (start, dur) in enumerate(zip(starts, step_ms, strict=True)):
+        for rank in range(world):
+            steps.append(
+                {
+                    "rank": rank,
+                    "node": rank // rpn,
+                    "step": step,
+                    "phase": "step",
+                    "t_start_ns": T0_NS + int(start * MS),
+                    "t_end_ns": T0_NS + int((start + dur) * MS),
+                }
+            )
+            tp, dp = group_of[("tp", rank)], group_of[("dp", rank)]
+            op_row(rank, step, "fwd", "allreduce", tp_bytes, tp, "tp", start + 10)
+            op_row(rank, step, "bwd", "allreduce", tp_bytes, tp, "tp", start + 30)
+            op_row(rank, step, "bwd", "allreduce", dp_bytes, dp, "dp", start + 50)
+            if step < warmup_steps:
+                op_row(
+                    rank,
+                    step,
+                    "bwd",
+                    "allreduce",
+                    warmup_extra_bytes,
+                    world_group,
+                    "world",
+                    start + 60,
+                )
+    ops_df = _add_params(pd.DataFrame(ops), params)
+    if not with_group_kind:
+        ops_df = ops_df.drop(columns="group_kind")
+    ops_df.to_parquet(cell_dir / "ops.parquet", index=False)
+    _add_params(pd.DataFrame(steps), params).to_parquet(cell_dir / "steps.parquet", index=False)
+    return cell_dir

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from synthetic import make_ddp_cell
+from synthetic import make_ddp_cell, make_hybrid_cell
 
 from commscope import figures, metrics, report
 
@@ -66,7 +66,7 @@ def test_plot_cell_throughput_writes_png_deterministically(study: dict, tmp_path
     assert first.read_bytes() == second.read_bytes()
 
 
-def test_plot_study_writes_the_three_figures(study: dict, tmp_path: Path) -> None:
+def test_plot_study_writes_every_figure(study: dict, tmp_path: Path) -> None:
     paths = figures.plot_study(study["agg"], tmp_path / "fig")
     assert [p.name for p in paths] == [f"{name}.png" for name in figures.STUDY_FIGURES]
     for path in paths:
@@ -81,6 +81,61 @@ def test_plot_study_survives_empty_tables(study: dict, tmp_path: Path) -> None:
         table.iloc[0:0].to_parquet(agg / f"{name}.parquet")
     for path in figures.plot_study(agg, tmp_path / "fig"):
         assert path.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_plot_study_survives_an_aggregate_without_matrices(study: dict, tmp_path: Path) -> None:
+    # An aggregate written before the matrix tables existed: "no data" figures, no failure.
+    agg = tmp_path / "agg"
+    agg.mkdir()
+    for name in set(metrics.METRIC_TABLES) - {"comm_matrix", "node_matrix"}:
+        (agg / f"{name}.parquet").write_bytes((study["agg"] / f"{name}.parquet").read_bytes())
+    paths = figures.plot_study(agg, tmp_path / "fig")
+    assert [p.name for p in paths] == [f"{name}.png" for name in figures.STUDY_FIGURES]
+    for path in paths:
+        assert path.read_bytes()[:8] == PNG_MAGIC
+
+
+@pytest.fixture(scope="module")
+def hybrid_study(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """dp x tp with TP inside vs across nodes, two caps and two repeats each; plus a DDP cell on
+    3 nodes at 1 Gbit/s whose payload is 1000x smaller (the colour scale turns logarithmic)."""
+    root = tmp_path_factory.mktemp("hybrid")
+    dirs = []
+    for inside in (True, False):
+        for bw in ("10mbit", "none"):
+            for repeat in (0, 1):
+                cell = make_hybrid_cell(root / "runs", tp_inside_node=inside, bw=bw, repeat=repeat)
+                dirs.append(root / "metrics" / cell.relative_to(root / "runs"))
+                metrics.compute_cell_metrics(cell, dirs[-1])
+    for nodes in (2, 3):
+        cell = make_ddp_cell(root / "runs", nodes=nodes, bucket_bytes=(1000,))
+        dirs.append(root / "metrics" / cell.relative_to(root / "runs"))
+        metrics.compute_cell_metrics(cell, dirs[-1])
+    metrics.aggregate_cells(dirs, root / "agg")
+    return root / "agg"
+
+
+def test_representative_cells(hybrid_study: Path) -> None:
+    node_mat = pd.read_parquet(hybrid_study / "node_matrix.parquet")
+    summary = pd.read_parquet(hybrid_study / "summary.parquet")
+    chosen = figures.representative_cells(node_mat, summary)
+    # One per strategy: the most nodes, no cap before any cap, the first repeat.
+    assert chosen["strategy"].tolist() == ["ddp", "dpxtp-tp-across", "dpxtp-tp-inside"]
+    assert chosen["nodes"].tolist() == [3, 2, 2]
+    assert chosen["bw"].tolist() == ["1gbit", "none", "none"]
+    assert chosen["repeat"].tolist() == [0, 0, 0]
+    # Without the summary the caps are unknown: still one deterministic cell per strategy.
+    assert len(figures.representative_cells(node_mat)) == 3
+    assert figures.representative_cells(pd.DataFrame()).empty
+
+
+def test_plot_comm_matrices(hybrid_study: Path, tmp_path: Path) -> None:
+    first = figures.plot_comm_matrices(hybrid_study, tmp_path / "a")
+    second = figures.plot_comm_matrices(hybrid_study, tmp_path / "b")
+    assert [p.name for p in first] == ["comm_matrix_nodes.png", "comm_matrix_ranks.png"]
+    for a, b in zip(first, second, strict=True):
+        _assert_png(a)
+        assert a.read_bytes() == b.read_bytes()  # same data, same bytes
 
 
 def test_bytes_per_step_by_op_means_over_measured_steps(study: dict) -> None:
@@ -161,3 +216,20 @@ def test_render_report_is_self_contained(study: dict, tmp_path: Path) -> None:
     assert not re.search(r"https?:", text)
     assert not re.search(r"(src|href)=\"(?!data:)", html)
     assert "<link" not in text and "<script" not in text
+
+
+def test_report_embeds_the_communication_matrices(hybrid_study: Path, tmp_path: Path) -> None:
+    study_figs = figures.plot_study(hybrid_study, tmp_path / "fig")
+    out = tmp_path / "index.html"
+    report.render_report(hybrid_study, study_figs, {}, CONFIG, out)
+    html = out.read_text()
+    assert html.count('<img src="data:image/png;base64,') == len(study_figs)
+    for title in ("Communication matrix between nodes", "Communication matrix between ranks"):
+        assert f"<b>{title}.</b>" in html
+    assert "Rows send, columns receive" in html
+    assert "<th>inter-node bytes / step (model)</th>" in html
+    # TP across nodes puts 8 MB a step on the network, TP inside a node 1 MB.
+    across = re.search(r"<tr><td class=\"text\">dpxtp-tp-across</td>.*?</tr>", html).group(0)
+    inside = re.search(r"<tr><td class=\"text\">dpxtp-tp-inside</td>.*?</tr>", html).group(0)
+    assert "<td>8.00 MB</td><td>1.00 MB</td>" in across
+    assert "<td>1.00 MB</td><td>8.00 MB</td>" in inside

@@ -8,6 +8,8 @@ meta device, so the 138 M-parameter VGG costs no memory there.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 from torch import nn
@@ -32,7 +34,7 @@ def _params(model: nn.Module) -> list[tuple[str, Shape]]:
     return [(n, tuple(p.shape)) for n, p in model.named_parameters()]
 
 
-def _meta(builder, **kwargs) -> nn.Module:  # noqa: ANN001 - a model constructor
+def _meta(builder: Callable[..., nn.Module], **kwargs: int) -> nn.Module:
     with torch.device("meta"):
         return builder(**kwargs)
 

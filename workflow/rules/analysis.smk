@@ -8,6 +8,8 @@ METRIC_TABLES = [
     "shape",
     "step_times",
     "wire",
+    "comm_matrix",
+    "node_matrix",
 ]
 
 
@@ -69,3 +71,23 @@ rule study_figures:
         "../../envs/commscope.yaml"
     script:
         "../scripts/study_figures.py"
+
+
+rule learning:
+    input:
+        train=expand(
+            f"{RUNS}/{{cell}}/trace/train.parquet", cell=cellspace.instance_patterns
+        ),
+        moe=expand(
+            f"{RUNS}/{{cell}}/trace/moe.parquet", cell=cellspace.instance_patterns
+        ),
+    output:
+        loss="results/learning/loss.parquet",
+        routing="results/learning/routing.parquet",
+        figures=directory("results/learning/figures"),
+    log:
+        "results/logs/learning.log",
+    conda:
+        "../../envs/commscope.yaml"
+    script:
+        "../scripts/learning.py"

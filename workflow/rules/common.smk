@@ -2,10 +2,11 @@
 import logging
 from pathlib import Path
 
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import Paramspace
 
 from commscope.cluster.provision import load_inventory, teardown
-from commscope.config import check_study
+from commscope.config import check_study, strategy_spec
 
 
 def _netem_probe():
@@ -39,8 +40,27 @@ def model_params(wildcards):
     return config["models"][wildcards.model]
 
 
+def strategy_params(wildcards):
+    """Only this cell's strategy definition: editing another strategy reruns nothing here."""
+    return strategy_spec(config, wildcards.strategy)
+
+
 def all_cells(pattern):
     return expand(pattern, cell=cellspace.instance_patterns)
+
+
+def preflight():
+    """Before any job runs (not on dry runs): can this machine host the configured cluster?"""
+    if config["cluster"]["backend"] == "netns":
+        from commscope.cluster.netns import preflight_problems
+
+        problems = preflight_problems()
+        if problems:
+            raise WorkflowError(
+                "the netns cluster cannot run here:\n  - "
+                + "\n  - ".join(problems)
+                + "\nUse cluster.backend: ssh with real hosts (config/cluster.example.yaml)."
+            )
 
 
 def teardown_cluster():

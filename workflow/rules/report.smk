@@ -5,6 +5,12 @@ rule report:
     input:
         aggregate=rules.aggregate.output,
         figures=rules.study_figures.output,
+        learning=rules.learning.output.figures,
+        learning_tables=[rules.learning.output.loss, rules.learning.output.routing],
+        compare=expand(
+            f"{RUNS}/{{cell}}/predict/compare.parquet",
+            cell=cellspace.instance_patterns,
+        ),
         cell_figures=expand(
             f"{RUNS}/{{cell}}/figures/throughput.png", cell=cellspace.instance_patterns
         ),

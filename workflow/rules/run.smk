@@ -16,6 +16,7 @@ rule run_cell:
     params:
         cell=cell_params,
         model=model_params,
+        strategy=strategy_params,
         run=config["run"],
         cluster=config["cluster"],
     script:
@@ -29,6 +30,8 @@ rule parse_cell:
         ops=f"{RUNS}/{CELL}/trace/ops.parquet",
         steps=f"{RUNS}/{CELL}/trace/steps.parquet",
         counters=f"{RUNS}/{CELL}/trace/counters.parquet",
+        train=f"{RUNS}/{CELL}/trace/train.parquet",
+        moe=f"{RUNS}/{CELL}/trace/moe.parquet",
         cell=f"{RUNS}/{CELL}/trace/cell.json",
     log:
         f"results/logs/parse_cell/{CELL}.log",

@@ -10,6 +10,7 @@ with log_to(snakemake.log[0]):
         cluster_cfg=snakemake.params.cluster,
         cell=dict(snakemake.params.cell),
         model=dict(snakemake.params.model),
+        strategy=dict(snakemake.params.strategy),
         run=dict(snakemake.params.run),
         out_dir=Path(snakemake.output[0]),
     )

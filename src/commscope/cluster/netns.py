@@ -238,6 +238,27 @@ def _tail(path: Path, lines: int = 20) -> str:
 # ──────────────────────────────────────────────────────────────────────────── public API
 
 
+def preflight_problems() -> list[str]:
+    """What stops this machine from hosting a netns cluster (empty = it can): root, the tools."""
+    problems = []
+    if os.geteuid() != 0:
+        problems.append(
+            "it needs root (network namespaces, veth, tc, one sshd per node); run as root"
+        )
+    for tool, package in {
+        "ip": "iproute2",
+        "tc": "iproute2",
+        "ssh-keygen": "openssh-client",
+    }.items():
+        if shutil.which(tool) is None:
+            problems.append(f"`{tool}` is missing: apt-get install {package} (or `make setup`)")
+    if not os.access("/usr/sbin/sshd", os.X_OK):
+        problems.append(
+            "/usr/sbin/sshd is missing: apt-get install openssh-server (or `make setup`)"
+        )
+    return problems
+
+
 def teardown_netns(name: str, state_dir: Path | None = None) -> None:
     """Remove cluster ``name``: processes, namespaces, root-side veths, both bridges.
 

@@ -21,8 +21,7 @@ import torch
 import torch.distributed as dist
 
 from commscope.workload import capture
-from commscope.workload.models import GPTConfig
-from commscope.workload.strategies import RunSettings, StepLog, make_strategy
+from commscope.workload.strategies import ParallelPlan, StepLog, Trainer
 
 
 def run(spec: dict) -> Path:
@@ -40,22 +39,16 @@ def run(spec: dict) -> Path:
         backend, timeout=timedelta(seconds=float(spec.get("pg_timeout_s", 120)))
     )
     rank, world = dist.get_rank(), dist.get_world_size()
-    cfg = GPTConfig(**spec["model"])
-    settings = RunSettings(
-        device=f"cuda:{torch.cuda.current_device()}" if use_cuda else "cpu",
-        seed=int(spec.get("seed", 0)),
-        bucket_cap_mb=float(spec.get("bucket_cap_mb", 25.0)),
-        microbatches=int(spec.get("microbatches", 4)),
-        pp_schedule=spec.get("pp_schedule", "1f1b"),
-    )
+    plan = ParallelPlan.from_dict(spec.get("plan", {"dp": -1}))
+    device = torch.device(f"cuda:{torch.cuda.current_device()}" if use_cuda else "cpu")
     log = StepLog()
-    capture.enable(True)  # model construction ops (DDP's initial broadcast) count as step -1
-    strategy = make_strategy(spec["strategy"], cfg, settings, log)
+    capture.enable(True)  # set-up ops (DDP's initial broadcast, mesh creation) count as step -1
+    trainer = Trainer(spec["model"], plan, device, int(spec.get("seed", 0)), log)
     dist.barrier()
     for i in range(int(spec["steps"])):
         capture.set_step(i)
         t0 = time.time_ns()
-        strategy.step(i)
+        trainer.step(i)
         if use_cuda:
             torch.cuda.synchronize()
         log.rows.append((i, "step", t0, time.time_ns()))
@@ -78,17 +71,22 @@ def run(spec: dict) -> Path:
     steps.insert(0, "rank", rank)
     steps.insert(1, "node", node)
     steps.to_parquet(out_dir / f"steps_rank{rank}.parquet", index=False)
+    train = pd.DataFrame(trainer.stats, columns=["step", "train_loss"])
+    train.insert(0, "rank", rank)
+    train.to_parquet(out_dir / f"train_rank{rank}.parquet", index=False)
+    moe_cols = ["step", "layer", "dst_rank", "tokens_sent", "tokens_received", "dropped"]
+    moe = pd.DataFrame(trainer.moe_rows, columns=moe_cols)
+    moe.insert(0, "rank", rank)
+    moe.to_parquet(out_dir / f"moe_rank{rank}.parquet", index=False)
     meta = {
         "rank": rank,
         "node": node,
         "world_size": world,
         "backend": backend,
         "hostname": socket.gethostname(),
-        "grad_bytes_local": strategy.grad_bytes(),
-        "param_count_local": sum(
-            (p.to_local() if hasattr(p, "to_local") else p).numel()
-            for p in strategy.model.parameters()
-        ),
+        "grad_bytes_local": trainer.grad_bytes(),
+        "param_count_local": trainer.param_count(),
+        "plan": asdict(trainer.plan),
         "torch": torch.__version__,
     }
     (out_dir / f"rank{rank}.json").write_text(json.dumps(meta, indent=2))

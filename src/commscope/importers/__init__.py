@@ -1,0 +1,427 @@
+"""Traces other tools recorded → commscope's ops table (the contract of docs/traces.md).
+
+Four importers read what people already have and return the same tidy table the capture
+writes (``ops_rank<R>.parquet``), so every metric and figure works on it:
+
+* :func:`load_kineto`: PyTorch profiler (Kineto) Chrome-trace JSON, ``.json`` or ``.json.gz``
+  (``source="kineto"``);
+* :func:`load_execution_trace`: PyTorch execution trace (ET) JSON, schemas 1.0.1 to 1.1.x
+  (``source="pytorch_et"``);
+* :func:`load_chakra`: Chakra protobuf execution trace, ``.et``, optionally gzipped
+  (``source="chakra"``);
+* :func:`load_nccl_log`: ``NCCL_DEBUG=INFO`` log lines of the ``COLL`` (and ``INIT``)
+  subsystem (``source="nccl_log"``).
+
+:func:`load_trace` picks the importer from the file's content. Every frame has exactly
+:data:`OPS_COLUMNS` with :data:`OPS_DTYPES`; what a format does not record is ``-1`` (integers,
+``t_issue_ns`` included), ``""`` (strings) or null (``t_end_ns``). ``bytes`` keeps the
+contract's meaning whatever the source: this rank's input payload (all-gather: the local shard,
+reduce-scatter: the full input), ``bytes_out`` what the rank ends up with. All-to-alls whose
+per-destination splits are recorded also get the optional ``split_bytes`` column that
+:mod:`commscope.metrics` reads for uneven splits. ``seq`` is the trace's own per-group counter
+where it records one (c10d's sequence number, NCCL's opCount), so equal values match the same
+collective across ranks; elsewhere it is the op's position in the file per group (and op and
+peer for P2P), i.e. relative to the start of the recording.
+"""
+
+from __future__ import annotations
+
+import decimal
+import gzip
+import io
+import json
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+# The capture's column order (train.py: rank, node, local_rank, then OpRecord's fields).
+OPS_COLUMNS: list[str] = [
+    "rank",
+    "node",
+    "local_rank",
+    "op",
+    "source",
+    "group",
+    "group_ranks",
+    "group_size",
+    "peer",
+    "root",
+    "dtype",
+    "numel",
+    "bytes",
+    "bytes_out",
+    "seq",
+    "step",
+    "phase",
+    "t_issue_ns",
+    "t_end_ns",
+]
+_STR_COLUMNS = ("phase", "op", "source", "group", "group_ranks", "dtype")
+# "str" is pandas' string dtype (what the capture's frames get); t_end_ns is nullable because
+# many sources give no completion time, and float64 would round ns epoch times to 256 ns.
+OPS_DTYPES: dict[str, str] = {
+    c: ("str" if c in _STR_COLUMNS else "Int64" if c == "t_end_ns" else "int64")
+    for c in OPS_COLUMNS
+}
+SPLIT_COLUMN = "split_bytes"  # same name as commscope.metrics.SPLIT_COLUMN
+
+KNOWN_OPS = frozenset(
+    {
+        "allreduce",
+        "broadcast",
+        "allgather",
+        "reduce_scatter",
+        "alltoall",
+        "send",
+        "recv",
+        "barrier",
+        "gather",
+        "scatter",
+        "reduce",
+    }
+)
+ROOTED_OPS = frozenset({"broadcast", "reduce", "gather", "scatter"})
+P2P_OPS = frozenset({"send", "recv"})
+
+# Collective names as the various sources spell them, reduced to lowercase letters with the
+# variant suffixes ("_base", "_coalesced", "_into_tensor", "v") stripped by normalize_op().
+_OP_ALIASES = {
+    "allreduce": "allreduce",
+    "broadcast": "broadcast",
+    "bcast": "broadcast",
+    "allgather": "allgather",
+    "reducescatter": "reduce_scatter",
+    "reducescatterblock": "reduce_scatter",
+    "alltoall": "alltoall",
+    "alltoallv": "alltoall",
+    "send": "send",
+    "recv": "recv",
+    "recvanysource": "recv",
+    "barrier": "barrier",
+    "gather": "gather",
+    "scatter": "scatter",
+    "reduce": "reduce",
+}
+_OP_SUFFIXES = ("coalesced", "base", "intotensor", "tensor")
+
+
+def normalize_op(name: Any) -> str | None:
+    """The contract's op name for a collective as a trace spells it, None if not a transfer.
+
+    ``"allreduce"``, ``"all_reduce"``, ``"nccl:all_reduce"``, ``"AllReduce"`` → ``allreduce``;
+    ``"_allgather_base"``, ``"allgather_into_tensor_coalesced"`` → ``allgather``;
+    ``"all_to_allv"`` → ``alltoall``. Bookkeeping entries (``wait``, ``coalesced``, ``init``)
+    give None: c10d records them with the same event name as real collectives.
+    """
+    if not isinstance(name, str) or not name:
+        return None
+    key = name.rsplit(":", 1)[-1].lower()
+    key = re.sub(r"[^a-z]", "", key)
+    while key not in _OP_ALIASES:
+        suffix = next((s for s in _OP_SUFFIXES if key.endswith(s) and len(key) > len(s)), None)
+        if suffix is None:
+            return None
+        key = key[: -len(suffix)]
+    return _OP_ALIASES[key]
+
+
+# Element types in the contract's spelling (torch dtype names without "torch."), from the
+# spellings the sources use: c10 ScalarType names (Kineto "dtype", ET attrs), C++ type names
+# (Kineto "Input type", ET "Tensor(...)"), NCCL's ncclDataType_t enum.
+_DTYPE_ALIASES = {
+    "byte": "uint8",
+    "unsignedchar": "uint8",
+    "uint8": "uint8",
+    "char": "int8",
+    "signedchar": "int8",
+    "int8": "int8",
+    "short": "int16",
+    "shortint": "int16",
+    "int16": "int16",
+    "int": "int32",
+    "int32": "int32",
+    "long": "int64",
+    "longint": "int64",
+    "longlong": "int64",
+    "int64": "int64",
+    "half": "float16",
+    "float16": "float16",
+    "float": "float32",
+    "float32": "float32",
+    "double": "float64",
+    "float64": "float64",
+    "bfloat16": "bfloat16",
+    "bool": "bool",
+    "complexhalf": "complex32",
+    "complexfloat": "complex64",
+    "complexdouble": "complex128",
+    "complex<float>": "complex64",
+    "complex<double>": "complex128",
+    "uint16": "uint16",
+    "unsignedshort": "uint16",
+    "uint32": "uint32",
+    "unsignedint": "uint32",
+    "uint64": "uint64",
+    "unsignedlong": "uint64",
+}
+DTYPE_SIZES: dict[str, int] = {
+    "uint8": 1,
+    "int8": 1,
+    "bool": 1,
+    "int16": 2,
+    "uint16": 2,
+    "float16": 2,
+    "bfloat16": 2,
+    "int32": 4,
+    "uint32": 4,
+    "float32": 4,
+    "complex32": 4,
+    "int64": 8,
+    "uint64": 8,
+    "float64": 8,
+    "complex64": 8,
+    "complex128": 16,
+}
+
+
+def normalize_dtype(name: Any) -> str:
+    """Contract dtype name (``float32``, ``int64``, ``bfloat16``...) for a trace's spelling;
+    the input lowercased when unknown, ``""`` when absent."""
+    if not isinstance(name, str) or not name.strip():
+        return ""
+    raw = name.strip()
+    inner = re.fullmatch(r"(?:GenericList\[)*Tensor\((.*?)\)\]*", raw)
+    if inner:
+        raw = inner.group(1)
+    key = raw.lower().removeprefix("torch.").removeprefix("c10::").replace(" ", "")
+    if key.startswith("float8"):
+        return key  # float8_e4m3fn etc. keep torch's spelling
+    return _DTYPE_ALIASES.get(key, key)
+
+
+def dtype_size(dtype: str) -> int:
+    """Bytes per element of a contract dtype name; -1 when unknown."""
+    if dtype.startswith("float8"):
+        return 1
+    return DTYPE_SIZES.get(dtype, -1)
+
+
+def ranks_string(ranks: Iterable[int] | None) -> str:
+    """``group_ranks`` as the capture writes it: ``"0,1,2"``, ``""`` when unknown."""
+    return ",".join(str(int(r)) for r in ranks) if ranks else ""
+
+
+def output_bytes(op: str, in_bytes: int, group_size: int) -> int:
+    """What a rank ends up with when the source records only the input (-1 when unknown)."""
+    if in_bytes < 0:
+        return -1
+    if op == "allgather":
+        return in_bytes * group_size if group_size > 0 else -1
+    if op == "reduce_scatter":
+        return in_bytes // group_size if group_size > 0 else -1
+    return in_bytes
+
+
+_BWD_MARKS = ("autograd::engine::evaluate_function", "## backward")
+_OPTIM_MARKS = ("Optimizer.step#", "## optimizer")
+_FWD_MARKS = (
+    "## forward",
+    "DistributedDataParallel.forward",
+    "FullyShardedDataParallel.forward",
+)
+
+
+def phase_from_enclosing(names: Iterable[str]) -> str:
+    """Phase of an op from the names of the spans around it (profiler annotations).
+
+    Backward wins over the rest: autograd runs recomputed forwards and FSDP prefetches inside
+    ``evaluate_function`` spans. PyTorch's own markers (``## forward ##`` etc. from
+    torch.profiler schedules and execution traces, ``Optimizer.step#...``) are used; anything
+    else is ``other``.
+    """
+    names = list(names)
+    for marks, phase in ((_BWD_MARKS, "bwd"), (_OPTIM_MARKS, "optim"), (_FWD_MARKS, "fwd")):
+        if any(n.startswith(marks) for n in names):
+            return phase
+    return "other"
+
+
+def step_from_name(name: str) -> int | None:
+    """N of a ``ProfilerStep#N`` span, None for any other name."""
+    match = re.fullmatch(r"ProfilerStep#(\d+)", name)
+    return int(match.group(1)) if match else None
+
+
+def rank_from_filename(name: str | Path) -> int:
+    """Rank encoded in a trace's file name (``rank3``, ``rank-3``, ``worker3_...``,
+    ``..._3.json``, ``chakra.3.et``), -1 when there is none."""
+    base = Path(name).name.lower()
+    for pattern in (
+        r"(?:^|[^a-z])rank[-_.]?(\d+)",
+        r"(?:^|[^a-z])worker[-_.]?(\d+)",
+        r"_(\d+)\.json(?:\.gz)?$",
+        r"\.(\d+)\.et(?:\.gz)?$",
+    ):
+        match = re.search(pattern, base)
+        if match:
+            return int(match.group(1))
+    return -1
+
+
+def read_bytes(path: str | Path) -> bytes:
+    """A file's content, gunzipped when it is gzip (by magic number, not by name)."""
+    data = Path(path).read_bytes()
+    if data[:2] == b"\x1f\x8b":
+        data = gzip.decompress(data)
+    return data
+
+
+def read_json(path: str | Path, exact_floats: bool = False) -> Any:
+    """Parse a (possibly gzipped) JSON file.
+
+    With ``exact_floats`` floats come back as :class:`decimal.Decimal`: Kineto writes µs with
+    ns digits (``4458676416788.066``), which float64 cannot hold exactly once scaled to ns.
+    """
+    text = read_bytes(path)
+    if exact_floats:
+        return json.loads(text, parse_float=decimal.Decimal)
+    return json.loads(text)
+
+
+def ops_frame(rows: Sequence[Mapping[str, Any]], source: str) -> pd.DataFrame:
+    """Rows → the ops table: contract columns and dtypes, missing values filled, ``seq``
+    numbered where the source has none, ``split_bytes`` added when any row carries splits."""
+    cols: dict[str, list[Any]] = {c: [] for c in OPS_COLUMNS}
+    splits: list[str | None] = []
+    for row in rows:
+        for c in OPS_COLUMNS:
+            value = row.get(c)
+            if c == "source":
+                value = source
+            elif c == "t_end_ns":
+                value = None if value is None or value < 0 else int(value)
+            elif c == "phase":
+                value = value or "other"  # the contract's phase for "not inside a known phase"
+            elif c in _STR_COLUMNS:
+                value = "" if value is None else str(value)
+            else:
+                value = -1 if value is None else int(value)
+            cols[c].append(value)
+        split = row.get(SPLIT_COLUMN)
+        splits.append(",".join(str(int(b)) for b in split) if split else None)
+    frame = pd.DataFrame({c: pd.Series(v, dtype=OPS_DTYPES[c]) for c, v in cols.items()})
+    if any(s is not None for s in splits):
+        frame[SPLIT_COLUMN] = pd.Series(splits, dtype="str")  # null where not an all-to-all
+    return _number_missing_seq(frame)
+
+
+def _number_missing_seq(frame: pd.DataFrame) -> pd.DataFrame:
+    """Fill ``seq == -1`` with the op's position per rank and group (and op and peer for P2P),
+    the key the capture numbers by, in the order the rows were given."""
+    if frame.empty or not (frame["seq"] < 0).any():
+        return frame
+    counters: dict[tuple, int] = defaultdict(int)
+    seq = frame["seq"].tolist()
+    for i, (rank, group, op, peer) in enumerate(
+        zip(frame["rank"], frame["group"], frame["op"], frame["peer"], strict=True)
+    ):
+        key = (rank, group, op, peer) if op in P2P_OPS else (rank, group)
+        if seq[i] < 0:
+            seq[i] = counters[key]
+        counters[key] = max(counters[key], seq[i]) + 1
+    frame["seq"] = pd.Series(seq, dtype="int64", index=frame.index)
+    return frame
+
+
+def concat_ops(frames: Sequence[pd.DataFrame], source: str) -> pd.DataFrame:
+    """Concatenate per-file frames; an empty input gives an empty, correctly typed table."""
+    frames = [f for f in frames if not f.empty]
+    if not frames:
+        return ops_frame([], source)
+    out = pd.concat(frames, ignore_index=True)
+    return out.astype({c: OPS_DTYPES[c] for c in OPS_COLUMNS})
+
+
+def sniff_format(path: str | Path) -> str:
+    """``kineto``, ``pytorch_et``, ``chakra`` or ``nccl_log`` from a file's content.
+
+    JSON is told apart by its top-level keys (Kineto: ``traceEvents``; ET: ``nodes``); text
+    with ``NCCL INFO`` lines is a NCCL log; anything else is tried as Chakra protobuf.
+    """
+    data = read_bytes(path)
+    head = data[: 1 << 16]
+    if head.lstrip()[:1] in (b"{", b"["):
+        # Both writers put their big list after a small header: look there before parsing.
+        if b'"traceEvents"' in head:
+            return "kineto"
+        if b'"nodes"' in head:
+            return "pytorch_et"
+        try:
+            doc = json.loads(data)
+        except ValueError:
+            doc = None  # text that starts with a bracket, e.g. "[rank0]:" log prefixes
+        if isinstance(doc, list) or (isinstance(doc, dict) and "traceEvents" in doc):
+            return "kineto"
+        if isinstance(doc, dict) and "nodes" in doc:
+            return "pytorch_et"
+        if doc is not None:
+            raise ValueError(f"{path}: JSON that is neither a Kineto nor an execution trace")
+    if b"NCCL INFO" in data or b"NCCL WARN" in data:
+        return "nccl_log"
+    name = Path(path).name.lower()
+    if name.endswith((".log", ".txt", ".out", ".err")):
+        return "nccl_log"
+    return "chakra"
+
+
+def load_trace(path: str | Path) -> pd.DataFrame:
+    """Load any supported trace file into the ops table, choosing the importer by content."""
+    kind = sniff_format(path)
+    if kind == "kineto":
+        return load_kineto(path)
+    if kind == "pytorch_et":
+        return load_execution_trace(path)
+    if kind == "nccl_log":
+        return load_nccl_log(Path(path))
+    return load_chakra(path)
+
+
+def text_of(path_or_text: str | Path | io.TextIOBase) -> str:
+    """Log text from a path, an open text stream or the text itself."""
+    if isinstance(path_or_text, io.TextIOBase):
+        return path_or_text.read()
+    if isinstance(path_or_text, Path):
+        return read_bytes(path_or_text).decode("utf-8", errors="replace")
+    if "\n" not in path_or_text and len(path_or_text) < 4096:
+        try:
+            is_file = Path(path_or_text).is_file()
+        except (OSError, ValueError):  # not a usable path: it is the text
+            is_file = False
+        if is_file:
+            return read_bytes(path_or_text).decode("utf-8", errors="replace")
+    return path_or_text
+
+
+# The loaders import the helpers above from this package, so they come last.
+from commscope.importers.chakra import load_chakra  # noqa: E402
+from commscope.importers.execution_trace import load_execution_trace  # noqa: E402
+from commscope.importers.kineto import load_kineto  # noqa: E402
+from commscope.importers.nccl_log import load_nccl_log  # noqa: E402
+
+__all__ = [
+    "KNOWN_OPS",
+    "OPS_COLUMNS",
+    "OPS_DTYPES",
+    "SPLIT_COLUMN",
+    "load_chakra",
+    "load_execution_trace",
+    "load_kineto",
+    "load_nccl_log",
+    "load_trace",
+    "normalize_dtype",
+    "normalize_op",
+]

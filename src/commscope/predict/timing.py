@@ -1,0 +1,195 @@
+"""Step time from predicted ops: an alpha-beta model per op, computation from FLOPs, and the
+pipeline bubble, after seed 002 §5 (Eq. 1-9) generalised to any plan.
+
+Per op, on its rank: ``time = steps * alpha + wire_bytes / beta``. ``wire_bytes`` and ``steps``
+are those of the bandwidth-optimal ring algorithms gloo and NCCL use for large messages (the same
+traffic model as :func:`commscope.metrics.op_destinations`):
+
+============== ===================== =========
+op             wire bytes per rank   steps
+============== ===================== =========
+allreduce      2(n-1)/n S            2(n-1)
+reduce_scatter (n-1)/n S (S = input) n-1
+allgather      (n-1) S (S = shard)   n-1
+alltoall       (n-1)/n S             n-1
+broadcast      S                     n-1
+send, recv     S                     1
+============== ===================== =========
+
+``beta`` is the inter-node bandwidth when the group (or the P2P pair) spans nodes, else the
+intra-node one; ``beta_by_traffic`` overrides it per traffic type, as seed 002's C_TP, C_PP and
+C_DP (effective bandwidths measured per traffic type). As in Eq. 3, a rank's P2P time counts
+both its sends and its receives.
+
+Step time per rank, without overlap of communication and computation (DeepSpeed's PTD-P does not
+overlap the DP all-reduce, §5.1; commscope's DDP does, so this is an upper bound there):
+
+* no pipeline: ``T = T_comp + sum of all op times``;
+* pipeline (Eq. 5-6): per micro-batch ``T_mb = (T_comp + T_TP + T_PP + T_EP) / m`` for all the
+  rank's stages; ``T_bubble = (p-1)/v * T_mb`` (v = stages per rank, 1 for GPipe and 1F1B);
+  ``T = m T_mb + T_bubble + T_DP + T_emb``.
+
+The step takes as long as the slowest rank (the DP all-reduce and the pipeline synchronise
+them); ratios are reported for that rank.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+RING_STEPS = {
+    "allreduce": lambda n: 2 * (n - 1),
+    "reduce_scatter": lambda n: n - 1,
+    "allgather": lambda n: n - 1,
+    "alltoall": lambda n: n - 1,
+    "broadcast": lambda n: n - 1,
+    "send": lambda n: 1,
+    "recv": lambda n: 1,
+    "barrier": lambda n: 1,
+}
+
+
+def wire_bytes(op: str, nbytes: float, n: int) -> float:
+    """Bytes one rank moves for one op under the ring algorithms (see the module table)."""
+    if n <= 1 and op not in ("send", "recv"):
+        return 0.0
+    return {
+        "allreduce": 2 * (n - 1) / n * nbytes,
+        "reduce_scatter": (n - 1) / n * nbytes,
+        "allgather": (n - 1) * nbytes,
+        "alltoall": (n - 1) / n * nbytes,
+        "broadcast": float(nbytes),
+        "send": float(nbytes),
+        "recv": float(nbytes),
+    }.get(op, 0.0)
+
+
+def _crosses_nodes(group_ranks: str, rank: int, peer: int, rpn: int) -> bool:
+    members = [peer] if peer >= 0 else [int(x) for x in str(group_ranks).split(",") if x]
+    return any(m // rpn != rank // rpn for m in members)
+
+
+def op_times(
+    pred: pd.DataFrame,
+    alpha_s: float,
+    beta_Bps_internode: float,
+    beta_Bps_intranode: float,
+    beta_by_traffic: dict[str, float] | None = None,
+) -> pd.Series:
+    """Seconds each predicted op takes on its rank under the alpha-beta ring model."""
+    rpn = int(pred.attrs["predict"]["ranks_per_node"])
+    keys = ["op", "bytes", "group_ranks", "group_size", "rank", "peer", "traffic"]
+    uniq = pred[keys].drop_duplicates()
+    times = {}
+    for key in uniq.itertuples(index=False, name=None):
+        op, nbytes, group, n, rank, peer, traffic = key
+        if beta_by_traffic and traffic in beta_by_traffic:
+            beta = beta_by_traffic[traffic]
+        elif _crosses_nodes(group, rank, peer, rpn):
+            beta = beta_Bps_internode
+        else:
+            beta = beta_Bps_intranode
+        steps = RING_STEPS.get(op, lambda n: 1)(int(n))
+        times[key] = steps * alpha_s + wire_bytes(op, nbytes, int(n)) / beta
+    return pd.Series(
+        [times[k] for k in pred[keys].itertuples(index=False, name=None)], index=pred.index
+    )
+
+
+def bubble_fraction(pp: int, microbatches: int, stages_per_rank: int = 1) -> float:
+    """Analytical bubble ratio: b / (m + b) with b = (p-1)/v, i.e. Eq. 7's (p-1)/(m+p-1) for
+    GPipe and 1F1B and the interleaved schedule's bubble shrunk v-fold."""
+    if pp <= 1:
+        return 0.0
+    b = (pp - 1) / max(stages_per_rank, 1)
+    return b / (microbatches + b)
+
+
+def predict_step_time(
+    pred: pd.DataFrame,
+    compute_flops_per_s: float,
+    alpha_s: float,
+    beta_Bps_internode: float,
+    beta_Bps_intranode: float,
+    beta_by_traffic: dict[str, float] | None = None,
+) -> dict[str, Any]:
+    """Step time, communication ratio and bubble ratio of a :func:`predict_ops` result.
+
+    ``compute_flops_per_s`` is the achieved rate (seed 002: mu x peak, mu = 0.3-0.4).
+    Returns ``step_time_s`` (slowest rank), ``critical_rank``, ``compute_s``, ``comm_s`` and
+    ``comm_by_traffic_s`` (that rank's op times), ``bubble_s``, ``comm_ratio`` (comm / step),
+    ``bubble_ratio`` (bubble / step), ``bubble_ratio_analytical`` (:func:`bubble_fraction`)
+    and ``per_rank`` (a DataFrame with every rank's terms).
+    """
+    meta = pred.attrs["predict"]
+    plan = meta["plan"]
+    pipelined = plan["pp"] > 1
+    m = int(meta["microbatches"])
+    v = int(plan["stages_per_rank"]) if pipelined else 1
+    df = pred.assign(
+        time_s=op_times(pred, alpha_s, beta_Bps_internode, beta_Bps_intranode, beta_by_traffic)
+    )
+    comm = df.pivot_table(index="rank", columns="traffic", values="time_s", aggfunc="sum")
+    ranks = sorted(meta["flops"])
+    comm = comm.reindex(index=ranks, columns=["tp", "pp", "dp", "ep", "emb"], fill_value=0.0)
+    comm = comm.fillna(0.0)
+    per_rank = comm.add_prefix("t_").reset_index()
+    per_rank["t_comp"] = [meta["flops"][r] / compute_flops_per_s for r in ranks]
+    per_rank["t_comm"] = comm.sum(axis=1).to_numpy()
+    if pipelined:
+        in_pipeline = per_rank["t_comp"] + per_rank["t_tp"] + per_rank["t_pp"] + per_rank["t_ep"]
+        per_rank["t_bubble"] = (plan["pp"] - 1) / v * in_pipeline / m
+    else:
+        per_rank["t_bubble"] = 0.0
+    per_rank["t_step"] = per_rank["t_comp"] + per_rank["t_comm"] + per_rank["t_bubble"]
+    crit = per_rank.loc[int(np.argmax(per_rank["t_step"].to_numpy()))]
+    step = float(crit["t_step"])
+    return {
+        "step_time_s": step,
+        "critical_rank": int(crit["rank"]),
+        "compute_s": float(crit["t_comp"]),
+        "comm_s": float(crit["t_comm"]),
+        "comm_by_traffic_s": {t: float(crit[f"t_{t}"]) for t in ("tp", "pp", "dp", "ep", "emb")},
+        "bubble_s": float(crit["t_bubble"]),
+        "comm_ratio": float(crit["t_comm"]) / step if step else 0.0,
+        "bubble_ratio": float(crit["t_bubble"]) / step if step else 0.0,
+        "bubble_ratio_analytical": bubble_fraction(plan["pp"], m, v) if pipelined else 0.0,
+        "per_rank": per_rank,
+    }
+
+
+def effective_bandwidth(
+    ops: pd.DataFrame, ranks_per_node: int, min_bytes: int = 1 << 20, include_p2p: bool = False
+) -> dict[str, float]:
+    """Median effective bandwidth (ring wire bytes / op duration, B/s) of measured ops of at
+    least ``min_bytes``, split into ``internode`` and ``intranode`` by whether the op's group
+    spans nodes; NaN where no op qualifies. Feeds :func:`predict_step_time` with what the
+    cluster actually achieved (seed 002's C values), not the link's nominal rate.
+
+    P2P ops are left out unless ``include_p2p``: a recv's (and gloo's polled send's) duration
+    includes waiting for the peer's compute, which seed 002 counts as bubble, not transfer."""
+    done = ops[ops["t_end_ns"].notna() & (ops["bytes"] >= min_bytes) & (ops["step"] >= 0)]
+    if not include_p2p:
+        done = done[~done["op"].isin(["send", "recv"])]
+    out = {"internode": float("nan"), "intranode": float("nan")}
+    if done.empty:
+        return out
+    dur = (done["t_end_ns"].astype("float64") - done["t_issue_ns"].astype("float64")) / 1e9
+    wire = [
+        wire_bytes(o, b, int(n))
+        for o, b, n in zip(done["op"], done["bytes"], done["group_size"], strict=True)
+    ]
+    cross = [
+        _crosses_nodes(g, int(r), int(p), ranks_per_node)
+        for g, r, p in zip(done["group_ranks"], done["rank"], done["peer"], strict=True)
+    ]
+    bw = pd.DataFrame({"bw": np.asarray(wire) / dur.to_numpy(), "cross": cross})
+    bw = bw[np.isfinite(bw["bw"]) & (bw["bw"] > 0)]
+    for cross_nodes, key in ((True, "internode"), (False, "intranode")):
+        sel = bw.loc[bw["cross"] == cross_nodes, "bw"]
+        if len(sel):
+            out[key] = float(sel.median())
+    return out

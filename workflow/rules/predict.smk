@@ -1,0 +1,20 @@
+# The analytical model per cell: predict one steady step and compare with what was measured.
+
+
+rule predict_cell:
+    input:
+        ops=rules.parse_cell.output.ops,
+        cell=rules.parse_cell.output.cell,
+    output:
+        ops=f"{RUNS}/{CELL}/predict/ops.parquet",
+        compare=f"{RUNS}/{CELL}/predict/compare.parquet",
+    log:
+        f"results/logs/predict_cell/{CELL}.log",
+    conda:
+        "../../envs/commscope.yaml"
+    params:
+        model=model_params,
+        strategy=strategy_params,
+        warmup_steps=config["run"]["warmup_steps"],
+    script:
+        "../scripts/predict_cell.py"
