@@ -26,7 +26,7 @@ test: lint
 	source $(BIN)/activate && pytest -q -rs tests
 
 lint: setup
-	source $(BIN)/activate && ruff check src tests workflow && ruff format --check src tests workflow \
+	source $(BIN)/activate && ruff check src tests workflow benchmarks && ruff format --check src tests workflow benchmarks \
 	  && snakefmt --check Snakefile workflow/rules && snakemake --lint >/dev/null
 
 # Remove every namespace, interface, qdisc and process a crashed run may have left behind.

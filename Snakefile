@@ -2,7 +2,9 @@
 # Orchestration only; every stage's logic lives in src/commscope/. Run: snakemake --cores 8 report
 
 
-from snakemake.utils import min_version, validate
+from snakemake.utils import min_version
+
+from commscope.config import validate_config
 
 min_version("9.0")
 
@@ -10,13 +12,16 @@ min_version("9.0")
 configfile: "config/config.yaml"
 
 
-validate(config, "workflow/schemas/config.schema.yaml")
+# Snakemake's schema validation (defaults filled in), with errors that name the key and value.
+validate_config(config)
 
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/run.smk"
 include: "workflow/rules/analysis.smk"
 include: "workflow/rules/predict.smk"
+include: "workflow/rules/imports.smk"
+include: "workflow/rules/export.smk"
 include: "workflow/rules/report.smk"
 
 
@@ -24,6 +29,7 @@ rule all:
     default_target: True
     input:
         rules.report.output,
+        expand(f"{RUNS}/{{cell}}/export/trace.json", cell=cellspace.instance_patterns),
 
 
 onstart:

@@ -36,14 +36,28 @@ class ConfigError(ValueError):
 
 
 def validate_config(config: dict[str, Any], schema_path: Path = SCHEMA_PATH) -> dict[str, Any]:
-    """Validate against the schema with Snakemake's validator (fills defaults in place)."""
+    """Validate against the schema with Snakemake's validator (fills defaults in place).
+
+    On failure the message names the key path and the offending value: under ``oneOf`` (the
+    sweep is one block or a list of blocks) jsonschema's top-level error names neither, so we
+    report its ``best_match`` instead.
+    """
+    import jsonschema
     from snakemake.exceptions import WorkflowError
     from snakemake.utils import validate
 
     try:
         validate(config, str(schema_path), set_default=True)
     except WorkflowError as err:
-        raise ConfigError(str(err)) from None
+        schema = yaml.safe_load(Path(schema_path).read_text())
+        validator = jsonschema.Draft202012Validator(schema)
+        best = jsonschema.exceptions.best_match(validator.iter_errors(config))
+        if best is None:
+            raise ConfigError(str(err)) from None
+        where = best.json_path.removeprefix("$.") if best.json_path != "$" else "(top level)"
+        raise ConfigError(
+            f"config key {where}: {best.message} (schema: {schema_path.name})"
+        ) from None
     return config
 
 

@@ -29,7 +29,7 @@ CONFIG = {
         "mgmt_subnet": "198.18.210.0/24",
         "exp_subnet": "198.19.210.0/24",
     },
-    "run": {"timeout_s": 120, "sample_hz": 1000, "warmup_steps": 1},
+    "run": {"timeout_s": 120, "sample_hz": 1000, "warmup_steps": 2},
     "strategies": {
         "pp": {"pp": -1, "microbatches": 2},
         "tp-inside": {"dp": -1, "tp": 2, "mapping": "dp-tp"},
@@ -176,13 +176,15 @@ def test_adding_a_cell_reruns_only_that_cell(study: Path, tmp_path: Path) -> Non
     result = snakemake(study, "-n", "report", "--configfile", str(changed))
     assert result.returncode == 0, result.stderr[-3000:]
     counts = job_counts(result.stdout)
-    # Two new cells (ddp and pp at 50mbit): their own jobs, then one aggregate/figures/report.
+    # Two new cells (ddp and pp at 50mbit): their own jobs, then one of each across-cell job.
     assert counts == {
         "run_cell": 2,
         "parse_cell": 2,
         "cell_metrics": 2,
         "cell_figure": 2,
+        "predict_cell": 2,
         "aggregate": 1,
+        "learning": 1,
         "study_figures": 1,
         "report": 1,
     }, counts
@@ -218,3 +220,15 @@ def test_bad_config_stops_before_anything_runs(tmp_path: Path) -> None:
     assert "model.heads" in result.stderr and "divisible by 4" in result.stderr
     assert not (tmp_path / "results").exists()
     assert not [ns for ns in list_netns() if ns.startswith(f"cs-{NAME}-")]
+
+
+def test_prediction_matches_every_dense_cell_exactly(study: Path) -> None:
+    compares = list((study / "results" / "runs").rglob("predict/compare.parquet"))
+    assert len(compares) == 6
+    for path in compares:
+        compare = pd.read_parquet(path)
+        assert len(compare) > 0
+        # Bytes and message counts per rank, measured step and traffic type.
+        assert compare["match"].all(), compare[~compare["match"]]
+    html = (study / "results" / "report" / "index.html").read_text()
+    assert "Predicted vs measured traffic" in html

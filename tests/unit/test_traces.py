@@ -145,9 +145,13 @@ def test_output_files(built: tuple[dict[str, Any], dict[str, Path]], tmp_path: P
         "ops": out / "ops.parquet",
         "steps": out / "steps.parquet",
         "counters": out / "counters.parquet",
+        "train": out / "train.parquet",
+        "moe": out / "moe.parquet",
         "cell": out / "cell.json",
     }
     assert all(p.is_file() for p in paths.values())
+    # No per-rank train/moe files in this raw dir: the tables exist, empty but with the params.
+    assert pd.read_parquet(paths["moe"]).empty
 
 
 @pytest.mark.parametrize("table", ["ops", "steps", "counters"])

@@ -7,6 +7,13 @@ rule report:
         figures=rules.study_figures.output,
         learning=rules.learning.output.figures,
         learning_tables=[rules.learning.output.loss, rules.learning.output.routing],
+        imports=expand(
+            "results/imports/{name}/summary.parquet", name=sorted(config["imports"])
+        ),
+        # Exports are part of a study's results: `report` makes them too.
+        exports=expand(
+            f"{RUNS}/{{cell}}/export/trace.json", cell=cellspace.instance_patterns
+        ),
         compare=expand(
             f"{RUNS}/{{cell}}/predict/compare.parquet",
             cell=cellspace.instance_patterns,

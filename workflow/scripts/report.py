@@ -2,6 +2,8 @@
 
 from pathlib import Path
 
+import pandas as pd
+
 from commscope.learning import learning_table
 from commscope.logs import log_to
 from commscope.predict.pipeline import comparison_table
@@ -32,6 +34,15 @@ with log_to(snakemake.log[0]):
                 "cells, the all-to-all non-uniform factor ((max - min) / mean tokens received per "
                 "EP rank) at the first and last step.",
                 "frame": learning_table(*map(Path, snakemake.input.learning_tables)),
+            },
+            {
+                "title": "Imported traces",
+                "intro": "Traces recorded by others on GPU clusters (config imports:), loaded into "
+                "the same ops table: per-step volume and op mix. Their op tables, message sizes "
+                "and communication matrices are under results/imports/.",
+                "frame": pd.concat(map(pd.read_parquet, snakemake.input.imports))
+                if snakemake.input.imports
+                else pd.DataFrame(),
             },
         ],
     )

@@ -386,7 +386,7 @@ class Trainer:
 
             # The schedule interleaves forward and backward micro-batches: one phase.
             self.log.timed(i, "fwd_bwd", run)
-            loss_value = float(torch.stack(losses).mean()) if losses else float("nan")
+            loss_value = float(torch.stack(losses).detach().mean()) if losses else float("nan")
         else:
             loss = self.log.timed(i, "fwd", lambda: self._loss(x, y))
             self.log.timed(i, "bwd", loss.backward)
@@ -470,6 +470,10 @@ def validate_cell(model_spec: dict[str, Any], plan_spec: dict[str, Any], world: 
             problems.append("model kind moe supports dp and ep (expert parallel), not tp/pp")
         if plan.ep > 1 and plan.dp > 1:
             problems.append("model kind moe: combine ep with dp=1 (the dense part is DP over ep)")
+        if plan.dp_kind != "ddp":
+            problems.append(
+                "model kind moe: the dense part is replicated with DDP; use dp_kind: ddp"
+            )
     elif plan.ep > 1:
         problems.append(f"ep={plan.ep} needs an MoE model (kind: moe); {kind} has no experts")
     if model_spec.get("data", "synthetic") == "stdlib" and cfg.vocab != 256:

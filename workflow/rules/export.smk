@@ -1,0 +1,19 @@
+# Simulator-ready exports per cell: Perfetto/Chrome trace, Chakra ET, ASTRA-sim text, flow list.
+
+
+rule export_cell:
+    input:
+        ops=rules.parse_cell.output.ops,
+        steps=rules.parse_cell.output.steps,
+        cell=rules.parse_cell.output.cell,
+    output:
+        perfetto=f"{RUNS}/{CELL}/export/trace.json",
+        astra=f"{RUNS}/{CELL}/export/astra_workload.txt",
+        flows=f"{RUNS}/{CELL}/export/flows.csv",
+        chakra=directory(f"{RUNS}/{CELL}/export/chakra"),
+    log:
+        f"results/logs/export_cell/{CELL}.log",
+    conda:
+        "../../envs/commscope.yaml"
+    script:
+        "../scripts/export_cell.py"

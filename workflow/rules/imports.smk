@@ -1,0 +1,16 @@
+# Traces recorded elsewhere: loaded into the ops table and given the op-level metrics.
+
+
+rule import_trace:
+    input:
+        lambda wildcards: config["imports"][wildcards.name]["paths"],
+    output:
+        ops="results/imports/{name}/ops.parquet",
+        summary="results/imports/{name}/summary.parquet",
+        matrix="results/imports/{name}/comm_matrix.parquet",
+    log:
+        "results/logs/import_trace/{name}.log",
+    conda:
+        "../../envs/commscope.yaml"
+    script:
+        "../scripts/import_trace.py"
