@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from commscope.config import SWEEP_AXES
+from commscope.metrics import PARAM_COLUMNS
 
-PARAMS = ["cell", *SWEEP_AXES]
+PARAMS = list(PARAM_COLUMNS)
 
 
 def _concat(paths: list[Path]) -> pd.DataFrame:

@@ -1,4 +1,4 @@
-"""Metrics of one sweep cell, computed from its trace tables (ARCHITECTURE.md §5, §6).
+"""Metrics of one sweep cell, computed from its trace tables (definitions: docs/traces.md).
 
 Every function here is a pure function of DataFrames and returns a *tidy* DataFrame whose first
 columns are the cell parameters (``cell``, ``strategy``, ``model``, ... whichever the input
@@ -38,20 +38,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from commscope.config import SWEEP_AXES
+
 # Columns that identify a sweep cell, in the order they lead every output table.
-PARAM_COLUMNS: tuple[str, ...] = (
-    "cell",
-    "strategy",
-    "model",
-    "nodes",
-    "ranks_per_node",
-    "bw",
-    "delay",
-    "jitter",
-    "loss",
-    "steps",
-    "repeat",
-)
+PARAM_COLUMNS: tuple[str, ...] = ("cell", *SWEEP_AXES)
 
 # Tables written by compute_cell_metrics() and concatenated by aggregate_cells().
 METRIC_TABLES: tuple[str, ...] = (

@@ -1,6 +1,6 @@
 """Run one sweep cell on the cluster.
 
-Order (ARCHITECTURE.md §2): shape links → start samplers → torchrun on every node over SSH →
+Order: shape links → start samplers → torchrun on every node over SSH →
 stop samplers → fetch traces over SFTP → always unshape and kill what is left, also when the run
 failed or hung. One cell owns the cluster at a time (an fcntl lock on the cluster state dir, on
 top of Snakemake's ``cluster_slot`` resource).

@@ -183,6 +183,7 @@ def test_adding_a_cell_reruns_only_that_cell(study: Path, tmp_path: Path) -> Non
         "cell_metrics": 2,
         "cell_figure": 2,
         "predict_cell": 2,
+        "export_cell": 2,
         "aggregate": 1,
         "learning": 1,
         "study_figures": 1,
@@ -220,6 +221,14 @@ def test_bad_config_stops_before_anything_runs(tmp_path: Path) -> None:
     assert "model.heads" in result.stderr and "divisible by 4" in result.stderr
     assert not (tmp_path / "results").exists()
     assert not [ns for ns in list_netns() if ns.startswith(f"cs-{NAME}-")]
+
+
+def test_exports_exist_for_every_cell(study: Path) -> None:
+    for cell_json in (study / "results" / "runs").rglob("trace/cell.json"):
+        export = cell_json.parent.parent / "export"
+        assert json.loads((export / "trace.json").read_text())["traceEvents"]
+        assert (export / "flows.csv").stat().st_size > 0
+        assert sorted(p.name for p in (export / "chakra").glob("*.et"))
 
 
 def test_prediction_matches_every_dense_cell_exactly(study: Path) -> None:

@@ -1,4 +1,4 @@
-"""Analytical prediction of per-rank communication and step time (ARCHITECTURE.md §7).
+"""Analytical prediction of per-rank communication and step time.
 
 :mod:`.model` lists the ops of one steady-state step (what commscope's trainer issues, or
 Megatron/DeepSpeed PTD-P as in seed 002) and aggregates them into volumes, messages and
