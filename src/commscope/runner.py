@@ -244,7 +244,14 @@ def _torchrun_everywhere(
                 continue
             if code is not None:
                 reason = "timed out" if code in (124, 137) else f"exit {code}"
-                tail = h.run(f"tail -n 25 {remote_dirs[h.name]}/torchrun.log", warn=True).stdout
+                # The workers' own lines ("[rankN]: ...") say why; the launcher's traceback
+                # after them only says that a child failed. Keep both, workers first.
+                log_path = f"{remote_dirs[h.name]}/torchrun.log"
+                tail = h.run(
+                    f"grep -E '^\\[rank[0-9]+\\]:' {log_path} | tail -n 40; echo ---; "
+                    f"tail -n 10 {log_path}",
+                    warn=True,
+                ).stdout
                 failures.append(f"{name}: {reason}\n{tail}")
             # The other nodes would only wait for the lost peer until the gloo timeout.
             on_all(hosts, lambda other: _kill_tagged(other, tag))

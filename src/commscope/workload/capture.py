@@ -213,6 +213,12 @@ class _Poller:
             time.sleep(self.interval_s)
 
 
+    def drop_all(self) -> None:
+        """Forget every pending Work (their records keep a null end time)."""
+        with self.cond:
+            self.pending = []
+
+
 _POLLER = _Poller()
 
 
@@ -317,6 +323,19 @@ def set_phase(phase: str) -> None:
 def records() -> list[OpRecord]:
     """Everything recorded so far in this process (issue order)."""
     return list(_STATE.records)
+
+
+def finish() -> None:
+    """Stop recording and release every Work and tensor the capture still holds.
+
+    Call before ``destroy_process_group``: a gloo Work that outlives its process group is
+    destroyed during interpreter teardown and aborts the process (SIGABRT after the traces were
+    written) — gloo's reduce-scatter Works never report completion, so the poller would
+    otherwise still hold them when a short run ends.
+    """
+    enable(False)
+    _POLLER.drop_all()
+    _STATE.pending.clear()
 
 
 def reset() -> None:

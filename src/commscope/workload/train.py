@@ -90,6 +90,7 @@ def run(spec: dict) -> Path:
         "torch": torch.__version__,
     }
     (out_dir / f"rank{rank}.json").write_text(json.dumps(meta, indent=2))
+    capture.finish()
     dist.destroy_process_group()
     return out_dir
 
