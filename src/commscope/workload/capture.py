@@ -212,7 +212,6 @@ class _Poller:
                 self.pending = still
             time.sleep(self.interval_s)
 
-
     def drop_all(self) -> None:
         """Forget every pending Work (their records keep a null end time)."""
         with self.cond:

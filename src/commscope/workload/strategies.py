@@ -44,6 +44,7 @@ class ParallelPlan:
     stages_per_rank: int = 1
     reshard_after_forward: bool = True
     bucket_cap_mb: float = 25.0
+    sequence_parallel: bool = False
 
     @classmethod
     def from_dict(cls, spec: dict[str, Any]) -> ParallelPlan:
@@ -144,18 +145,57 @@ class StepLog:
         return out
 
 
-def tp_plan() -> dict[str, Any]:
-    """Megatron-style split of one block: q/k/v and fc1 column-wise, proj and fc2 row-wise."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+def tp_plan(
+    sequence_parallel: bool = False, first: bool = False, last: bool = False
+) -> dict[str, Any]:
+    """Megatron-style split of one block: q/k/v and fc1 column-wise, proj and fc2 row-wise.
 
-    return {
+    With ``sequence_parallel`` (Megatron-SP) the residual stream between the attention and MLP
+    halves is sharded on the sequence dimension: the LayerNorms run on sequence shards, an
+    all-gather rebuilds the full sequence before attention and MLP, and their row-wise outputs
+    are reduce-scattered instead of all-reduced. The stream is sharded on entering the first
+    block (a local slice, no traffic) and gathered on leaving the last.
+    """
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        PrepareModuleOutput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    if not sequence_parallel:
+        return {
+            "attn.q": ColwiseParallel(),
+            "attn.k": ColwiseParallel(),
+            "attn.v": ColwiseParallel(),
+            "attn.proj": RowwiseParallel(),
+            "mlp.fc1": ColwiseParallel(),
+            "mlp.fc2": RowwiseParallel(),
+        }
+    gather = {"input_layouts": (Shard(1),), "desired_input_layouts": (Replicate(),)}
+    plan: dict[str, Any] = {
+        "ln1": SequenceParallel(),
+        "attn": PrepareModuleInput(**gather),
         "attn.q": ColwiseParallel(),
         "attn.k": ColwiseParallel(),
         "attn.v": ColwiseParallel(),
-        "attn.proj": RowwiseParallel(),
+        "attn.proj": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
+        "ln2": SequenceParallel(),
+        "mlp": PrepareModuleInput(**gather),
         "mlp.fc1": ColwiseParallel(),
-        "mlp.fc2": RowwiseParallel(),
+        "mlp.fc2": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
     }
+    if first:
+        plan[""] = PrepareModuleInput(
+            input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),)
+        )
+    if last:
+        plan[""] = PrepareModuleOutput(
+            output_layouts=(Shard(1),), desired_output_layouts=(Replicate(),), use_local_output=True
+        )
+    return plan
 
 
 MODEL_KINDS = ("gpt", "moe", "resnet50", "vgg16")
@@ -234,9 +274,17 @@ class Trainer:
         if tp_mesh is not None:
             from torch.distributed.tensor.parallel import parallelize_module
 
+            sp = self.plan.sequence_parallel
             for chunk in chunks:
-                for block in chunk.layers.values():
-                    parallelize_module(block, tp_mesh, tp_plan())
+                blocks = list(chunk.layers.values())
+                for i, block in enumerate(blocks):
+                    if sp and len(blocks) == 1:
+                        # Enter and leave in the same block: shard on entry, gather on exit.
+                        parallelize_module(block, tp_mesh, tp_plan(True, first=True))
+                        parallelize_module(block, tp_mesh, {"": tp_plan(True, last=True)[""]})
+                        continue
+                    block_plan = tp_plan(sp, first=i == 0, last=i == len(blocks) - 1)
+                    parallelize_module(block, tp_mesh, block_plan)
         dp_mesh = self._sub("dp")
         if dp_mesh is not None:
             chunks = [self._data_parallel(c, dp_mesh) for c in chunks]
@@ -493,6 +541,8 @@ def validate_plan(plan: ParallelPlan, cfg: GPTConfig, world: int) -> list[str]:
         problems.append(f"model.hidden={cfg.hidden} must be divisible by model.heads={cfg.heads}")
     if plan.dp_kind not in ("ddp", "fsdp"):
         problems.append(f"strategy dp_kind {plan.dp_kind!r}: use ddp or fsdp")
+    if plan.sequence_parallel and plan.tp > 1 and cfg.seq % plan.tp:
+        problems.append(f"sequence_parallel needs model.seq ({cfg.seq}) divisible by tp={plan.tp}")
     if plan.tp > 1:
         if cfg.heads % plan.tp:
             problems.append(f"tp={plan.tp} needs model.heads ({cfg.heads}) divisible by {plan.tp}")
