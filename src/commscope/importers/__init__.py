@@ -87,6 +87,22 @@ KNOWN_OPS = frozenset(
 ROOTED_OPS = frozenset({"broadcast", "reduce", "gather", "scatter"})
 P2P_OPS = frozenset({"send", "recv"})
 
+
+def peer_and_root(op: str, ranks: Sequence[int], local: int) -> tuple[int, int]:
+    """(peer, root) as global ranks from a trace's group-local "rank" slot.
+
+    PyTorch's ``record_param_comms`` stores one rank for every op: the peer of a send/recv, the
+    root of a rooted op (broadcast, reduce, gather, scatter), meaningless otherwise. Unknown: -1.
+    """
+    if not ranks or not 0 <= local < len(ranks):
+        return -1, -1
+    if op in P2P_OPS:
+        return ranks[local], -1
+    if op in ROOTED_OPS:
+        return -1, ranks[local]
+    return -1, -1
+
+
 # Collective names as the various sources spell them, reduced to lowercase letters with the
 # variant suffixes ("_base", "_coalesced", "_into_tensor", "v") stripped by normalize_op().
 _OP_ALIASES = {

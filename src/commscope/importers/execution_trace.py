@@ -41,6 +41,7 @@ from commscope.importers import (
     normalize_op,
     ops_frame,
     output_bytes,
+    peer_and_root,
     phase_from_enclosing,
     rank_from_filename,
     ranks_string,
@@ -278,11 +279,7 @@ def _row_from_param_comms(trace: _Trace, node: _Node) -> dict[str, Any] | None:
         out_bytes = output_bytes(op, in_bytes, size)
 
     local = _int(slots["rank"])
-    peer = root = -1
-    if op in P2P_OPS and ranks and 0 <= local < len(ranks):
-        peer = ranks[local]
-    elif op in ROOTED_OPS and ranks and 0 <= local < len(ranks):
-        root = ranks[local]
+    peer, root = peer_and_root(op, ranks, local)
     row: dict[str, Any] = {
         "op": op,
         "group": group,

@@ -40,13 +40,13 @@ import pandas as pd
 
 from commscope.importers import (
     P2P_OPS,
-    ROOTED_OPS,
     concat_ops,
     dtype_size,
     normalize_dtype,
     normalize_op,
     ops_frame,
     output_bytes,
+    peer_and_root,
     phase_from_enclosing,
     rank_from_filename,
     ranks_string,
@@ -242,14 +242,11 @@ def _row_from_param_comms(
     if op == "recv" and numel <= 0:
         numel = out_numel
     # "Rank" is the group-local root of rooted ops and the peer of P2P ops.
-    local = _as_int(args.get("Rank"))
-    peer = root = -1
+    peer, root = peer_and_root(op, ranks, _as_int(args.get("Rank")))
     if op in P2P_OPS:
-        peer = _as_int(args.get("Dst Rank" if op == "send" else "Src Rank"))
-        if peer < 0 and ranks and 0 <= local < len(ranks):
-            peer = ranks[local]
-    elif op in ROOTED_OPS and ranks and 0 <= local < len(ranks):
-        root = ranks[local]
+        # Newer traces name the peer outright; prefer it to the group-local slot.
+        explicit = _as_int(args.get("Dst Rank" if op == "send" else "Src Rank"))
+        peer = explicit if explicit >= 0 else peer
     row: dict[str, Any] = {
         "rank": rank,
         "op": op,
