@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from commscope.cluster.clock import estimate_offset
 from commscope.cluster.hosts import Cluster, Host, on_all
 from commscope.config import loss_pct
 from commscope.shaping import LinkShape, check_shape_supported, host_has_netem, qdisc_stats, shaped
@@ -49,8 +50,31 @@ def link_shape(cell: dict[str, Any]) -> LinkShape:
     return LinkShape.parse(cell["bw"], cell["delay"], cell["jitter"], f"{loss_pct(cell['loss'])}%")
 
 
+TRAIN_MODULE = "commscope.workload.train"
+
+
+def training_spec(
+    cell: dict[str, Any], model: dict[str, Any], strategy: dict[str, Any], run: dict[str, Any]
+) -> dict[str, Any]:
+    """The run spec ``commscope.workload.train`` reads (the runner adds out_dir and node)."""
+    return {
+        "strategy": cell["strategy"],
+        "model": model,
+        "plan": strategy,
+        "steps": int(cell["steps"]),
+        "seed": int(cell["repeat"]),
+        "pg_timeout_s": run["timeout_s"],
+    }
+
+
 def _torchrun_cmd(
-    host: Host, cluster: Cluster, cell: dict[str, Any], run: dict[str, Any], spec: str, tag: str
+    host: Host,
+    cluster: Cluster,
+    cell: dict[str, Any],
+    run: dict[str, Any],
+    spec: str,
+    tag: str,
+    module: str = TRAIN_MODULE,
 ) -> str:
     master = cluster.nodes[0]
     n = host.spec
@@ -63,7 +87,7 @@ def _torchrun_cmd(
         "--master-addr", master.exp_addr,
         "--master-port", str(run["master_port"]),
         "--max-restarts", "0",
-        "-m", "commscope.workload.train", spec, "--tag", tag,
+        "-m", module, spec, "--tag", tag,
     ]  # fmt: skip
     return " ".join(shlex.quote(a) for a in args)
 
@@ -93,9 +117,15 @@ def run_cell(
     strategy: dict[str, Any],
     run: dict[str, Any],
     out_dir: Path,
+    *,
+    module: str = TRAIN_MODULE,
+    spec: dict[str, Any] | None = None,
 ) -> Path:
     """Run ``cell`` on the first ``cell['nodes']`` nodes; raw traces land in ``out_dir``.
 
+    ``module`` is what torchrun starts on every rank with the path of ``spec`` (default: the
+    training entry point and :func:`training_spec`); the cell's ``nodes``, ``ranks_per_node``
+    and link axes (bw, delay, jitter, loss) set where it runs and how links are shaped.
     The caller owns the cluster for the duration (see :func:`cluster_lock`)."""
     n_nodes = int(cell["nodes"])
     if n_nodes > cluster.size:
@@ -113,7 +143,9 @@ def run_cell(
         if shape.needs_netem:
             # Refuse before anything runs: never emulate a delay by silently dropping it.
             check_shape_supported(shape, host_has_netem(hosts[0]))
-        _run_shaped(hosts, cluster, cell, model, strategy, run, shape, tag, out_dir)
+        if spec is None:
+            spec = training_spec(cell, model, strategy, run)
+        _run_shaped(hosts, cluster, cell, spec, module, run, shape, tag, out_dir)
     finally:
         try:
             on_all(hosts, lambda h: _kill_tagged(h, tag))
@@ -127,8 +159,8 @@ def _run_shaped(
     hosts: list[Host],
     cluster: Cluster,
     cell: dict[str, Any],
-    model: dict[str, Any],
-    strategy: dict[str, Any],
+    workload_spec: dict[str, Any],
+    module: str,
     run: dict[str, Any],
     shape: LinkShape,
     tag: str,
@@ -138,42 +170,73 @@ def _run_shaped(
 
     def prepare(h: Host) -> None:
         rdir = remote_dirs[h.name]
-        spec = {
-            "strategy": cell["strategy"],
-            "model": model,
-            "plan": strategy,
-            "steps": int(cell["steps"]),
-            "seed": int(cell["repeat"]),
-            "out_dir": rdir,
-            "node": h.spec.index,
-            "pg_timeout_s": run["timeout_s"],
-        }
+        spec = {**workload_spec, "out_dir": rdir, "node": h.spec.index}
         local_spec = out_dir / f"spec_{h.name}.json"
         local_spec.write_text(json.dumps(spec, indent=2))
         h.run(f"mkdir -p {shlex.quote(rdir)}")
         h.put(local_spec, f"{rdir}/spec.json")
         local_spec.unlink()
 
-    def start_sampler(h: Host) -> None:
-        rdir = remote_dirs[h.name]
-        sampler = (
-            f"{shlex.quote(h.spec.python)} -m commscope.sampler --iface {h.spec.exp_iface} "
-            f"--hz {int(run['sample_hz'])} --out {rdir}/counters.parquet "
-            f"--max-seconds {float(run['timeout_s']) + 30} --tag {tag}"
-        )
-        # Background only the sampler: `a && b &` would background a subshell that keeps
-        # the SSH channel's stdout open, and the call would block until the sampler exits.
-        h.run(f"cd {rdir} && (nohup setsid {sampler} > sampler.log 2>&1 < /dev/null &)")
+    socket_hz = float(run.get("socket_hz", 10))
+    pcap = bool(run.get("pcap", True))
 
-    def stop_sampler(h: Host) -> None:
+    def start_samplers(h: Host) -> dict[str, Any]:
+        """Start the counter sampler (and socket stats, packet capture when asked) in the
+        background, then take the node's first clock offset estimate."""
         rdir = remote_dirs[h.name]
-        # One round trip: signal, then wait (up to 20 s) for the atomically renamed output.
+        py = shlex.quote(h.spec.python)
+        limit = float(run["timeout_s"]) + 30
+        cmds = [
+            f"{py} -m commscope.sampler --iface {h.spec.exp_iface} --hz {int(run['sample_hz'])} "
+            f"--out {rdir}/counters.parquet --max-seconds {limit} --tag {tag} > sampler.log 2>&1"
+        ]
+        if socket_hz > 0:
+            cmds.append(
+                f"{py} -m commscope.sockstats --addr {h.spec.exp_addr} --hz {socket_hz} "
+                f"--out {rdir}/sockets.parquet --max-seconds {limit} --tag {tag} "
+                "> sockstats.log 2>&1"
+            )
+        if pcap:
+            # -Z root: write as root (tcpdump otherwise drops to user tcpdump after opening).
+            # The file name carries the tag, so the stop step can find this tcpdump.
+            cmds.append(
+                f"timeout {int(limit)} tcpdump -i {h.spec.exp_iface} -s 96 -n -Z root "
+                f"--time-stamp-precision=nano -w {rdir}/{tag}.pcap > tcpdump.log 2>&1"
+            )
+        # Background only the tools: `a && b &` would background a subshell that keeps the SSH
+        # channel's stdout open, and the call would block until the tools exit.
+        start = " ".join(f"(nohup setsid {c} < /dev/null &);" for c in cmds)
+        h.run(f"cd {rdir} && {start}")
+        if pcap:
+            # Capture must be running before training starts, or first packets are lost.
+            h.run(
+                f"for i in $(seq 50); do grep -q 'listening on' {rdir}/tcpdump.log && exit 0; "
+                f"sleep 0.1; done; echo 'tcpdump did not start:' >&2; cat {rdir}/tcpdump.log >&2;"
+                " exit 1"
+            )
+        return {"start": estimate_offset(h).as_dict()}
+
+    def stop_samplers(h: Host) -> dict[str, Any]:
+        """Take the node's last clock offset estimate, then stop the background tools."""
+        rdir = remote_dirs[h.name]
+        clock_end = estimate_offset(h).as_dict()
+        outputs = [f"{rdir}/counters.parquet"]
+        patterns = [f"{_tag_pattern('commscope.sampler')}.*{tag}"]
+        if socket_hz > 0:
+            outputs.append(f"{rdir}/sockets.parquet")
+            patterns.append(f"{_tag_pattern('commscope.sockstats')}.*{tag}")
+        if pcap:
+            patterns.append(f"{_tag_pattern('tcpdump')}.*{tag}")
+        waits = " && ".join(f"test -e {o}" for o in outputs)
+        # One round trip: signal, then wait (up to 20 s) for the atomically renamed outputs
+        # and for tcpdump to flush and exit.
         h.run(
-            f"pkill -TERM -f {_tag_pattern('commscope.sampler')}.*{tag}; "
-            f"for i in $(seq 200); do test -e {rdir}/counters.parquet && exit 0; sleep 0.1; done; "
-            f"echo 'sampler output missing' >&2",
+            "; ".join(f"pkill -TERM -f {pat}" for pat in patterns) + "; "
+            f"for i in $(seq 200); do {waits} && ! pgrep -f {patterns[-1]} >/dev/null "
+            "&& exit 0; sleep 0.1; done; echo 'sampler output missing' >&2",
             warn=True,
         )
+        return {"end": clock_end}
 
     def fetch(h: Host) -> dict[str, Any]:
         # Fetch whatever exists, also after a failure: logs explain it, nothing measured is lost.
@@ -181,22 +244,40 @@ def _run_shaped(
         for name in h.run(f"ls -1 {shlex.quote(rdir)}", warn=True).stdout.split():
             h.get(f"{rdir}/{name}", out_dir / h.name / name)
         h.run(f"rm -rf {shlex.quote(rdir)}", warn=True)
-        return {"name": h.name, "index": h.spec.index, "exp_iface": h.spec.exp_iface}
+        return {
+            "name": h.name,
+            "index": h.spec.index,
+            "exp_iface": h.spec.exp_iface,
+            "exp_addr": h.spec.exp_addr,
+        }
 
+    if pcap:
+        missing = [h.name for h in hosts if h.run("command -v tcpdump", warn=True).failed]
+        if missing:
+            raise CellFailed(
+                f"run.pcap is true but tcpdump is not installed on {', '.join(missing)}: "
+                "install it (Debian package tcpdump) or set run.pcap: false"
+            )
     on_all(hosts, prepare)
-    meta: dict[str, Any] = {"tag": tag, "shape": shape.__dict__}
+    meta: dict[str, Any] = {
+        "tag": tag,
+        "shape": shape.__dict__,
+        "captures": {"sample_hz": int(run["sample_hz"]), "socket_hz": socket_hz, "pcap": pcap},
+    }
+    names = [h.name for h in hosts]
     with shaped(hosts, shape):
-        meta["qdisc_before"] = dict(
-            zip([h.name for h in hosts], on_all(hosts, qdisc_stats), strict=True)
-        )
-        on_all(hosts, start_sampler)
+        meta["qdisc_before"] = dict(zip(names, on_all(hosts, qdisc_stats), strict=True))
+        clock_start = on_all(hosts, start_samplers)
         meta["t_start_ns"] = time.time_ns()
-        failures = _torchrun_everywhere(hosts, cluster, cell, run, remote_dirs, tag)
+        failures = _torchrun_everywhere(hosts, cluster, cell, run, remote_dirs, tag, module)
         meta["t_end_ns"] = time.time_ns()
-        meta["qdisc_after"] = dict(
-            zip([h.name for h in hosts], on_all(hosts, qdisc_stats), strict=True)
-        )
-        on_all(hosts, stop_sampler)
+        meta["qdisc_after"] = dict(zip(names, on_all(hosts, qdisc_stats), strict=True))
+        clock_end = on_all(hosts, stop_samplers)
+    meta["clock"] = {
+        # netns nodes read the host kernel's clock: the estimates only check the method.
+        "applied": cluster.backend != "netns",
+        "nodes": {n: {**a, **b} for n, a, b in zip(names, clock_start, clock_end, strict=True)},
+    }
     meta["nodes"] = on_all(hosts, fetch)
     (out_dir / "run.json").write_text(json.dumps(meta, indent=2, default=str))
     if failures:
@@ -210,16 +291,23 @@ def _torchrun_everywhere(
     run: dict[str, Any],
     remote_dirs: dict[str, str],
     tag: str,
+    module: str,
 ) -> list[str]:
     """Start torchrun on all nodes at once; return a description of each node that failed."""
 
     def launch(h: Host) -> tuple[str, int]:
         rdir = remote_dirs[h.name]
-        cmd = _torchrun_cmd(h, cluster, cell, run, f"{rdir}/spec.json", tag)
+        cmd = _torchrun_cmd(h, cluster, cell, run, f"{rdir}/spec.json", tag, module)
         env = {
             "GLOO_SOCKET_IFNAME": h.spec.exp_iface,
             "OMP_NUM_THREADS": "1",
             "PYTHONUNBUFFERED": "1",
+            # GPU runs: NCCL's own record of every collective, a second source beside our
+            # capture (parsed by commscope.importers.nccl_log). Ignored by gloo.
+            "NCCL_SOCKET_IFNAME": h.spec.exp_iface,
+            "NCCL_DEBUG": "INFO",
+            "NCCL_DEBUG_SUBSYS": "INIT,COLL",
+            "NCCL_DEBUG_FILE": f"{rdir}/nccl.%h.%p.log",
         }
         # The local `timeout` is the backstop if the remote `timeout` cannot fire (node gone).
         res = h.run(
@@ -266,8 +354,12 @@ def provision_and_run(
     run: dict[str, Any],
     out_dir: Path,
     root: Path | None = None,
+    *,
+    module: str = TRAIN_MODULE,
+    spec: dict[str, Any] | None = None,
 ) -> Path:
-    """Make sure the cluster is up with enough nodes (idempotent), then run the cell on it."""
+    """Make sure the cluster is up with enough nodes (idempotent), then run the cell on it
+    (``module`` and ``spec`` as in :func:`run_cell`)."""
     from commscope.cluster.provision import provision, state_dir
 
     root = root or Path.cwd()
@@ -277,4 +369,4 @@ def provision_and_run(
             "cell %s on %s cluster %s (%d nodes)", cell, cluster.backend, cluster.name, cluster.size
         )
         run = {**run, "connect_timeout_s": cluster_cfg.get("connect_timeout_s", 10)}
-        return run_cell(cluster, cell, model, strategy, run, out_dir)
+        return run_cell(cluster, cell, model, strategy, run, out_dir, module=module, spec=spec)

@@ -10,10 +10,23 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
+from commscope.cluster.clock import offset_at
 from commscope.config import SWEEP_AXES, cell_id
+from commscope.importers.nccl_log import load_nccl_log
+from commscope.pcap import WIRE_FLOW_COLUMNS, read_pcap, wire_flows
 from commscope.shaping import LinkShape
+from commscope.sockstats import COLUMNS as SOCKET_COLUMNS
+
+# Per table, the columns that hold a node's own clock (ns) and get its offset removed.
+_TIME_COLUMNS = {
+    "ops": ("t_issue_ns", "t_end_ns"),
+    "steps": ("t_start_ns", "t_end_ns"),
+    "counters": ("t_ns",),
+    "sockets": ("t_ns",),
+}
 
 
 def _with_params(frame: pd.DataFrame, cell: dict[str, Any]) -> pd.DataFrame:
@@ -30,6 +43,61 @@ def _concat(paths: list[Path], what: str, raw_dir: Path) -> pd.DataFrame:
     return pd.concat([pd.read_parquet(p) for p in sorted(paths)], ignore_index=True)
 
 
+def to_orchestrator_clock(
+    frame: pd.DataFrame, columns: tuple[str, ...], clock: dict[str, Any] | None
+) -> pd.DataFrame:
+    """Map each node's timestamps (``frame.node``) onto the orchestrator's clock with the
+    offsets the runner estimated (``run.json`` "clock", see commscope.cluster.clock). Nothing
+    changes when the clock is shared (netns) or was not measured. Integer ns stay exact."""
+    if not clock or not clock.get("applied") or frame.empty:
+        return frame
+    frame = frame.copy()
+    by_index = clock["by_index"]
+    for node, rows in frame.groupby("node").groups.items():
+        sample = by_index[int(node)]
+        for col in columns:
+            values = frame.loc[rows, col]
+            known = values.notna() & (values.astype("Int64") >= 0)  # -1 / null: no time
+            t = values[known].astype(np.int64).to_numpy()
+            shift = np.rint(offset_at(sample["start"], sample.get("end"), t)).astype(np.int64)
+            frame.loc[values[known].index, col] = t - shift
+    return frame
+
+
+def _pcap_flows(raw_dir: Path, nodes: list[dict[str, Any]], clock: dict | None) -> pd.DataFrame:
+    """The wire node x node flows of every node's packet capture (empty without captures)."""
+    addr_to_node = {n["exp_addr"]: int(n["index"]) for n in nodes if n.get("exp_addr")}
+    packets = {}
+    for node in nodes:
+        files = sorted((raw_dir / node["name"]).glob("*.pcap"))
+        if files:
+            frame = pd.concat([read_pcap(f) for f in files], ignore_index=True)
+            frame.insert(0, "node", int(node["index"]))
+            packets[int(node["index"])] = to_orchestrator_clock(frame, ("t_ns",), clock)
+    return wire_flows(packets, addr_to_node)
+
+
+def _nccl_ops(raw_dir: Path, ranks: list[dict[str, Any]]) -> pd.DataFrame:
+    """NCCL's own COLL log lines of a GPU run as an ops table (the second source)."""
+    logs = sorted(raw_dir.glob("*/nccl.*.log"))
+    if not logs:
+        return pd.DataFrame()
+    ops = load_nccl_log("\n".join(p.read_text(errors="replace") for p in logs))
+    # The importer numbers hosts in name order; use the cluster's own node indices.
+    host_node = {r["hostname"]: int(r["node"]) for r in ranks if r.get("hostname")}
+    hosts = sorted(host_node)
+    if not ops.empty and hosts:
+        ops["node"] = ops["node"].map(lambda i: host_node[hosts[i]] if 0 <= i < len(hosts) else i)
+    return ops
+
+
+def _clock(run_meta: dict[str, Any], node_index: dict[str, int]) -> dict[str, Any] | None:
+    clock = run_meta.get("clock")
+    if clock:
+        clock = {**clock, "by_index": {node_index[n]: v for n, v in clock["nodes"].items()}}
+    return clock
+
+
 def build_cell_tables(
     raw_dir: Path, cell: dict[str, Any], warmup_steps: int, out_dir: Path
 ) -> dict[str, Path]:
@@ -39,8 +107,11 @@ def build_cell_tables(
     run_meta = json.loads((raw_dir / "run.json").read_text())
     node_index = {n["name"]: int(n["index"]) for n in run_meta["nodes"]}
 
+    clock = _clock(run_meta, node_index)
     ops = _concat(list(raw_dir.glob("*/ops_rank*.parquet")), "ops_rank*.parquet", raw_dir)
     steps = _concat(list(raw_dir.glob("*/steps_rank*.parquet")), "steps_rank*.parquet", raw_dir)
+    ops = to_orchestrator_clock(ops, _TIME_COLUMNS["ops"], clock)
+    steps = to_orchestrator_clock(steps, _TIME_COLUMNS["steps"], clock)
     counters = []
     for path in sorted(raw_dir.glob("*/counters.parquet")):
         frame = pd.read_parquet(path)
@@ -52,6 +123,18 @@ def build_cell_tables(
     counters_df = counters_df[
         ["node", "iface", "t_ns", "tx_bytes", "rx_bytes", "tx_packets", "rx_packets"]
     ]
+    counters_df = to_orchestrator_clock(counters_df, _TIME_COLUMNS["counters"], clock)
+    sockets = []
+    for path in sorted(raw_dir.glob("*/sockets.parquet")):
+        frame = pd.read_parquet(path)
+        frame.insert(0, "node", node_index[path.parent.name])
+        sockets.append(frame)
+    sockets_df = (
+        pd.concat(sockets, ignore_index=True)
+        if sockets
+        else pd.DataFrame(columns=["node", *SOCKET_COLUMNS])
+    )
+    sockets_df = to_orchestrator_clock(sockets_df, _TIME_COLUMNS["sockets"], clock)
     ranks = sorted(
         (json.loads(p.read_text()) for p in raw_dir.glob("*/rank*.json")), key=lambda m: m["rank"]
     )
@@ -62,6 +145,9 @@ def build_cell_tables(
         "counters": out_dir / "counters.parquet",
         "train": out_dir / "train.parquet",
         "moe": out_dir / "moe.parquet",
+        "sockets": out_dir / "sockets.parquet",
+        "wire_flows": out_dir / "wire_flows.parquet",
+        "nccl_ops": out_dir / "nccl_ops.parquet",
         "cell": out_dir / "cell.json",
     }
     # Per-step loss and MoE routing: every rank writes them (empty for dense models).
@@ -82,6 +168,12 @@ def build_cell_tables(
     _with_params(counters_df.sort_values(["node", "t_ns"]), cell).to_parquet(
         paths["counters"], index=False
     )
+    _with_params(sockets_df.sort_values(["node", "t_ns"]), cell).to_parquet(
+        paths["sockets"], index=False
+    )
+    flows = _pcap_flows(raw_dir, run_meta["nodes"], clock)
+    _with_params(flows[WIRE_FLOW_COLUMNS], cell).to_parquet(paths["wire_flows"], index=False)
+    _with_params(_nccl_ops(raw_dir, ranks), cell).to_parquet(paths["nccl_ops"], index=False)
 
     shape = LinkShape(**run_meta["shape"])
     meta = {
@@ -100,6 +192,8 @@ def build_cell_tables(
         "qdisc_after": run_meta.get("qdisc_after"),
         "torch": ranks[0]["torch"] if ranks else None,
         "plan": ranks[0].get("plan") if ranks else None,
+        "captures": run_meta.get("captures"),
+        "clock": run_meta.get("clock"),
     }
     paths["cell"].write_text(json.dumps(meta, indent=2, default=str))
     return paths

@@ -13,6 +13,7 @@ import pytest
 from commscope.cluster.hosts import Cluster
 from commscope.runner import CellFailed, run_cell
 from commscope.shaping import qdisc_snapshot
+from commscope.traces import build_cell_tables
 from commscope.workload.strategies import BUILTIN_STRATEGIES, ParallelPlan
 
 pytestmark = pytest.mark.integration
@@ -43,7 +44,9 @@ def leftover_processes(cluster: Cluster) -> str:
     """commscope processes a cell on ``cluster`` left behind (a study running on another
     cluster at the same time is not ours to judge: its work directories differ)."""
     out = subprocess.run(
-        ["pgrep", "-af", "[c]ommscope.(workload|sampler)"], capture_output=True, text=True
+        ["pgrep", "-af", "[c]ommscope.(workload|sampler|sockstats)|[t]cpdump"],
+        capture_output=True,
+        text=True,
     )
     workdirs = [node.workdir for node in cluster.nodes]
     return "".join(
@@ -79,6 +82,41 @@ def test_cell_runs_and_fetches_every_nodes_traces(netns_cluster: Cluster, tmp_pa
     assert "tbf" in kinds
     counters = pd.read_parquet(out / "node0" / "counters.parquet")
     assert counters.tx_bytes.is_monotonic_increasing
+    assert_clean(netns_cluster)
+
+
+def test_cell_records_sockets_packets_and_clock(netns_cluster: Cluster, tmp_path: Path) -> None:
+    """The system-level side channels: socket stats, packet headers, clock offsets, all
+    turned into per-cell tables that agree with the counters."""
+    run = RUN | {"socket_hz": 20, "pcap": True}
+    out = run_cell(netns_cluster, cell(bw="none", steps=3), MODEL, DDP, run, tmp_path / "raw")
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["captures"] == {"sample_hz": 200, "socket_hz": 20, "pcap": True}
+    # netns nodes share the host clock: the estimates must say ~0 within their own bound.
+    assert meta["clock"]["applied"] is False
+    for sample in meta["clock"]["nodes"].values():
+        for when in ("start", "end"):
+            s = sample[when]
+            assert abs(s["offset_ns"]) <= s["uncertainty_ns"] + 1_000_000, s
+    tables = build_cell_tables(out, cell(bw="none", steps=3), 1, tmp_path / "trace")
+    sockets = pd.read_parquet(tables["sockets"])
+    assert set(sockets.node) == {0, 1}
+    # gloo's connections between the two ranks carried the gradients (3 steps of a ~120 kB
+    # all-reduce each way): the kernel acknowledged at least that much.
+    acked = sockets.groupby(["node", "src", "sport", "dst", "dport"]).bytes_acked.max()
+    assert acked.groupby(level="node").sum().min() > 3 * 100_000
+    assert (sockets.rtt_us > 0).all()
+    flows = pd.read_parquet(tables["wire_flows"])
+    assert set(zip(flows.src_node, flows.dst_node, strict=True)) == {(0, 1), (1, 0)}
+    # Every packet a node sent to the other is one it counted as tx: within the counters'
+    # total over the run (which also has ARP and the like), and most of it.
+    counters = pd.read_parquet(tables["counters"])
+    for node in (0, 1):
+        c = counters[counters.node == node]
+        tx = int(c.tx_bytes.max() - c.tx_bytes.min())
+        sent = int(flows[flows.src_node == node].bytes.sum())
+        assert 0.97 * tx <= sent <= tx, (node, sent, tx)
+    assert pd.read_parquet(tables["nccl_ops"]).empty  # gloo: no NCCL log
     assert_clean(netns_cluster)
 
 

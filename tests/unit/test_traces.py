@@ -147,6 +147,9 @@ def test_output_files(built: tuple[dict[str, Any], dict[str, Path]], tmp_path: P
         "counters": out / "counters.parquet",
         "train": out / "train.parquet",
         "moe": out / "moe.parquet",
+        "sockets": out / "sockets.parquet",
+        "wire_flows": out / "wire_flows.parquet",
+        "nccl_ops": out / "nccl_ops.parquet",
         "cell": out / "cell.json",
     }
     assert all(p.is_file() for p in paths.values())

@@ -32,6 +32,9 @@ rule parse_cell:
         counters=f"{RUNS}/{CELL}/trace/counters.parquet",
         train=f"{RUNS}/{CELL}/trace/train.parquet",
         moe=f"{RUNS}/{CELL}/trace/moe.parquet",
+        sockets=f"{RUNS}/{CELL}/trace/sockets.parquet",
+        wire_flows=f"{RUNS}/{CELL}/trace/wire_flows.parquet",
+        nccl_ops=f"{RUNS}/{CELL}/trace/nccl_ops.parquet",
         cell=f"{RUNS}/{CELL}/trace/cell.json",
     log:
         f"results/logs/parse_cell/{CELL}.log",
