@@ -13,6 +13,7 @@ import paramiko
 import pytest
 
 from commscope.cluster import netns
+from commscope.cluster.clock import estimate_offset
 from commscope.cluster.hosts import Cluster, Host, NodeSpec
 from commscope.cluster.netns import cleanup_all, list_netns, provision_netns, teardown_netns
 from commscope.shaping import LinkShape, qdisc_snapshot, shaped
@@ -189,6 +190,12 @@ def test_ssh_backend_inventory_path(netns_cluster: Cluster, tmp_path: Path) -> N
                 snap = qdisc_snapshot(host)
                 assert "exp0: tbf 1: root" in snap and "ifb0: tbf 1: root" in snap
         assert all(qdisc_snapshot(h) == "exp0: default\nifb0: default" for h in lab)
+        # Real hosts get their clock offsets estimated; these share the kernel's clock, so
+        # the estimate must be 0 within its own bound (half the best probe's round trip).
+        for host in lab:
+            sample = estimate_offset(host, probes=5)
+            assert 0 < sample.uncertainty_ns < 50_000_000
+            assert abs(sample.offset_ns) <= sample.uncertainty_ns, sample
     finally:
         for host in lab:
             host.close()
