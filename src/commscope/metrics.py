@@ -13,11 +13,14 @@ Definitions worth knowing before reading a number:
 * *framework bytes* are the payload bytes of each op's input tensor(s) as each rank recorded
   them, summed over ranks (a send and its matching recv both count, as do the n inputs of an
   n-rank all-reduce). It measures what the framework asks for, not what the wire carries.
-* *ring bytes* are what one rank must transmit for an op under the bandwidth-optimal (ring
-  and chain) algorithms. :func:`op_destinations` is the one model of who sends how much to
-  whom; :func:`ring_send_bytes` (per-rank totals), :func:`wire_vs_framework` (whose
-  inter-node part is compared with the interface counters) and :func:`comm_matrix` all
-  derive from it.
+* *modelled bytes* are what one rank must transmit for an op under the algorithm its backend
+  really runs: gloo's own algorithms (ring all-reduce, reduce-scatter as a full all-reduce,
+  binomial-tree broadcast, ...) for gloo cells, the bandwidth-optimal rings and chains that
+  NCCL uses for large messages otherwise (see docs/crossvalidation.md).
+  :func:`op_destinations` is the one model of who sends how much to whom;
+  :func:`ring_send_bytes` (per-rank totals), :func:`wire_vs_framework` (whose inter-node
+  part is compared with the interface counters), :func:`comm_matrix` and the per-cell
+  cross-validation (:func:`crosscheck`, :func:`matrix_check`) all derive from it.
 * the *communication matrix* (:func:`comm_matrix`, :func:`node_matrix`) gives those bytes
   per measured step for every (sender, receiver) pair of ranks and of nodes; its node
   diagonal is traffic inside a node, which never reaches the experiment interface.
@@ -54,6 +57,8 @@ METRIC_TABLES: tuple[str, ...] = (
     "wire",
     "comm_matrix",
     "node_matrix",
+    "crosscheck",
+    "matrix_check",
 )
 
 DEFAULT_BIN_MS: tuple[int, ...] = (1, 10, 100)
@@ -77,6 +82,14 @@ KNOWN_OPS = frozenset(
 _NS_PER_S = 1_000_000_000
 _NS_PER_MS = 1_000_000
 
+# Backends with a traffic model of their own. Anything else (nccl, an imported trace without a
+# backend) gets the ring/chain model, which is what NCCL runs for large messages.
+GLOO = "gloo"
+DEFAULT_BACKEND = "nccl"
+
+# gloo/allreduce.h: AllreduceOptions::kMaxSegmentSize, the largest single send of the ring.
+GLOO_MAX_SEGMENT_BYTES = 1024 * 1024
+
 
 # --------------------------------------------------------------------------------------------
 # Loading
@@ -96,6 +109,12 @@ class CellTraces:
     def warmup_steps(self) -> int:
         """Steps at the start of the run excluded from every summary (default 0)."""
         return int(self.meta.get("warmup_steps") or 0)
+
+    @property
+    def backend(self) -> str:
+        """The c10d backend the cell ran on (cell.json ``backend``), which picks the traffic
+        model of :func:`op_destinations`; :data:`DEFAULT_BACKEND` when not recorded."""
+        return _backend_of(self.meta)
 
     @property
     def params(self) -> dict[str, Any]:
@@ -122,6 +141,10 @@ def load_cell(cell_dir: Path) -> CellTraces:
 
 def _read_optional(path: Path) -> pd.DataFrame:
     return pd.read_parquet(path) if path.exists() else pd.DataFrame()
+
+
+def _backend_of(meta: dict[str, Any]) -> str:
+    return str(meta.get("backend") or DEFAULT_BACKEND).lower()
 
 
 # --------------------------------------------------------------------------------------------
@@ -590,39 +613,57 @@ def op_destinations(
     peer: int = -1,
     root: int = -1,
     splits: Any = None,
+    backend: str = DEFAULT_BACKEND,
+    element_size: int = 1,
 ) -> list[tuple[int, float]]:
     """Where the bytes ``rank`` transmits for one op go, as ``[(destination rank, bytes)]``.
 
-    This is commscope's single traffic model: the bandwidth-optimal algorithms (rings and
-    chains) that gloo and NCCL use for large messages. ``bytes`` (S) is the op's payload on
-    this rank as recorded in ops.parquet, ``group_ranks`` the group's global ranks ("0,2,4"
-    or a sequence) in group order, which is taken as the ring order, n their number, ``peer``
-    and ``root`` global ranks (-1 when not applicable or not recorded):
+    This is commscope's single traffic model, and it follows the algorithm the backend really
+    runs. ``bytes`` (S) is the op's payload on this rank as recorded in ops.parquet,
+    ``group_ranks`` the group's global ranks ("0,2,4" or a sequence) in group-rank order, n
+    their number, "next"/"previous" the neighbours in that order (wrapping around), ``peer``
+    and ``root`` global ranks (-1 when not applicable or not recorded), ``element_size`` the
+    bytes per tensor element (gloo rounds its segments to whole elements).
+
+    ``backend="gloo"`` (sources: pytorch torch/csrc/distributed/c10d/ProcessGroupGloo.cpp,
+    which calls facebookincubator/gloo gloo/allreduce.cc ring(), allgather.cc, broadcast.cc,
+    alltoall.cc, scatter.cc, gather.cc, reduce.cc, barrier.cc; details and links in
+    docs/crossvalidation.md):
 
     ============== =============================================================================
     op             what ``rank`` sends, and to whom
     ============== =============================================================================
-    allreduce      2(n-1)/n * S to its ring successor (ring reduce-scatter, then all-gather)
-    reduce_scatter (n-1)/n * S to its successor (S is the full input)
-    allgather      (n-1) * S to its successor (S is the local shard)
-    alltoall       S/n to every other member (n equal chunks, one stays local); exactly
-                   ``splits[j]`` to member j when the per-destination split is known
-    broadcast      chain from the root along the ring: S to its successor, except the root's
-                   ring predecessor, last in the chain, which forwards nothing
-    reduce         chain along the ring into the root: S to its successor, except the root
+    allreduce      ring reduce-scatter then ring all-gather, both to the *previous* rank
+                   (``sendRank = rank - 1``). S is cut into n chunks of m segments of at most
+                   1 MiB (m >= 2); the rank sends every chunk but its own (S - L_i), then
+                   every chunk but its previous rank's (S - L_i-1): about 2(n-1)/n * S
+    reduce_scatter ProcessGroupGloo runs a full all-reduce of the input and keeps its chunk
+                   (``reduce_scatter_tensor_coalesced``): as allreduce, S the full input
+    allgather      ring to the next rank, (n-1) * S (S is the local shard)
+    alltoall       S/n to every other member, pairwise (``splits`` exact when known)
+    broadcast      binomial tree from the root: virtual rank v = (i - root) mod n sends S
+                   to v + 2^k for every 2^k > v with v + 2^k < n
+    reduce         ring reduce-scatter to the previous rank (S - L_i), then its reduced
+                   chunk L_i straight to the root
     gather         S to the root, except the root itself
     scatter        the root sends S/n to every other member; the others send nothing
     send           S to ``peer``
-    recv, barrier  nothing: the sender accounts for a transfer; barrier payloads are a few
-                   bytes and are ignored
+    recv, barrier  nothing: the sender accounts for a transfer; gloo's barrier is a
+                   dissemination barrier of empty messages (a 48 B preamble each)
     ============== =============================================================================
 
+    Any other backend (NCCL, imported traces) gets the bandwidth-optimal rings and chains NCCL
+    runs for large messages, in group order: allreduce 2(n-1)/n * S and reduce_scatter
+    (n-1)/n * S to the next rank, allgather (n-1) * S to the next rank, broadcast a chain from
+    the root along the ring (the root's previous rank, last in the chain, forwards nothing),
+    reduce a chain into the root (every rank but the root sends S to the next rank); alltoall,
+    gather, scatter, send, recv and barrier as for gloo.
+
     A rooted op whose root is unknown (``root`` not in the group) gets the expectation over a
-    root drawn uniformly from the group: broadcast and reduce send (n-1)/n * S to the
-    successor, gather and scatter S/n to every other member. That keeps each rank's and the
-    group's expected totals, while single destinations are estimates. A rank outside its
-    group, a group of one, a send without a recorded peer, and zero-byte transfers give an
-    empty list. Unknown ops raise ``ValueError`` rather than being silently dropped.
+    root drawn uniformly from the group, which keeps each rank's and the group's expected
+    totals while single destinations are estimates. A rank outside its group, a group of one,
+    a send without a recorded peer, and zero-byte transfers give an empty list. Unknown ops
+    raise ``ValueError`` rather than being silently dropped.
     """
     if op not in KNOWN_OPS:
         raise ValueError(f"no traffic model for op {op!r}; known ops: {sorted(KNOWN_OPS)}")
@@ -635,70 +676,281 @@ def op_destinations(
     if op in ("recv", "barrier") or n <= 1 or rank not in members or not size:
         return []
     here = members.index(rank)
-    succ = members[(here + 1) % n]
+    if op == "alltoall":
+        out = _alltoall_destinations(size, members, rank, splits, group_ranks)
+    elif op == "gather" or op == "scatter":
+        out = _direct_rooted(op, size, members, rank, root)
+    elif str(backend).lower() == GLOO:
+        out = _gloo_destinations(op, size, members, here, root, element_size)
+    else:
+        out = _ring_destinations(op, size, members, here, root)
+    return _merged([(dst, b) for dst, b in out if b])
+
+
+def _merged(pairs: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """Sum the bytes of repeated destinations, keeping first-seen order."""
+    total: dict[int, float] = {}
+    for dst, b in pairs:
+        total[dst] = total.get(dst, 0.0) + b
+    return list(total.items())
+
+
+def _alltoall_destinations(
+    size: float, members: list[int], rank: int, splits: Any, group_ranks: Any
+) -> list[tuple[int, float]]:
+    n = len(members)
+    exact = _parse_splits(splits)
+    if exact is None:
+        return [(m, size / n) for m in members if m != rank]
+    if len(exact) != n:
+        raise ValueError(
+            f"{SPLIT_COLUMN} has {len(exact)} entries for a group of {n} ({group_ranks!r})"
+        )
+    return [(m, b) for m, b in zip(members, exact, strict=True) if m != rank]
+
+
+def _direct_rooted(
+    op: str, size: float, members: list[int], rank: int, root: int
+) -> list[tuple[int, float]]:
+    """gather and scatter: every backend sends directly between the root and each member."""
+    n = len(members)
     others = [m for m in members if m != rank]
-    root_known = root in members
+    if root not in members:
+        return [(m, size / n) for m in others]
+    if op == "gather":
+        return [] if rank == root else [(root, size)]
+    return [(m, size / n) for m in others] if rank == root else []
+
+
+def _ring_destinations(
+    op: str, size: float, members: list[int], here: int, root: int
+) -> list[tuple[int, float]]:
+    """The ring/chain model (NCCL for large messages): everything goes to the next rank."""
+    n = len(members)
+    succ = members[(here + 1) % n]
     if op == "allreduce":
-        out = [(succ, 2 * (n - 1) / n * size)]
-    elif op == "reduce_scatter":
-        out = [(succ, (n - 1) / n * size)]
-    elif op == "allgather":
-        out = [(succ, float((n - 1) * size))]
-    elif op == "alltoall":
-        exact = _parse_splits(splits)
-        if exact is None:
-            out = [(m, size / n) for m in others]
-        elif len(exact) != n:
-            raise ValueError(
-                f"{SPLIT_COLUMN} has {len(exact)} entries for a group of {n} ({group_ranks!r})"
-            )
-        else:
-            out = [(m, b) for m, b in zip(members, exact, strict=True) if m != rank]
-    elif op in ("broadcast", "reduce"):
-        if not root_known:
-            out = [(succ, (n - 1) / n * size)]
-        elif op == "broadcast":
-            last = members[(members.index(root) - 1) % n]
-            out = [] if rank == last else [(succ, size)]
-        else:
-            out = [] if rank == root else [(succ, size)]
-    elif op == "gather" and root_known:
-        out = [] if rank == root else [(root, size)]
-    elif op == "scatter" and root_known:
-        out = [(m, size / n) for m in others] if rank == root else []
-    else:  # gather or scatter with the root unknown
-        out = [(m, size / n) for m in others]
-    return [(dst, b) for dst, b in out if b]
+        return [(succ, 2 * (n - 1) / n * size)]
+    if op == "reduce_scatter":
+        return [(succ, (n - 1) / n * size)]
+    if op == "allgather":
+        return [(succ, float((n - 1) * size))]
+    # broadcast or reduce
+    if root not in members:
+        return [(succ, (n - 1) / n * size)]
+    rank = members[here]
+    if op == "broadcast":
+        last = members[(members.index(root) - 1) % n]
+        return [] if rank == last else [(succ, size)]
+    return [] if rank == root else [(succ, size)]
 
 
-def ring_send_bytes(op: str, bytes: float, group_size: int, is_root: bool | None = None) -> float:
+def _gloo_destinations(
+    op: str, size: float, members: list[int], here: int, root: int, element_size: int
+) -> list[tuple[int, float]]:
+    """gloo's algorithms (see :func:`op_destinations`); ``here`` is the context rank."""
+    n = len(members)
+    prev = members[(here - 1) % n]
+    if op in ("allreduce", "reduce_scatter"):
+        chunks = gloo_ring_chunks(size, n, element_size)
+        total = float(sum(chunks))
+        # Reduce-scatter: every chunk but its own; all-gather: every chunk but prev's.
+        return [(prev, 2 * total - chunks[here] - chunks[(here - 1) % n])]
+    if op == "allgather":
+        return [(members[(here + 1) % n], float((n - 1) * size))]
+    roots = [members.index(root)] if root in members else list(range(n))
+    weight = 1.0 / len(roots)
+    out: list[tuple[int, float]] = []
+    for r in roots:
+        if op == "broadcast":
+            vrank = (here - r) % n
+            out += [(members[(v + r) % n], size * weight) for v in _binomial_children(vrank, n)]
+        else:  # reduce: ring reduce-scatter, then each reduced chunk straight to the root
+            chunks = gloo_ring_chunks(size, n, element_size)
+            out.append((prev, (float(sum(chunks)) - chunks[here]) * weight))
+            if here != r:
+                out.append((members[r], chunks[here] * weight))
+    return out
+
+
+def _binomial_children(vrank: int, n: int) -> list[int]:
+    """Virtual ranks that ``vrank`` sends to in gloo's binomial-tree broadcast (root = 0).
+
+    gloo/broadcast.cc: in round k (k = 0 .. ceil(log2 n) - 1) the ranks below 2^(k+1) take
+    part and those with bit k clear send to their partner with bit k set.
+    """
+    children = []
+    k = 0
+    while (1 << k) < n:
+        if vrank < (1 << k) and vrank + (1 << k) < n:
+            children.append(vrank + (1 << k))
+        k += 1
+    return children
+
+
+def gloo_ring_chunks(size: float, n: int, element_size: int = 1) -> list[int]:
+    """Bytes of each of the n chunks gloo's ring all-reduce cuts ``size`` bytes into.
+
+    From gloo/allreduce.cc ``ring()``: the buffer is split into ``numSegments`` segments, at
+    least 2n and a multiple of n, of ``segmentBytes`` = ceil(S / numSegments) rounded up to
+    whole elements and at most 1 MiB (:data:`GLOO_MAX_SEGMENT_BYTES`); chunk i is segments
+    i*m .. i*m+m-1 (m = numSegments / n), clipped at the end of the buffer, so the last chunks
+    can be shorter or empty. The chunks sum to S.
+    """
+    total = int(round(float(size)))
+    elem = max(int(element_size), 1)
+    if n <= 0 or total <= 0:
+        return [0] * max(n, 0)
+    max_segment = elem * max(1, GLOO_MAX_SEGMENT_BYTES // elem)
+    num_segments = _round_up(max(-(-total // max_segment), 2 * n), n)
+    segment = _round_up(-(-total // num_segments), elem)
+    per_rank = num_segments // n
+    chunk = per_rank * segment
+    return [min(chunk, max(total - i * chunk, 0)) for i in range(n)]
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+# gloo/transport/tcp/pair.h: every message starts with an Op preamble of six size_t fields
+# (nbytes, opcode, slot, offset, length, roffset) = 48 bytes, zero-length messages included.
+GLOO_PREAMBLE_BYTES = 48
+# gloo/transport/tcp/pair.cc: Pair::send() always writes NOTIFY_SEND_READY and then the data
+# (two preambles from the sender); Pair::recv() always writes NOTIFY_RECV_READY (one preamble
+# from the receiver back to the sender).
+GLOO_SENDER_PREAMBLES = 2
+GLOO_RECEIVER_PREAMBLES = 1
+
+
+def op_messages(
+    op: str,
+    bytes: float,
+    group_ranks: Any,
+    rank: int,
+    peer: int = -1,
+    root: int = -1,
+    backend: str = DEFAULT_BACKEND,
+    element_size: int = 1,
+) -> list[tuple[int, float]]:
+    """How many messages ``rank`` sends for one op, and to whom: ``[(destination, count)]``.
+
+    The companion of :func:`op_destinations` (same arguments, same algorithms), for the
+    per-message protocol overhead (:data:`GLOO_PREAMBLE_BYTES` under gloo). Only gloo is
+    modelled; other backends give an empty list. Under gloo: allreduce and reduce_scatter
+    send one message per non-empty ring segment (see :func:`gloo_ring_chunks`) in each phase;
+    allgather 2(n-1) (each shard in two halves); alltoall one to every other member;
+    broadcast one per tree child; reduce its ring segments plus one to the root; gather one
+    to the root; scatter one from the root to every other member; send one; barrier
+    ceil(log2 n) empty messages to rank + 1, + 2, + 4, ... (dissemination); recv none. A
+    rooted op with an unknown root gets the expectation over roots.
+    """
+    if op not in KNOWN_OPS:
+        raise ValueError(f"no traffic model for op {op!r}; known ops: {sorted(KNOWN_OPS)}")
+    if str(backend).lower() != GLOO:
+        return []
+    if op == "send":
+        return [(int(peer), 1.0)] if int(peer) >= 0 else []
+    members = _parse_ranks(group_ranks)
+    rank, root = int(rank), int(root)
+    n = len(members)
+    if op == "recv" or n <= 1 or rank not in members:
+        return []
+    here = members.index(rank)
+    prev, succ = members[(here - 1) % n], members[(here + 1) % n]
+    if op == "barrier":
+        out, d = [], 1
+        while d < n:
+            out.append((members[(here + d) % n], 1.0))
+            d <<= 1
+        return _merged(out)
+    if op == "allgather":
+        return [(succ, 2.0 * (n - 1))]
+    if op == "alltoall":
+        return [(m, 1.0) for m in members if m != rank]
+    if op in ("allreduce", "reduce_scatter"):
+        counts = _gloo_ring_segment_counts(bytes, n, element_size)
+        total = sum(counts)
+        return [(prev, float(2 * total - counts[here] - counts[(here - 1) % n]))]
+    roots = [members.index(root)] if root in members else list(range(n))
+    weight = 1.0 / len(roots)
+    out = []
+    for r in roots:
+        if op == "broadcast":
+            vrank = (here - r) % n
+            out += [(members[(v + r) % n], weight) for v in _binomial_children(vrank, n)]
+        elif op == "reduce":
+            counts = _gloo_ring_segment_counts(bytes, n, element_size)
+            out.append((prev, (sum(counts) - counts[here]) * weight))
+            if here != r:
+                out.append((members[r], weight))
+        elif op == "gather":
+            if here != r:
+                out.append((members[r], weight))
+        elif here == r:  # scatter
+            out += [(m, weight) for m in members if m != rank]
+    return _merged([(dst, c) for dst, c in out if c])
+
+
+def _gloo_ring_segment_counts(size: float, n: int, element_size: int = 1) -> list[int]:
+    """Non-empty ring segments in each of the n chunks of :func:`gloo_ring_chunks`."""
+    total = int(round(float(size)))
+    if n <= 0 or total <= 0:
+        return [0] * max(n, 0)
+    elem = max(int(element_size), 1)
+    max_segment = elem * max(1, GLOO_MAX_SEGMENT_BYTES // elem)
+    num_segments = _round_up(max(-(-total // max_segment), 2 * n), n)
+    segment = _round_up(-(-total // num_segments), elem)
+    per_rank = num_segments // n
+    non_empty = -(-total // segment)
+    return [min(per_rank, max(non_empty - i * per_rank, 0)) for i in range(n)]
+
+
+def ring_send_bytes(
+    op: str,
+    bytes: float,
+    group_size: int,
+    is_root: bool | None = None,
+    backend: str = DEFAULT_BACKEND,
+) -> float:
     """Bytes one rank transmits for one op, knowing only the group size and, for rooted ops,
     whether the rank is the root: the total of :func:`op_destinations` over its destinations.
 
-    With S = ``bytes`` and n = ``group_size`` this gives allreduce 2(n-1)/n * S,
+    With S = ``bytes`` and n = ``group_size`` the default (ring/chain) backend gives
+    allreduce 2(n-1)/n * S,
     reduce_scatter and alltoall (n-1)/n * S, allgather (n-1) * S, send S, recv and barrier 0;
     for rooted ops: scatter root (n-1)/n * S, others 0; broadcast root S, others
     (n-2)/(n-1) * S (a non-root's place in the chain is unknown here, so this is the mean over
     the non-root places: every rank but the last forwards S once); reduce and gather root 0,
     others S. With ``is_root=None`` (root unknown) rooted ops give the expected share
     (n-1)/n * S. Whatever the algorithm, a rooted op moves (n-1) chunks over the group in
-    total. A group of one sends nothing.
+    total. A group of one sends nothing. ``backend="gloo"`` uses gloo's algorithms (e.g.
+    reduce_scatter sends what an all-reduce of S sends, 2(n-1)/n * S).
     """
     n = max(int(group_size), 1)
     members = list(range(n))
+    kw = {"backend": backend}
     if op in _ROOTED_OPS and is_root is not None and n > 1:
         # Rank 0 plays the root; a non-root averages over the places it could hold.
         if is_root:
-            return _sent_total(op, bytes, members, rank=0, root=0)
+            return _sent_total(op, bytes, members, rank=0, root=0, **kw)
         places = members[1:]
-        return sum(_sent_total(op, bytes, members, rank=r, root=0) for r in places) / len(places)
-    return _sent_total(op, bytes, members, rank=0, peer=1)
+        return sum(_sent_total(op, bytes, members, rank=r, root=0, **kw) for r in places) / len(
+            places
+        )
+    return _sent_total(op, bytes, members, rank=0, peer=1, **kw)
 
 
 def _sent_total(
-    op: str, bytes: float, members: Sequence[int], rank: int, peer: int = -1, root: int = -1
+    op: str,
+    bytes: float,
+    members: Sequence[int],
+    rank: int,
+    peer: int = -1,
+    root: int = -1,
+    backend: str = DEFAULT_BACKEND,
 ) -> float:
-    return float(sum(b for _, b in op_destinations(op, bytes, members, rank, peer, root)))
+    dests = op_destinations(op, bytes, members, rank, peer, root, backend=backend)
+    return float(sum(b for _, b in dests))
 
 
 def _parse_splits(splits: Any) -> list[float] | None:
@@ -726,15 +978,25 @@ def _ranks_key(group_ranks: Any) -> str | None:
     return ",".join(map(str, members)) if members else None
 
 
-def _sends(ops: pd.DataFrame, extra_keys: Sequence[str] = ()) -> pd.DataFrame:
-    """Every transfer the op records imply, summed over identical records.
+def _sends(
+    ops: pd.DataFrame,
+    extra_keys: Sequence[str] = (),
+    backend: str = DEFAULT_BACKEND,
+    with_messages: bool = False,
+) -> pd.DataFrame:
+    """Every transfer the op records imply under ``backend``'s algorithms, summed over
+    identical records.
 
     One row per (sender ``rank``, ``dst_rank``, ``op``, ``extra_keys``...) with ``bytes``
     summed over all matching records of ``ops`` and ``estimated`` true when the bytes come
     from a rooted op whose root was not recorded (see :func:`op_destinations`). Each record
     counts once, as its own rank's sends: a recv adds nothing, its send carries the bytes.
+    ``with_messages`` adds a ``messages`` column (:func:`op_messages`) and keeps transfers
+    that carry messages but no payload (gloo barriers).
     """
     cols = ["rank", "dst_rank", "op", *extra_keys, "bytes", "estimated"]
+    if with_messages:
+        cols.append("messages")
     if ops.empty:
         return pd.DataFrame(columns=cols)
     frame = pd.DataFrame(
@@ -748,21 +1010,45 @@ def _sends(ops: pd.DataFrame, extra_keys: Sequence[str] = ()) -> pd.DataFrame:
             "peer": _rank_column(ops, "peer"),
             "root": _rank_column(ops, "root"),
             "splits": _hashable(ops[SPLIT_COLUMN], _splits_key) if SPLIT_COLUMN in ops else None,
+            "element_size": _element_sizes(ops),
             **{k: ops[k] for k in extra_keys},
         },
         index=ops.index,
     )
     # Ops repeat identically every step: model each distinct kind once, then weight by count.
-    keys = ["rank", "op", "size", "group_ranks", "peer", "root", "splits", *extra_keys]
+    keys = ["rank", "op", "size", "group_ranks", "peer", "root", "splits", "element_size"]
+    keys += list(extra_keys)
     kinds = frame.groupby(keys, sort=False, dropna=False).size().rename("n").reset_index()
     records = []
     for kind in kinds.itertuples(index=False, name=None):
-        rank, op, size, group_ranks, peer, root, splits, *extra, n = kind
-        dests = op_destinations(op, size, group_ranks, rank, peer, root, splits)
+        rank, op, size, group_ranks, peer, root, splits, elem, *extra, n = kind
+        dests = op_destinations(
+            op, size, group_ranks, rank, peer, root, splits, backend=backend, element_size=elem
+        )
         estimated = op in _ROOTED_OPS and int(root) not in _parse_ranks(group_ranks)
-        records += [(int(rank), int(dst), op, *extra, b * n, estimated) for dst, b in dests]
+        if not with_messages:
+            records += [(int(rank), int(dst), op, *extra, b * n, estimated) for dst, b in dests]
+            continue
+        counts = dict(
+            op_messages(op, size, group_ranks, rank, peer, root, backend, element_size=elem)
+        )
+        payload = dict(dests)
+        for dst in dict.fromkeys([*payload, *counts]):
+            b, c = payload.get(dst, 0.0) * n, counts.get(dst, 0.0) * n
+            records.append((int(rank), int(dst), op, *extra, b, estimated, c))
     out = pd.DataFrame(records, columns=cols)
     return out.astype({"rank": "int64", "dst_rank": "int64", "bytes": "float64"})
+
+
+def _element_sizes(ops: pd.DataFrame) -> pd.Series | int:
+    """Bytes per element of each op (``bytes / numel``; 1 where unknown), which sets how gloo
+    rounds its ring segments."""
+    if "numel" not in ops:
+        return 1
+    numel = pd.to_numeric(ops["numel"], errors="coerce").fillna(0).astype("int64")
+    size = pd.to_numeric(ops["bytes"], errors="coerce").fillna(0).astype("int64")
+    ratio = size // numel.where(numel > 0, 1)
+    return ratio.where((numel > 0) & (ratio > 0), 1).astype("int64")
 
 
 def _hashable(values: pd.Series, canonical: Callable[[Any], str | None]) -> pd.Series:
@@ -893,7 +1179,7 @@ def _framework_tx_per_node(ops: pd.DataFrame, meta: dict[str, Any]) -> pd.DataFr
     if ops.empty:
         return pd.DataFrame(columns=cols)
     place = _Placement.from_ops(ops, meta.get("params", {}).get("ranks_per_node"))
-    sends = _sends(ops)
+    sends = _sends(ops, backend=_backend_of(meta))
     src = sends["rank"].map(place.node)
     # A destination that cannot be placed (-1) counts as remote, like any other node.
     remote = src != sends["dst_rank"].map(place.node)
@@ -949,6 +1235,7 @@ def comm_matrix(
     ops: pd.DataFrame,
     warmup_steps: int = 0,
     measured_steps: Iterable[int] | None = None,
+    backend: str = DEFAULT_BACKEND,
 ) -> pd.DataFrame:
     """Rank x rank communication matrix: bytes each rank sends to each other rank per step.
 
@@ -963,6 +1250,8 @@ def comm_matrix(
     trace, ranks that issued no op are placed by the ``ranks_per_node`` column (-1 when it is
     absent). Rows are sparse: only pairs that exchanged bytes appear. A rooted op whose root
     was not recorded contributes its expected share (see :func:`op_destinations`).
+    ``backend`` picks the algorithms (cell.json ``backend``; gloo and NCCL differ, e.g. in
+    reduce_scatter volume and ring direction).
 
     Columns: cell params, src_rank, dst_rank, src_node, dst_node, op, [group_kind,] bytes
     (group_kind only when ``ops`` has that column).
@@ -979,7 +1268,7 @@ def comm_matrix(
             steps = {s for s in fixed_steps if s >= 0}
         if not steps:
             continue
-        sends = _sends(cell_ops[cell_ops["step"].isin(steps)], extra)
+        sends = _sends(cell_ops[cell_ops["step"].isin(steps)], extra, backend)
         if sends.empty:
             continue
         # Placed from the whole cell, so a rank only seen outside measured steps still maps.
@@ -1030,6 +1319,417 @@ def node_traffic_split(node_mat: pd.DataFrame) -> tuple[float, float]:
     return float(node_mat.loc[~diagonal, "bytes"].sum()), float(
         node_mat.loc[diagonal, "bytes"].sum()
     )
+
+
+# --------------------------------------------------------------------------------------------
+# Cross-validation: the wire against the recorded ops, per node and per node pair
+# --------------------------------------------------------------------------------------------
+
+# Header bytes each packet the interface counts carries: Ethernet 14 + IPv4 20 + TCP 20 + 12
+# of timestamp option (Linux default). With GSO/TSO on veth one counted packet is one
+# super-packet with one header set; an ACK-only packet is this header alone.
+HEADER_BYTES_PER_PACKET = 14 + 20 + 32
+
+# Largest |unexplained remainder| accepted, as a fraction of the framework-implied bytes, and
+# an absolute floor per node, direction and measured step for nodes that move little. Measured
+# over the default study and justified in docs/crossvalidation.md.
+CROSSCHECK_TOLERANCE = 0.02
+CROSSCHECK_FLOOR_BYTES_PER_STEP = 4096
+
+_PACKET_COLUMNS = ("tx_packets", "rx_packets")
+
+CROSSCHECK_COLUMNS = [
+    "node",
+    "direction",
+    "backend",
+    "window_start_ns",
+    "window_end_ns",
+    "measured_steps",
+    "wire_bytes",
+    "wire_packets",
+    "framework_bytes",
+    "ratio",
+    "remainder_bytes",
+    "remainder_bytes_per_step",
+    "header_bytes",
+    "protocol_bytes",
+    "unexplained_bytes",
+    "unexplained_bytes_per_step",
+    "unexplained_fraction",
+    "tolerance_bytes",
+    "passed",
+]
+
+
+def framework_node_bytes(
+    ops: pd.DataFrame, backend: str = DEFAULT_BACKEND, ranks_per_node: Any = None
+) -> pd.DataFrame:
+    """Per node, the bytes its ranks send to and receive from ranks on *other* nodes under
+    :func:`op_destinations` (what its experiment interface must carry as payload), and the
+    protocol bytes of the messages that carry them: under gloo each message costs its sender
+    two 48 B preambles (send-ready notice, data header) and its receiver one (recv-ready
+    notice), see :func:`op_messages`; 0 for backends without a message model.
+
+    ``ops`` is one cell's ops, already cut to the window of interest. Traffic between ranks of
+    one node goes over loopback and is left out. A rank that cannot be placed counts as
+    remote.
+
+    Columns: node, framework_tx_bytes, framework_rx_bytes, protocol_tx_bytes,
+    protocol_rx_bytes.
+    """
+    cols = [
+        "node",
+        "framework_tx_bytes",
+        "framework_rx_bytes",
+        "protocol_tx_bytes",
+        "protocol_rx_bytes",
+    ]
+    if ops.empty:
+        return pd.DataFrame(columns=cols)
+    place = _Placement.from_ops(ops, ranks_per_node)
+    sends = _sends(ops, backend=backend, with_messages=True)
+    src = sends["rank"].map(place.node)
+    dst = sends["dst_rank"].map(place.node)
+    remote = src != dst
+    payload = sends["bytes"].where(remote, 0.0)
+    messages = sends["messages"].where(remote, 0.0)
+    sent, received = messages.groupby(src).sum(), messages.groupby(dst).sum()
+    sums = {
+        "framework_tx_bytes": payload.groupby(src).sum(),
+        "framework_rx_bytes": payload.groupby(dst).sum(),
+        "protocol_tx_bytes": _protocol_bytes(sent, received),
+        "protocol_rx_bytes": _protocol_bytes(received, sent),
+    }
+    nodes = set(place.recorded.values())
+    for series in sums.values():
+        nodes |= {int(v) for v in series.index}
+    nodes = sorted(n for n in nodes if n >= 0)
+    out = pd.DataFrame({"node": nodes})
+    for col, series in sums.items():
+        out[col] = series.reindex(nodes, fill_value=0.0).to_numpy(dtype="float64")
+    return out[cols]
+
+
+def _protocol_bytes(own: pd.Series, reverse: pd.Series) -> pd.Series:
+    """Preamble bytes on a link direction carrying ``own`` messages one way and acknowledging
+    ``reverse`` messages coming the other way (gloo's TCP transport; 0 for other backends,
+    whose message counts are 0)."""
+    own, reverse = own.align(reverse, fill_value=0.0)
+    return GLOO_PREAMBLE_BYTES * (GLOO_SENDER_PREAMBLES * own + GLOO_RECEIVER_PREAMBLES * reverse)
+
+
+def wire_counts(counters: pd.DataFrame, window: tuple[int, int]) -> pd.DataFrame:
+    """Bytes and packets each node's interface(s) sent and received inside ``window``
+    (cumulative counters interpolated at both edges, interfaces summed; packets are 0 when the
+    counters lack packet columns). ``counters`` must hold a single cell.
+
+    Columns: node, tx_bytes, rx_bytes, tx_packets, rx_packets, covered.
+    """
+    cols = ["node", "tx_bytes", "rx_bytes", "tx_packets", "rx_packets", "covered"]
+    if counters.empty:
+        return pd.DataFrame(columns=cols)
+    edges = np.asarray(window, dtype="int64")
+    present = [c for c in (*_COUNTER_BYTES, *_PACKET_COLUMNS) if c in counters.columns]
+    iface_key = "iface" if "iface" in counters.columns else None
+    keys = ["node", iface_key] if iface_key else ["node"]
+    records: dict[int, dict[str, Any]] = {}
+    for key, sub in counters.groupby(keys, sort=True):
+        node = int(key[0] if isinstance(key, tuple) else key)
+        series = _CounterSeries.from_frame(sub, present)
+        rec = records.setdefault(node, {c: 0.0 for c in cols[1:-1]} | {"covered": True})
+        for col in present:
+            rec[col] += float(np.diff(series.at(col, edges))[0])
+        rec["covered"] &= bool(series.t_ns[0] <= edges[0] and series.t_ns[-1] >= edges[1])
+    out = pd.DataFrame([{"node": n, **r} for n, r in records.items()])
+    return out[cols]
+
+
+def _ops_in_window(ops: pd.DataFrame, window: tuple[int, int]) -> pd.DataFrame:
+    """The op records whose transfers happen inside ``window`` (the counters' window).
+
+    No byte of an op moves before every member has issued it (gloo posts a send-ready
+    notice and waits for the peer's recv-ready one), so an op instance is placed at its last
+    member's issue time and all its records are kept or dropped together. An instance is a
+    collective's (``group``, ``seq``) or a send/recv pair's (``group``, sender, receiver,
+    ``seq``). Without those columns each record is placed at its own issue time. This keeps a
+    collective that one rank issued just before the window (pipeline stages start their steps
+    at different times) from counting on one side only.
+    """
+    if ops.empty:
+        return ops
+    issued = pd.to_numeric(ops["t_issue_ns"], errors="coerce")
+    if {"group", "seq", "op", "rank", "peer"} <= set(ops.columns):
+        p2p = ops["op"].isin(P2P_OPS)
+        is_send = ops["op"] == "send"
+        sender = ops["rank"].where(is_send | ~p2p, ops["peer"]).where(p2p, -1)
+        receiver = ops["peer"].where(is_send, ops["rank"]).where(p2p, -1)
+        key = pd.DataFrame(
+            {
+                "group": ops["group"].astype(str),
+                "sender": sender.astype("int64"),
+                "receiver": receiver.astype("int64"),
+                "seq": ops["seq"].astype("int64"),
+            },
+            index=ops.index,
+        )
+        issued = issued.groupby([key[c] for c in key.columns], dropna=False).transform("max")
+    return ops[(issued >= window[0]) & (issued <= window[1])]
+
+
+def _tolerance_bytes(framework: np.ndarray, steps: int, tolerance: float) -> np.ndarray:
+    return np.maximum(tolerance * framework, CROSSCHECK_FLOOR_BYTES_PER_STEP * max(steps, 1))
+
+
+def crosscheck(
+    traces: CellTraces,
+    tolerance: float = CROSSCHECK_TOLERANCE,
+    backend: str | None = None,
+) -> pd.DataFrame:
+    """Wire bytes against the bytes the recorded ops imply, per node and direction.
+
+    Over the training window (:func:`training_window`: first measured step's start to the
+    last step's end), for each node and direction (``tx``, ``rx``):
+
+    * ``wire_bytes``, ``wire_packets``: the interface counters' increase in the window;
+    * ``framework_bytes``: payload the ops issued in the window imply for that node under the
+      backend's algorithms (:func:`framework_node_bytes`); ``backend`` overrides cell.json's;
+    * ``ratio`` = wire / framework; ``remainder_bytes`` = wire - framework (and per measured
+      step);
+    * ``header_bytes`` = :data:`HEADER_BYTES_PER_PACKET` x packets: every counted packet
+      (a GSO super-packet or an ACK) carries one Ethernet+IPv4+TCP header set;
+    * ``protocol_bytes``: the backend's per-message framing (gloo: 2 x 48 B preambles per
+      message sent, 1 x 48 B per message received, :func:`framework_node_bytes`);
+    * ``unexplained_bytes`` = remainder - headers - protocol (and per step),
+      ``unexplained_fraction`` = unexplained / framework: what neither the ops nor the
+      headers account for (store traffic, retransmissions after drops, ops missing from the
+      trace, interpolation at the window edges);
+    * ``passed``: |unexplained| <= ``tolerance_bytes`` = max(``tolerance`` x framework,
+      :data:`CROSSCHECK_FLOOR_BYTES_PER_STEP` x measured steps).
+
+    A cell without counters or measured steps gives an empty table with these columns.
+
+    Columns: cell params, node, direction, backend, window_start_ns, window_end_ns,
+    measured_steps, wire_bytes, wire_packets, framework_bytes, ratio, remainder_bytes,
+    remainder_bytes_per_step, header_bytes, protocol_bytes, unexplained_bytes,
+    unexplained_bytes_per_step, unexplained_fraction, tolerance_bytes, passed.
+    """
+    params = traces.params
+    empty = pd.DataFrame(columns=[*params, *CROSSCHECK_COLUMNS])
+    st = step_times(traces.steps, traces.warmup_steps)
+    if st.empty or traces.counters.empty:
+        return empty
+    window = training_window(st)
+    n_steps = int((~st["warmup"].astype(bool)).sum()) or len(st)
+    backend = backend or traces.backend
+    framework = framework_node_bytes(
+        _ops_in_window(traces.ops, window), backend, params.get("ranks_per_node")
+    )
+    wire = wire_counts(traces.counters, window)
+    merged = pd.merge(wire, framework, on="node", how="outer").sort_values("node")
+    merged = merged.fillna({c: 0.0 for c in merged.columns if c not in ("node", "covered")})
+    frames = []
+    for direction in ("tx", "rx"):
+        wire_b = merged[f"{direction}_bytes"].astype("float64").to_numpy()
+        packets = merged[f"{direction}_packets"].astype("float64").to_numpy()
+        fw = merged[f"framework_{direction}_bytes"].astype("float64").to_numpy()
+        remainder = wire_b - fw
+        headers = HEADER_BYTES_PER_PACKET * packets
+        protocol = merged[f"protocol_{direction}_bytes"].astype("float64").to_numpy()
+        unexplained = remainder - headers - protocol
+        allowed = _tolerance_bytes(fw, n_steps, tolerance)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(fw > 0, wire_b / fw, np.nan)
+            fraction = np.where(fw > 0, unexplained / fw, np.nan)
+        frames.append(
+            pd.DataFrame(
+                {
+                    "node": merged["node"].astype("int64").to_numpy(),
+                    "direction": direction,
+                    "backend": backend,
+                    "window_start_ns": window[0],
+                    "window_end_ns": window[1],
+                    "measured_steps": n_steps,
+                    "wire_bytes": wire_b,
+                    "wire_packets": packets,
+                    "framework_bytes": fw,
+                    "ratio": ratio,
+                    "remainder_bytes": remainder,
+                    "remainder_bytes_per_step": remainder / n_steps,
+                    "header_bytes": headers,
+                    "protocol_bytes": protocol,
+                    "unexplained_bytes": unexplained,
+                    "unexplained_bytes_per_step": unexplained / n_steps,
+                    "unexplained_fraction": fraction,
+                    "tolerance_bytes": allowed,
+                    "passed": np.abs(unexplained) <= allowed,
+                }
+            )
+        )
+    out = pd.concat(frames, ignore_index=True)
+    return _with_params(params, out[CROSSCHECK_COLUMNS])
+
+
+# Packet-header capture of a cell (optional), next to its other trace tables.
+WIRE_FLOWS_FILE = "wire_flows.parquet"
+WIRE_FLOW_COLUMNS = ["t_ns", "src_node", "dst_node", "bytes", "packets"]
+
+MATRIX_CHECK_COLUMNS = [
+    "src_node",
+    "dst_node",
+    "backend",
+    "measured_steps",
+    "framework_bytes",
+    "wire_bytes",
+    "wire_packets",
+    "header_bytes",
+    "protocol_bytes",
+    "wire_payload_bytes",
+    "ratio",
+    "unexplained_bytes",
+    "tolerance_bytes",
+    "passed",
+]
+
+
+def matrix_check(
+    traces: CellTraces,
+    wire_flows: pd.DataFrame,
+    tolerance: float = CROSSCHECK_TOLERANCE,
+    backend: str | None = None,
+) -> pd.DataFrame:
+    """The framework-derived node x node matrix against the one captured on the wire.
+
+    ``wire_flows`` is ``trace/wire_flows.parquet`` (packet headers captured on the
+    experiment interfaces, one row per 1 ms bin and node pair: ``t_ns`` bin start on the
+    counters' clock, ``src_node``, ``dst_node``, ``bytes`` = IP total length + 14 B Ethernet
+    header, ``packets``). Over the training window (bins starting inside it), for every
+    ordered pair of distinct nodes: ``framework_bytes`` the ops issued in the window send from
+    src to dst under the backend's algorithms (:func:`op_destinations`), ``wire_bytes`` and
+    ``wire_packets`` captured, ``header_bytes`` = :data:`HEADER_BYTES_PER_PACKET` x packets
+    (ACKs for the reverse direction are headers only, so they drop out here),
+    ``protocol_bytes`` the backend's message framing (as in :func:`crosscheck`),
+    ``wire_payload_bytes`` = wire - headers, ``ratio`` = payload / framework,
+    ``unexplained_bytes`` = payload - protocol - framework and ``passed`` against the same
+    tolerance as :func:`crosscheck`. Without captured flows (capture off, an empty file) the
+    table is empty with these columns.
+
+    Columns: cell params, src_node, dst_node, backend, measured_steps, framework_bytes,
+    wire_bytes, wire_packets, header_bytes, protocol_bytes, wire_payload_bytes, ratio,
+    unexplained_bytes, tolerance_bytes, passed.
+    """
+    params = traces.params
+    empty = pd.DataFrame(columns=[*params, *MATRIX_CHECK_COLUMNS])
+    st = step_times(traces.steps, traces.warmup_steps)
+    if wire_flows is None or wire_flows.empty or st.empty:
+        return empty
+    window = training_window(st)
+    n_steps = int((~st["warmup"].astype(bool)).sum()) or len(st)
+    backend = backend or traces.backend
+    in_window = wire_flows[(wire_flows["t_ns"] >= window[0]) & (wire_flows["t_ns"] < window[1])]
+    wire = (
+        in_window.groupby(["src_node", "dst_node"])[["bytes", "packets"]]
+        .sum()
+        .rename(columns={"bytes": "wire_bytes", "packets": "wire_packets"})
+    )
+    ops = _ops_in_window(traces.ops, window)
+    framework = protocol = pd.Series(dtype="float64")
+    place = _Placement.from_ops(traces.ops, params.get("ranks_per_node"))
+    if not ops.empty:
+        sends = _sends(ops, backend=backend, with_messages=True)
+        sends["src_node"] = sends["rank"].map(place.node)
+        sends["dst_node"] = sends["dst_rank"].map(place.node)
+        framework = sends.groupby(["src_node", "dst_node"])["bytes"].sum()
+        messages = sends.groupby(["src_node", "dst_node"])["messages"].sum()
+        reverse = messages.copy()
+        reverse.index = reverse.index.swaplevel()
+        protocol = _protocol_bytes(messages, reverse)
+    nodes = set(range(_positive_int(params.get("nodes")))) | set(place.recorded.values())
+    nodes |= {int(v) for v in wire.index.get_level_values(0)}
+    nodes |= {int(v) for v in wire.index.get_level_values(1)}
+    pairs = [(a, b) for a in sorted(nodes) for b in sorted(nodes) if a != b and a >= 0 and b >= 0]
+    grid = pd.MultiIndex.from_tuples(pairs, names=["src_node", "dst_node"])
+    out = pd.DataFrame(index=grid)
+    out["framework_bytes"] = framework.reindex(grid, fill_value=0.0).astype("float64")
+    out["wire_bytes"] = wire["wire_bytes"].reindex(grid, fill_value=0).astype("float64")
+    out["wire_packets"] = wire["wire_packets"].reindex(grid, fill_value=0).astype("float64")
+    out = out.reset_index()
+    out["backend"] = backend
+    out["measured_steps"] = n_steps
+    out["header_bytes"] = HEADER_BYTES_PER_PACKET * out["wire_packets"]
+    out["protocol_bytes"] = protocol.reindex(grid, fill_value=0.0).astype("float64").to_numpy()
+    out["wire_payload_bytes"] = out["wire_bytes"] - out["header_bytes"]
+    fw = out["framework_bytes"]
+    out["ratio"] = out["wire_payload_bytes"] / fw.where(fw > 0)
+    out["unexplained_bytes"] = out["wire_payload_bytes"] - out["protocol_bytes"] - fw
+    out["tolerance_bytes"] = _tolerance_bytes(fw.to_numpy(), n_steps, tolerance)
+    out["passed"] = out["unexplained_bytes"].abs() <= out["tolerance_bytes"]
+    return _with_params(params, out[MATRIX_CHECK_COLUMNS])
+
+
+CROSSCHECK_SUMMARY_COLUMNS = [
+    "strategy",
+    "backend",
+    "cells",
+    "cells_passed",
+    "ratio_min",
+    "ratio_median",
+    "ratio_max",
+    "unexplained_fraction_min",
+    "unexplained_fraction_median",
+    "unexplained_fraction_max",
+]
+
+
+def crosscheck_by_strategy(crosscheck_table: pd.DataFrame | Path) -> pd.DataFrame:
+    """Per strategy: how many cells passed the cross-validation, and the spread of the wire /
+    framework ratio and of the unexplained fraction over its cells.
+
+    ``crosscheck_table`` is the aggregated :func:`crosscheck` table (or the aggregate
+    directory / parquet file holding it). A cell passes when every node and direction does.
+    Per cell the ratio and the unexplained fraction are taken over all its nodes' tx bytes
+    (sum wire / sum framework; tx and rx carry the same bytes in a closed cluster); min,
+    median and max are over the strategy's cells.
+
+    Columns: strategy, backend, cells, cells_passed, ratio_min, ratio_median, ratio_max,
+    unexplained_fraction_min, unexplained_fraction_median, unexplained_fraction_max.
+    """
+    table = crosscheck_table
+    if not isinstance(table, pd.DataFrame):
+        path = Path(table)
+        table = pd.read_parquet(path / "crosscheck.parquet" if path.is_dir() else path)
+    if table.empty or "strategy" not in table.columns:
+        return pd.DataFrame(columns=CROSSCHECK_SUMMARY_COLUMNS)
+    tx = table[table["direction"] == "tx"]
+    per_cell = (
+        tx.groupby(["strategy", "backend", "cell"], dropna=False)
+        .agg(
+            wire=("wire_bytes", "sum"),
+            framework=("framework_bytes", "sum"),
+            unexplained=("unexplained_bytes", "sum"),
+        )
+        .reset_index()
+    )
+    passed = table.groupby("cell")["passed"].all()
+    per_cell["passed"] = per_cell["cell"].map(passed).astype(bool)
+    fw = per_cell["framework"].where(per_cell["framework"] > 0)
+    per_cell["ratio"] = per_cell["wire"] / fw
+    per_cell["fraction"] = per_cell["unexplained"] / fw
+    out = (
+        per_cell.groupby(["strategy", "backend"], dropna=False)
+        .agg(
+            cells=("cell", "nunique"),
+            cells_passed=("passed", "sum"),
+            ratio_min=("ratio", "min"),
+            ratio_median=("ratio", "median"),
+            ratio_max=("ratio", "max"),
+            unexplained_fraction_min=("fraction", "min"),
+            unexplained_fraction_median=("fraction", "median"),
+            unexplained_fraction_max=("fraction", "max"),
+        )
+        .reset_index()
+    )
+    out["cells_passed"] = out["cells_passed"].astype("int64")
+    return out[CROSSCHECK_SUMMARY_COLUMNS]
 
 
 # --------------------------------------------------------------------------------------------
@@ -1109,7 +1809,9 @@ def cell_summary(traces: CellTraces, node_mat: pd.DataFrame | None = None) -> pd
     p2p = measured_ops["bytes"][measured_ops["op"].isin(P2P_OPS)].sum() if total_bytes else 0
     row["p2p_byte_share"] = float(p2p) / total_bytes if total_bytes else nan
     if node_mat is None:
-        node_mat = node_matrix(comm_matrix(traces.ops, measured_steps=measured["step"]))
+        node_mat = node_matrix(
+            comm_matrix(traces.ops, measured_steps=measured["step"], backend=traces.backend)
+        )
     inter, intra = node_traffic_split(node_mat)
     row["internode_bytes_per_step"] = inter if n_measured else nan
     row["intranode_bytes_per_step"] = intra if n_measured else nan
@@ -1155,8 +1857,10 @@ def compute_cell_metrics(cell_dir: Path, out_dir: Path) -> None:
 
     Writes summary, op_volume (per rank), msg_sizes, throughput (bins 1/10/100 ms stacked,
     column ``bin_ms``), shape (inside the training window), step_times, wire, comm_matrix
-    (rank x rank bytes per measured step) and node_matrix (node x node), each as
-    ``<name>.parquet``.
+    (rank x rank bytes per measured step), node_matrix (node x node), crosscheck (wire vs
+    recorded ops per node and direction, :func:`crosscheck`) and matrix_check (node x node
+    matrix vs the captured ``wire_flows.parquet`` when the cell has one,
+    :func:`matrix_check`), each as ``<name>.parquet``.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -1165,7 +1869,9 @@ def compute_cell_metrics(cell_dir: Path, out_dir: Path) -> None:
     st = step_times(traces.steps, traces.warmup_steps)
     # The same measured steps as the summary: steps that issued no op still count as steps.
     measured_steps = st.loc[~st["warmup"].astype(bool), "step"] if not st.empty else []
-    rank_mat = comm_matrix(traces.ops, traces.warmup_steps, measured_steps=measured_steps)
+    rank_mat = comm_matrix(
+        traces.ops, traces.warmup_steps, measured_steps=measured_steps, backend=traces.backend
+    )
     node_mat = node_matrix(rank_mat)
     tables: dict[str, pd.DataFrame] = {
         "summary": cell_summary(traces, node_mat=node_mat),
@@ -1190,6 +1896,8 @@ def compute_cell_metrics(cell_dir: Path, out_dir: Path) -> None:
             else pd.DataFrame(columns=[*params, *SHAPE_COLUMNS])
         )
         tables["wire"] = wire_vs_framework(traces.ops, traces.counters, traces.meta)
+    tables["crosscheck"] = crosscheck(traces)
+    tables["matrix_check"] = matrix_check(traces, _read_optional(Path(cell_dir) / WIRE_FLOWS_FILE))
     for name in METRIC_TABLES:
         tables[name].to_parquet(out_dir / f"{name}.parquet", index=False)
 

@@ -368,7 +368,8 @@ def test_compute_and_aggregate_cells(tmp_path: Path) -> None:
         per_cell = [pd.read_parquet(d / f"{name}.parquet") for d in metric_dirs]
         agg = pd.read_parquet(tmp_path / "agg" / f"{name}.parquet")
         assert len(agg) == sum(len(t) for t in per_cell), name
-        assert sorted(agg["strategy"].unique()) == ["ddp", "fsdp"], name
+        if len(agg):  # matrix_check stays empty without a packet capture
+            assert sorted(agg["strategy"].unique()) == ["ddp", "fsdp"], name
     summary = pd.read_parquet(tmp_path / "agg" / "summary.parquet")
     assert summary["framework_bytes_per_step"].tolist() == [2e6, 2e6]
 

@@ -10,6 +10,8 @@ METRIC_TABLES = [
     "wire",
     "comm_matrix",
     "node_matrix",
+    "crosscheck",
+    "matrix_check",
 ]
 
 

@@ -71,7 +71,10 @@ def export_cell(
     ranks_per_node = (meta.get("params") or {}).get("ranks_per_node")
     paths.append(
         write_flows_csv(
-            out_dir / FLOWS_CSV, ops, int(ranks_per_node) if ranks_per_node is not None else None
+            out_dir / FLOWS_CSV,
+            ops,
+            int(ranks_per_node) if ranks_per_node is not None else None,
+            backend=meta.get("backend") or "nccl",
         )
     )
     return paths

@@ -59,9 +59,13 @@ def _node_of(nodes: dict[int, int], ranks_per_node: int) -> Any:
     return node
 
 
-def to_flows(ops: pd.DataFrame, ranks_per_node: int | None = None) -> pd.DataFrame:
+def to_flows(
+    ops: pd.DataFrame, ranks_per_node: int | None = None, backend: str = "nccl"
+) -> pd.DataFrame:
     """The flow list of ``ops`` (one cell); see the module docstring. ``ranks_per_node``
-    places ranks that issued no op (default: the table's ``ranks_per_node`` column)."""
+    places ranks that issued no op (default: the table's ``ranks_per_node`` column);
+    ``backend`` picks the algorithms the bytes follow (gloo's differ from NCCL's rings, see
+    :func:`commscope.metrics.op_destinations`)."""
     if ops.empty:
         return pd.DataFrame(columns=FLOW_COLUMNS)
     if ranks_per_node is None and "ranks_per_node" in ops.columns:
@@ -82,6 +86,7 @@ def to_flows(ops: pd.DataFrame, ranks_per_node: int | None = None) -> pd.DataFra
                 rec["peer"],
                 rec["root"],
                 rec["split_bytes"],
+                backend=backend,
             )
             flows = [(rec["t_issue_ns"], rank, pos, j, dst, b) for j, (dst, b) in enumerate(dests)]
             out[(rank, pos)] = flows
@@ -173,10 +178,13 @@ def to_flows(ops: pd.DataFrame, ranks_per_node: int | None = None) -> pd.DataFra
 
 
 def write_flows_csv(
-    path: str | PathLike[str], ops: pd.DataFrame, ranks_per_node: int | None = None
+    path: str | PathLike[str],
+    ops: pd.DataFrame,
+    ranks_per_node: int | None = None,
+    backend: str = "nccl",
 ) -> Path:
     """Write :func:`to_flows` as CSV."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    to_flows(ops, ranks_per_node).to_csv(path, index=False)
+    to_flows(ops, ranks_per_node, backend).to_csv(path, index=False)
     return path
