@@ -1,0 +1,61 @@
+"""The report's cross-validation sections, computed from a synthetic study's metric tables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+from synthetic import make_ddp_cell
+
+from commscope import metrics
+from commscope.report_sections import crosscheck_cells, crosscheck_strategies
+
+
+def _study(root: Path, wire_flows: bool) -> Path:
+    dirs = []
+    for bw in ("10mbit", "none"):
+        cell = make_ddp_cell(root / "runs", bw=bw, bucket_bytes=(4000, 2000))
+        if wire_flows:
+            # The packet capture saw exactly the framework matrix plus one header per packet.
+            traces = metrics.load_cell(cell)
+            nodes = metrics.node_matrix(metrics.comm_matrix(traces.ops, backend=traces.backend))
+            window = metrics.training_window(metrics.step_times(traces.steps, 1))
+            flows = nodes[nodes.src_node != nodes.dst_node].assign(t_ns=window[0], packets=1)
+            flows["bytes"] = flows["bytes"].astype(int) + 66
+            flows[["t_ns", "src_node", "dst_node", "bytes", "packets"]].to_parquet(
+                cell / "wire_flows.parquet"
+            )
+        out = root / "metrics" / cell.relative_to(root / "runs")
+        metrics.compute_cell_metrics(cell, out)
+        dirs.append(out)
+    metrics.aggregate_cells(dirs, root / "agg")
+    return root / "agg"
+
+
+def test_crosscheck_sections_one_row_per_cell_and_strategy(tmp_path: Path) -> None:
+    agg = _study(tmp_path, wire_flows=False)
+    cells = crosscheck_cells(agg)
+    check = pd.read_parquet(agg / "crosscheck.parquet")
+    assert len(cells) == check["cell"].nunique() == 2
+    tx = check[check.direction == "tx"]
+    for _, row in cells.iterrows():
+        mine = tx[tx.bw == row.bw]
+        assert row["wire/ops"] == mine.wire_bytes.sum() / mine.framework_bytes.sum()
+        assert row["agree"] == bool(check[check.bw == row.bw].passed.all())
+    per_strategy = crosscheck_strategies(agg)
+    assert per_strategy["cells"].tolist() == [2]
+    assert per_strategy["cells_passed"].tolist() == [int(cells["agree"].sum())]
+
+
+def test_crosscheck_cells_counts_matrix_pairs_from_the_capture(tmp_path: Path) -> None:
+    agg = _study(tmp_path, wire_flows=True)
+    cells = crosscheck_cells(agg)
+    matrix = pd.read_parquet(agg / "matrix_check.parquet")
+    assert not matrix.empty
+    assert cells["pairs"].tolist() == matrix.groupby("cell").size().tolist()
+    assert cells["pairs_passed"].tolist() == matrix.groupby("cell").passed.sum().tolist()
+    assert cells["matrix_passed"].tolist() == matrix.groupby("cell").passed.all().tolist()
+
+
+def test_sections_are_empty_without_inputs(tmp_path: Path) -> None:
+    assert crosscheck_cells(tmp_path).empty and crosscheck_strategies(tmp_path).empty
