@@ -557,9 +557,10 @@ def _plural(count: Any, noun: str) -> str:
     return f"{count} {noun}" if str(count) == "1" else f"{count} {noun}s"
 
 
-def _mb_label(value_bytes: float) -> str:
-    """Bytes shown in MB with as many digits as a small cell needs."""
-    mb = value_bytes / 1e6
+def _mb_label(value_bytes: float, scale: float = 1e6) -> str:
+    """Bytes shown in units of ``scale`` (MB by default) with as many digits as a small cell
+    needs."""
+    mb = value_bytes / scale
     if mb == 0:
         return "0"
     if mb >= 100:
@@ -575,13 +576,20 @@ def _draw_matrices(
     *,
     unit: str,
     title: str,
+    scale: tuple[float, str] = (1e6, "MB"),
+    vmax_bytes: float | None = None,
+    log_scale: bool | None = None,
 ) -> Path:
     """Heatmaps of square byte matrices on one shared colour scale.
 
     ``panels`` are (title, matrix of bytes with sender rows and receiver columns, node of each
     row). For ``unit="node"`` the diagonal squares are framed (traffic inside a node); for
-    ``unit="rank"`` lines mark where the node changes along the axes.
+    ``unit="rank"`` lines mark where the node changes along the axes. ``scale`` is the
+    display unit (bytes per unit, name); ``vmax_bytes`` fixes the top of the colour scale, so
+    figures drawn separately stay comparable. ``log_scale`` None: logarithmic when the
+    positive values span more than a factor 100.
     """
+    per_unit, unit_name = scale
     if not panels:
         fig, (ax,) = _new_figure(1, width=6.0, height=4.0)
         _no_data(ax, "communication matrix")
@@ -595,14 +603,18 @@ def _draw_matrices(
     FigureCanvasAgg(fig)
     axes = list(fig.subplots(nrows, ncols, squeeze=False).flat)
 
-    values = np.concatenate([m.to_numpy(dtype="float64").ravel() for _, m, _ in panels]) / 1e6
+    values = np.concatenate([m.to_numpy(dtype="float64").ravel() for _, m, _ in panels]) / per_unit
     vmax = float(values.max()) if values.size else 0.0
+    if vmax_bytes is not None:
+        vmax = max(vmax, float(vmax_bytes) / per_unit)
     positive = values[values > 0]
     # Zero-byte pairs are masked under a log norm: white, like a linear scale's zero.
     cmap = sns.color_palette("rocket_r", as_cmap=True).with_extremes(bad="white")
     norm: Normalize
-    label = "MB per step"
-    if positive.size and vmax / float(positive.min()) > _LOG_SCALE_RATIO:
+    label = f"{unit_name} per step"
+    if log_scale is None:
+        log_scale = bool(positive.size) and vmax / float(positive.min()) > _LOG_SCALE_RATIO
+    if log_scale and positive.size:
         norm = LogNorm(vmin=float(positive.min()), vmax=vmax)
         label += " (log scale; white = 0)"
     else:
@@ -610,7 +622,7 @@ def _draw_matrices(
 
     mesh = None
     for ax, (panel_title, matrix, nodes) in zip(axes, panels, strict=False):
-        mb = matrix / 1e6
+        mb = matrix / per_unit
         annotate = len(matrix) <= _MAX_ANNOTATED
         sns.heatmap(
             mb,
@@ -619,7 +631,7 @@ def _draw_matrices(
             norm=norm,
             cbar=False,
             square=True,
-            annot=matrix.map(_mb_label).to_numpy() if annotate else False,
+            annot=matrix.map(lambda b: _mb_label(b, per_unit)).to_numpy() if annotate else False,
             fmt="",
             annot_kws={"fontsize": "small"},
             linewidths=0.5 if annotate else 0.0,
@@ -661,3 +673,78 @@ def _mark_nodes(ax: Axes, nodes: list[int], unit: str) -> None:
         if nodes[i] != nodes[i - 1]:
             ax.axhline(i, **_NODE_FRAME)
             ax.axvline(i, **_NODE_FRAME)
+
+
+# --------------------------------------------------------------------------------------------
+# Predicted scenarios (commscope.predict.scenarios)
+# --------------------------------------------------------------------------------------------
+
+_GB = (1e9, "GB")
+
+
+def _frame(table: pd.DataFrame | str | Path) -> pd.DataFrame:
+    """A table, or the parquet file holding it."""
+    return table if isinstance(table, pd.DataFrame) else pd.read_parquet(table)
+
+
+def _scenario_panel(node_mat: pd.DataFrame) -> tuple[str, pd.DataFrame, list[int]]:
+    """(title, node x node bytes summed over traffic types, node of each row) of one
+    scenario's ``node_matrix.parquet``."""
+    grid = node_mat.pivot_table(
+        index="src_node", columns="dst_node", values="bytes", aggfunc="sum", fill_value=0.0
+    )
+    nodes = sorted(set(grid.index) | set(grid.columns))
+    grid = grid.reindex(index=nodes, columns=nodes, fill_value=0.0)
+    first = node_mat.iloc[0] if len(node_mat) else pd.Series(dtype=object)
+    diagonal = float(np.trace(grid.to_numpy())) if len(grid) else 0.0
+    total = float(grid.to_numpy().sum())
+    share = f"; {(total - diagonal) / total:.1%} of bytes cross nodes" if total > 0 else ""
+    title = str(first.get("scenario", ""))
+    if "pp" in first:
+        title += (
+            f"\n{first.get('model', '')} (p, t, d) = ({first['pp']}, {first['tp']}, "
+            f"{first['dp']}), {first.get('mapping', '')}"
+        )
+    if "nodes" in first:
+        title += f"\n{_plural(first['nodes'], 'node')} × {first.get('gpus_per_node', '?')} GPUs"
+    return title + share, grid, nodes
+
+
+@_styled
+def plot_scenario_heatmap(
+    node_mat: pd.DataFrame | str | Path, out_png: Path, vmax_bytes: float | None = None
+) -> Path:
+    """Node x node heatmap of one predicted scenario (``node_matrix.parquet``, or the table), GB per
+    step, all traffic types summed; annotated up to 8 nodes; framed diagonal: inside a node.
+    The colour scale is logarithmic: tensor-parallel traffic inside a node is typically ~100x
+    what crosses the network, which a linear scale would paint white. ``vmax_bytes`` fixes
+    the scale's top so separately drawn scenarios compare."""
+    node_mat = _frame(node_mat)
+    panels = [_scenario_panel(node_mat)] if len(node_mat) else []
+    return _draw_matrices(
+        panels,
+        Path(out_png),
+        unit="node",
+        title="predicted GB per step between nodes\n(dashed frames: inside a node)",
+        scale=_GB,
+        vmax_bytes=vmax_bytes,
+        log_scale=True,
+    )
+
+
+@_styled
+def plot_scenario_heatmaps(node_mats: Sequence[pd.DataFrame | str | Path], out_png: Path) -> Path:
+    """Node x node heatmaps of several predicted scenarios side by side on one logarithmic
+    colour scale (GB per step), e.g. default vs customized mapping: the same bytes, on
+    different links."""
+    frames = [_frame(m) for m in node_mats]
+    panels = [_scenario_panel(m) for m in frames if len(m)]
+    return _draw_matrices(
+        panels,
+        Path(out_png),
+        unit="node",
+        title="predicted GB per step between nodes, one (logarithmic) colour scale; dashed "
+        "frames: inside a node",
+        scale=_GB,
+        log_scale=True,
+    )

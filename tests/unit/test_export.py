@@ -59,7 +59,24 @@ from commscope.importers.chakra import (
 CELLS = Path(__file__).resolve().parents[1] / "data" / "cells"
 T0 = 1_700_000_000_000_000_000
 MS = 1_000_000
-ROUND_TRIP = ["op", "bytes", "peer", "root", "group", "seq", "dtype", "numel"]
+# Everything of the ops table a Chakra round trip keeps exactly (node and local_rank are not
+# in the format; times are whole µs; source becomes "chakra").
+ROUND_TRIP = [
+    "rank",
+    "op",
+    "group",
+    "group_ranks",
+    "group_size",
+    "peer",
+    "root",
+    "dtype",
+    "numel",
+    "bytes",
+    "bytes_out",
+    "seq",
+    "step",
+    "phase",
+]
 
 
 # --------------------------------------------------------------------------------------------
@@ -153,21 +170,23 @@ def _in_issue_order(ops: pd.DataFrame, rank: int) -> pd.DataFrame:
 
 
 def _assert_round_trip(ops: pd.DataFrame, path: Path, rank: int) -> None:
-    """load_chakra on the export gives this rank's ops back: same order, op, bytes, peer,
-    root, group (pg_name), seq, dtype, numel, issue time to the µs, phase (fwd_bwd reads
-    back as fwd: the importer knows no pipeline marker)."""
+    """load_chakra on the export gives this rank's ops back in issue order: every ROUND_TRIP
+    column equal (group membership, step, seq, bytes_out and the pipeline's fwd_bwd phase
+    included), issue time to the µs, end times to the µs and null exactly where they were,
+    all-to-all splits where recorded."""
     back = load_chakra(path)
     want = _in_issue_order(ops, rank)
     assert len(back) == len(want)
-    assert (back["rank"] == rank).all()
-    for col in ROUND_TRIP:
-        assert back[col].astype(str).tolist() == want[col].astype(str).tolist(), col
+    assert back[ROUND_TRIP].astype(str).to_dict("records") == want[ROUND_TRIP].astype(str).to_dict(
+        "records"
+    )
     assert (back["t_issue_ns"] == want["t_issue_ns"] // 1000 * 1000).all()
-    expected_phase = want["phase"].replace({"fwd_bwd": "fwd"})
-    assert back["phase"].tolist() == expected_phase.tolist()
     ended = want["t_end_ns"].notna().to_numpy()
+    assert back["t_end_ns"].notna().tolist() == ended.tolist()
     err = (back["t_end_ns"][ended].astype("int64") - want["t_end_ns"][ended].astype("int64")).abs()
     assert (err <= 500).all()  # µs resolution
+    if "split_bytes" in want and want["split_bytes"].notna().any():
+        assert back["split_bytes"].tolist() == want["split_bytes"].tolist()
 
 
 # --------------------------------------------------------------------------------------------
@@ -318,6 +337,24 @@ def test_uneven_all_to_all_splits_reach_chakra_and_flows(synthetic):
     flows = to_flows(ops)
     sent = flows[flows["op"] == "alltoall"].groupby("src_rank")["bytes"].first()
     assert sent.to_dict() == {0: 3000.0, 1: 1000.0}  # exact per-destination bytes
+
+
+def test_chakra_import_reads_back_splits_and_the_rank_from_metadata(synthetic, tmp_path):
+    ops, steps = synthetic
+    ops["split_bytes"] = None
+    ops.loc[ops["op"] == "alltoall", "split_bytes"] = "1000,3000"
+    # A file name without a rank: the GlobalMetadata's rank attribute names it.
+    path = tmp_path / "trace.et"
+    path.write_bytes(to_chakra(ops, steps, 1, world_size=2))
+    back = load_chakra(path)
+    assert (back["rank"] == 1).all()
+    a2a = back["op"] == "alltoall"
+    assert back.loc[a2a, "split_bytes"].tolist() == ["1000,3000", "1000,3000"]
+    assert back.loc[~a2a, "split_bytes"].isna().all()
+    # The reduce-scatter had no completion time: null, not its start time.
+    rs = back[back["op"] == "reduce_scatter"]
+    assert len(rs) == 2 and rs["t_end_ns"].isna().all()
+    assert back.loc[back["op"] != "reduce_scatter", "t_end_ns"].notna().all()
 
 
 # --------------------------------------------------------------------------------------------

@@ -233,3 +233,40 @@ def test_report_embeds_the_communication_matrices(hybrid_study: Path, tmp_path: 
     inside = re.search(r"<tr><td class=\"text\">dpxtp-tp-inside</td>.*?</tr>", html).group(0)
     assert "<td>8.00 MB</td><td>1.00 MB</td>" in across
     assert "<td>1.00 MB</td><td>8.00 MB</td>" in inside
+
+
+def test_scenario_heatmaps(tmp_path: Path) -> None:
+    """Predicted scenarios' node x node heatmaps: one per scenario (from the table or its
+    parquet file: same PNG bytes) and several side by side on one colour scale."""
+    from commscope.predict.scenarios import predict_scenario, write_scenario
+
+    tiny = {
+        "model": {"layers": 4, "hidden": 32, "heads": 2, "seq": 16, "vocab": 64, "batch": 4},
+        "pp": 2,
+        "tp": 2,
+        "microbatches": 4,
+        "gpus_per_node": 2,
+        "framework": "torch",
+        "dtype_bytes": 4,
+    }
+    inside = predict_scenario(tiny | {"mapping": "pp-dp-tp"}, "tp-inside")
+    across = predict_scenario(tiny | {"mapping": "tp-dp-pp"}, "tp-across")
+    write_scenario(inside, tmp_path / "inside")
+    first = figures.plot_scenario_heatmap(inside.node_matrix, tmp_path / "a.png")
+    again = figures.plot_scenario_heatmap(
+        tmp_path / "inside" / "node_matrix.parquet", tmp_path / "b.png"
+    )
+    _assert_png(first)
+    assert first.read_bytes() == again.read_bytes()
+    both = figures.plot_scenario_heatmaps(
+        [inside.node_matrix, across.node_matrix], tmp_path / "c.png"
+    )
+    _assert_png(both)
+    # The panel is the node matrix summed over traffic types, titled with the inter-node share.
+    title, grid, nodes = figures._scenario_panel(across.node_matrix)
+    assert nodes == [0, 1] and grid.shape == (2, 2)
+    job = across.table().set_index("traffic").loc["all"]
+    assert grid.to_numpy().trace() == pytest.approx(job["intra_node_bytes"])
+    assert grid.to_numpy().sum() == pytest.approx(job["sent_bytes"])
+    assert title.startswith("tp-across\n") and f"{job['inter_node_share']:.1%} of bytes" in title
+    _assert_png(figures.plot_scenario_heatmaps([], tmp_path / "empty.png"))

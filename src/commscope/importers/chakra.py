@@ -20,10 +20,20 @@ The PyTorch → Chakra converter also marks the CPU-side ``c10d::*`` nodes as
 node that carries them (a collective with ``comm_type``, a send/recv with a size or peer).
 ``bytes`` is the size of the node's input tensors (shapes times element size), which is what
 the converter sums into ``comm_size`` (some converter versions add 1), else ``comm_size``.
-Chakra keeps no process-group membership and, from PyTorch, no start times: ``group`` is the
-``pg_name`` attribute where present, ``group_ranks`` empty, ``group_size`` -1, and
-``t_issue_ns``/``t_end_ns`` come from ``start_time_micros`` only when it is set (-1/null
-otherwise). ``seq`` is the node's position per group, in node-id order (the execution order).
+Chakra's schema keeps no process-group membership and, from PyTorch, no start times:
+``group`` is the ``pg_name`` attribute where present, ``group_ranks`` empty, ``group_size``
+-1, and ``t_issue_ns``/``t_end_ns`` come from ``start_time_micros`` only when it is set
+(-1/null otherwise). ``seq`` is the node's position per group, in node-id order (the
+execution order).
+
+Traces that :mod:`commscope.export.chakra` wrote carry more, as node attributes, and are read
+back so that a round trip gives the same ops table: ``pg_ranks`` (``group_ranks`` and
+``group_size``), ``seq`` (c10d's counter, which matches the same collective across ranks),
+``step``, ``bytes_out``, ``split_bytes`` (an all-to-all's bytes per destination), ``comm_root``
+and ``t_end_unknown`` (the op's completion time was not recorded: ``t_end_ns`` null rather than
+its start plus a zero duration). The enclosing phase span's exact name (``## forward_backward
+##`` for pipeline schedules, which PyTorch's markers do not have) gives the phase. ``node`` and
+``local_rank`` are not in the trace: -1.
 """
 
 from __future__ import annotations
@@ -50,6 +60,14 @@ from commscope.importers import (
 from commscope.importers.execution_trace import tensor_payload
 
 SOURCE = "chakra"
+# The phase spans commscope's writer names (commscope.export.chakra.PHASE_SPAN_NAMES), matched
+# before PyTorch's generic markers: "## forward_backward ##" would otherwise read as forward.
+_COMMSCOPE_SPANS = {
+    "## forward_backward ##": "fwd_bwd",
+    "## forward ##": "fwd",
+    "## backward ##": "bwd",
+    "## optimizer ##": "optim",
+}
 
 COMM_SEND_NODE, COMM_RECV_NODE, COMM_COLL_NODE = 5, 6, 7
 # CollectiveCommType in et_def.proto.
@@ -328,25 +346,55 @@ def _row(node: ChakraNode) -> dict[str, Any] | None:
     if op in P2P_OPS:
         peer = int(attrs.get("comm_dst" if op == "send" else "comm_src", -1))
     root = int(attrs["comm_root"]) if op in ROOTED_OPS and "comm_root" in attrs else -1
+    members = [int(r) for r in attrs.get("pg_ranks") or []]
+    group_size = len(members) if members else -1
     start_ns = node.start_time_micros * 1000 if node.start_time_micros else -1
+    ended = start_ns >= 0 and not attrs.get("t_end_unknown", False)
+    splits = attrs.get("split_bytes")
     return {
         "op": op,
         "group": str(attrs.get("pg_name", "")),
-        "group_size": -1,
+        "group_ranks": ",".join(map(str, members)),
+        "group_size": group_size,
         "peer": peer,
         "root": root,
         "dtype": dtype,
         "numel": numel,
         "bytes": nbytes,
-        "bytes_out": output_bytes(op, nbytes, -1),
+        "bytes_out": _int_attr(attrs, "bytes_out", output_bytes(op, nbytes, group_size)),
+        # -1 lets ops_frame number the op by its position in the group, as for other sources.
+        "seq": _int_attr(attrs, "seq", -1),
+        "step": _int_attr(attrs, "step", -1),
         "t_issue_ns": start_ns,
-        "t_end_ns": start_ns + node.duration_micros * 1000 if start_ns >= 0 else None,
+        "t_end_ns": start_ns + node.duration_micros * 1000 if ended else None,
+        "split_bytes": [int(b) for b in splits] if isinstance(splits, list) and splits else None,
         "_id": node.id,
     }
 
 
-def chakra_frame(nodes: list[ChakraNode], rank: int = -1) -> pd.DataFrame:
-    """The ops table of one rank's decoded Chakra nodes."""
+def _int_attr(attrs: dict[str, Any], name: str, default: int) -> int:
+    """An integer attribute, ``default`` when absent or not an integer (other writers may use
+    the same name for something else)."""
+    value = attrs.get(name)
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def _commscope_phase(names: list[str]) -> str | None:
+    """Phase of a commscope-written node from its enclosing span's exact name, else None."""
+    for name in names:
+        for prefix, phase in _COMMSCOPE_SPANS.items():
+            if name.startswith(prefix):
+                return phase
+    return None
+
+
+def chakra_frame(
+    nodes: list[ChakraNode], rank: int = -1, commscope_spans: bool = False
+) -> pd.DataFrame:
+    """The ops table of one rank's decoded Chakra nodes. ``commscope_spans``: the trace comes
+    from :mod:`commscope.export.chakra` (GlobalMetadata ``source`` = ``commscope``), whose
+    phase spans name the phase exactly; other traces go by PyTorch's markers, where an
+    enclosing backward wins over a forward inside it (recomputation)."""
     by_id = {n.id: n for n in nodes}
     rows = []
     for node in nodes:
@@ -361,8 +409,8 @@ def chakra_frame(nodes: list[ChakraNode], rank: int = -1) -> pd.DataFrame:
                 break
             seen.add(current.id)
             names.append(current.name)
-        row["phase"] = phase_from_enclosing(names)
-        row["step"] = -1
+        phase = _commscope_phase(names) if commscope_spans else None
+        row["phase"] = phase or phase_from_enclosing(names)
         row["rank"] = rank
         rows.append(row)
     rows.sort(key=lambda r: r["_id"])
@@ -371,6 +419,11 @@ def chakra_frame(nodes: list[ChakraNode], rank: int = -1) -> pd.DataFrame:
 
 def load_chakra(path: str | PathLike[str], rank: int | None = None) -> pd.DataFrame:
     """Load a Chakra ``.et`` trace into the ops table. Chakra names one file per rank
-    (``<prefix>.<rank>.et``); that number is the rank unless ``rank`` is given."""
-    _, nodes = read_chakra(path)
-    return chakra_frame(nodes, rank_from_filename(Path(path).name) if rank is None else rank)
+    (``<prefix>.<rank>.et``); that number is the rank unless ``rank`` is given, else the
+    GlobalMetadata's ``rank`` attribute (commscope writes one)."""
+    meta, nodes = read_chakra(path)
+    if rank is None:
+        rank = rank_from_filename(Path(path).name)
+        if rank < 0 and isinstance(meta.get("rank"), int):
+            rank = int(meta["rank"])
+    return chakra_frame(nodes, rank, commscope_spans=meta.get("source") == "commscope")

@@ -5,11 +5,18 @@ Examples::
     # Seed 002's GPT-3B on 32 GPUs, (p, t, d) = (4, 2, 4), DeepSpeed's default mapping
     commscope predict --preset gpt-3b --pp 4 --tp 2 --dp 4 --gpus-per-node 8 \\
         --mapping pp-dp-tp --framework megatron --dtype-bytes 2 --rank 0
+    # ... and its customized mapping (DP across nodes), tables and heatmap written to a folder
+    commscope predict --preset gpt-3b --pp 4 --tp 2 --dp 4 --mapping dp-pp-tp \\
+        --framework megatron --dtype-bytes 2 --out results/predictions/gpt-3b-custom
+    # a named scenario of a study config's ``predictions:``
+    commscope predict --config config/config.yaml --scenario gpt-3b-32gpu-default
     # a cell of a study config, as commscope's trainer would run it
     commscope predict --config config/config.yaml --cell-index 3
 
 Nothing is launched: the prediction is pure arithmetic over the plan (see
-:mod:`commscope.predict.model`), so clusters far larger than any we have take seconds.
+:mod:`commscope.predict.model`), so clusters far larger than any we have take seconds. The
+flags make a scenario (:mod:`commscope.predict.scenarios`); ``--out`` writes the same files as
+the workflow's ``predict_scenario`` and ``scenario_heatmap`` rules, plus the ops.
 """
 
 from __future__ import annotations
@@ -22,16 +29,8 @@ from typing import Any
 
 import pandas as pd
 
-# Seed 002 §4 (GPT under PTD-P): (l, h, s) = (48, 1600, 1024) and (54, 2000, 1024), micro-batch
-# b = 32, m = 8 micro-batches per replica (gb = 512 on d = 2, gb = 1024 on d = 4), so the
-# per-replica batch is b * m = 256. The paper names neither vocabulary nor heads: GPT-2's BPE
-# vocabulary (50257) and 100-wide heads (16 and 20 heads, divisible by t = 2 and 4) are
-# assumptions; heads change no traffic.
-PRESETS: dict[str, dict[str, Any]] = {
-    "gpt-1.5b": dict(layers=48, hidden=1600, heads=16, seq=1024, vocab=50257, batch=256),
-    "gpt-3b": dict(layers=54, hidden=2000, heads=20, seq=1024, vocab=50257, batch=256),
-}
-PRESET_MICROBATCHES = 8
+from commscope.predict.scenarios import PRESETS
+
 MODEL_KEYS = ("kind", "layers", "hidden", "heads", "seq", "vocab", "batch", "ffn_mult")
 
 
@@ -48,11 +47,14 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__.splitlines()[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    src = p.add_argument_group("model (one of --preset, --model-json, --config or the shape)")
+    src = p.add_argument_group(
+        "model (one of --preset, --model-json, --config or the shape; shape flags override)"
+    )
     src.add_argument("--preset", choices=sorted(PRESETS))
     src.add_argument("--model-json", type=Path, help="a model entry as JSON (config keys)")
-    src.add_argument("--config", type=Path, help="study config; with --cell-index")
+    src.add_argument("--config", type=Path, help="study config; with --cell-index or --scenario")
     src.add_argument("--cell-index", type=int, help="row of the config's sweep cells")
+    src.add_argument("--scenario", help="name of an entry of the config's predictions:")
     for key in MODEL_KEYS:
         src.add_argument(f"--{key.replace('_', '-')}", type=str if key == "kind" else int)
     plan = p.add_argument_group("strategy (ParallelPlan; a degree of -1 takes the rest)")
@@ -75,7 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
     fw.add_argument("--dtype-bytes", type=int, default=4, help="2 for fp16/bf16 training")
     out = p.add_argument_group("output")
     out.add_argument("--rank", type=int, default=0, help="rank whose traffic is printed")
-    out.add_argument("--out", type=Path, help="write ops/summary/node_matrix parquet here")
+    out.add_argument(
+        "--out",
+        type=Path,
+        help="write traffic/node_matrix/rank_matrix/ops parquet, scenario.json and "
+        "heatmap.png here",
+    )
     tm = p.add_argument_group("alpha-beta timing (printed when --flops-per-s is given)")
     tm.add_argument("--flops-per-s", type=float, help="achieved compute rate per rank")
     tm.add_argument("--alpha-s", type=float, default=10e-6)
@@ -84,35 +91,54 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def resolve_cell(args: argparse.Namespace) -> tuple[dict, dict, int, int]:
-    """(model spec, plan spec, nodes, ranks per node) from the command line."""
-    from commscope.workload.strategies import ParallelPlan
+def _framework_spec(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "framework": args.framework,
+        "recompute": args.recompute,
+        "vocab_parallel": args.vocab_parallel,
+        "tied_embeddings": args.tied_embeddings,
+        "dtype_bytes": args.dtype_bytes,
+    }
 
+
+def scenario_spec(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    """(name, scenario spec) from the command line: a config's named scenario, a config's
+    sweep cell, or the model and plan flags."""
+    if args.config is not None and args.scenario is not None:
+        import yaml
+
+        # Read as written: the scenario's keys are checked by resolve_scenario, and a config
+        # whose schema predates predictions: still gives its scenarios to the CLI.
+        scenarios = (yaml.safe_load(args.config.read_text()) or {}).get("predictions") or {}
+        if args.scenario not in scenarios:
+            raise SystemExit(
+                f"--scenario {args.scenario!r} is not in {args.config}'s predictions: "
+                f"{sorted(scenarios)}"
+            )
+        return args.scenario, dict(scenarios[args.scenario])
     if args.config is not None:
         from commscope.config import cells_frame, load_config, strategy_spec
 
         config = load_config(args.config)
         cells = cells_frame(config)
         if args.cell_index is None or not 0 <= args.cell_index < len(cells):
-            raise SystemExit(f"--cell-index must be in 0..{len(cells) - 1}")
+            raise SystemExit(f"--cell-index must be in 0..{len(cells) - 1} (or use --scenario)")
         cell = cells.iloc[args.cell_index]
-        return (
-            dict(config["models"][cell["model"]]),
-            strategy_spec(config, cell["strategy"]),
-            int(cell["nodes"]),
-            int(cell["ranks_per_node"]),
-        )
-    if args.preset:
-        model = dict(PRESETS[args.preset])
-    elif args.model_json:
-        model = json.loads(args.model_json.read_text())
-    else:
-        model = {}
+        return f"cell {args.cell_index}", {
+            "model": dict(config["models"][cell["model"]]),
+            **strategy_spec(config, cell["strategy"]),
+            "nodes": int(cell["nodes"]),
+            "gpus_per_node": int(cell["ranks_per_node"]),
+            **_framework_spec(args),
+        }
+    model: dict[str, Any] = json.loads(args.model_json.read_text()) if args.model_json else {}
     for key in MODEL_KEYS:
         value = getattr(args, key)
         if value is not None:
             model[key] = value
-    plan = {
+    spec = {
+        "preset": args.preset,
+        "model": model or None,
         "pp": args.pp,
         "tp": args.tp,
         "dp": args.dp,
@@ -120,57 +146,47 @@ def resolve_cell(args: argparse.Namespace) -> tuple[dict, dict, int, int]:
         "dp_kind": args.dp_kind,
         "mapping": args.mapping,
         "pp_schedule": args.schedule,
-        "microbatches": args.microbatches
-        or (PRESET_MICROBATCHES if args.preset else ParallelPlan.microbatches),
+        "microbatches": args.microbatches,
         "stages_per_rank": args.stages_per_rank,
         "bucket_cap_mb": args.bucket_cap_mb,
         "reshard_after_forward": not args.no_reshard_after_forward,
+        "gpus_per_node": args.gpus_per_node,
+        "nodes": args.nodes,
+        **_framework_spec(args),
     }
-    rpn = args.gpus_per_node
-    if args.nodes is not None:
-        nodes = args.nodes
-    else:
-        degrees = [args.pp, args.tp, args.dp, args.ep]
-        if -1 in degrees:
-            raise SystemExit("a degree of -1 needs --nodes to fix the world size")
-        world = 1
-        for d in degrees:
-            world *= d
-        if world % rpn:
-            raise SystemExit(f"world size {world} is not a multiple of --gpus-per-node {rpn}")
-        nodes = world // rpn
-    return model, plan, nodes, rpn
+    return args.preset or "cli", spec
+
+
+def _scaled(top: float) -> tuple[str, float]:
+    """The largest unit (name, bytes) that ``top`` reaches."""
+    units = (("GB", 1e9), ("MB", 1e6), ("kB", 1e3))
+    return next(((u, s) for u, s in units if top >= s), ("B", 1.0))
 
 
 def main(argv: list[str] | None = None) -> int:
-    from commscope.predict.model import PredictOptions, node_matrix, predict_ops, summarize
+    from commscope.predict.scenarios import predict_scenario, write_scenario
     from commscope.predict.timing import predict_step_time
 
     args = build_parser().parse_args(argv)
-    model, plan, nodes, rpn = resolve_cell(args)
-    options = PredictOptions(
-        framework=args.framework,
-        recompute=args.recompute,
-        vocab_parallel=args.vocab_parallel,
-        tied_embeddings=args.tied_embeddings,
-    )
+    name, spec = scenario_spec(args)
     try:
-        pred = predict_ops(model, plan, nodes, rpn, args.dtype_bytes, options)
+        result = predict_scenario(spec, name)
     except ValueError as err:
         print(f"commscope predict: {err}", file=sys.stderr)
         return 2
+    sc, pred = result.scenario, result.ops
     meta = pred.attrs["predict"]
-    resolved = meta["plan"]
-    world = nodes * rpn
+    plan = sc.plan
+    rpn = sc.gpus_per_node
     print(
-        f"model {json.dumps(model)}\n"
-        f"plan pp={resolved['pp']} tp={resolved['tp']} dp={resolved['dp']} ep={resolved['ep']} "
-        f"({resolved['dp_kind']}) mapping={resolved['mapping']} "
-        f"schedule={resolved['pp_schedule']} m={meta['microbatches']} on {world} ranks = "
-        f"{nodes} nodes x {rpn}; framework {args.framework}, {args.dtype_bytes}-byte dtype"
+        f"model {json.dumps(sc.model)}\n"
+        f"plan pp={plan.pp} tp={plan.tp} dp={plan.dp} ep={plan.ep} ({plan.dp_kind}) "
+        f"mapping={plan.mapping} schedule={plan.pp_schedule} m={meta['microbatches']} on "
+        f"{sc.world_size} ranks = {sc.nodes} nodes x {rpn}; framework "
+        f"{sc.options.framework}, {sc.dtype_bytes}-byte dtype; predicted in "
+        f"{result.seconds:.2f} s"
     )
-    summary = summarize(pred)
-    mine = summary[summary["rank"] == args.rank]
+    mine = result.traffic[result.traffic["rank"] == args.rank]
     if mine.empty:
         print(f"rank {args.rank}: no communication")
     else:
@@ -181,16 +197,30 @@ def main(argv: list[str] | None = None) -> int:
                 "volume": [_bytes_text(b) for b in mine["bytes"]],
                 "messages": mine["messages"],
                 "sent (ring)": [_bytes_text(b) for b in mine["sent_bytes"]],
+                "of which inter-node": [_bytes_text(b) for b in mine["inter_node_bytes"]],
                 "message sizes (B x count)": mine["sizes"],
             }
         )
         print(table.to_string(index=False))
-    nodes_long = node_matrix(pred)
-    mat = nodes_long.pivot(index="src_node", columns="dst_node", values="bytes")
-    top = float(mat.to_numpy().max()) if mat.size else 0.0
-    unit, scale = next(
-        ((u, s) for u, s in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)) if top >= s), ("B", 1.0)
+    job = result.table()
+    print("\nwhole job, one step (sent = ring-model bytes on the links):")
+    print(
+        pd.DataFrame(
+            {
+                "traffic": job["traffic"],
+                "messages": job["messages"],
+                "volume": [_bytes_text(b) for b in job["bytes"]],
+                "sent": [_bytes_text(b) for b in job["sent_bytes"]],
+                "intra-node": [_bytes_text(b) for b in job["intra_node_bytes"]],
+                "inter-node": [_bytes_text(b) for b in job["inter_node_bytes"]],
+                "inter share": [f"{x:.1%}" if x == x else "-" for x in job["inter_node_share"]],
+            }
+        ).to_string(index=False)
     )
+    mat = result.node_matrix.pivot_table(
+        index="src_node", columns="dst_node", values="bytes", aggfunc="sum"
+    )
+    unit, scale = _scaled(float(mat.to_numpy().max()) if mat.size else 0.0)
     print(f"\nnode x node bytes sent per step, {unit} (row = source; diagonal: inside a node):")
     print(mat.div(scale).round(3).to_string())
     if args.flops_per_s:
@@ -206,11 +236,14 @@ def main(argv: list[str] | None = None) -> int:
             f"{t['bubble_ratio_analytical']:.3f})"
         )
     if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        pred.attrs = {}  # parquet stores attrs as JSON, and the FLOPs dict has int keys
-        pred.to_parquet(args.out / "ops.parquet", index=False)
-        summary.to_parquet(args.out / "summary.parquet", index=False)
-        nodes_long.to_parquet(args.out / "node_matrix.parquet", index=False)
+        from commscope.figures import plot_scenario_heatmap
+
+        write_scenario(result, args.out)
+        ops = pred.copy()
+        ops.attrs = {}  # parquet stores attrs as JSON, and the FLOPs dict has int keys
+        ops.to_parquet(args.out / "ops.parquet", index=False)
+        plot_scenario_heatmap(result.node_matrix, args.out / "heatmap.png")
+        print(f"\nwrote {args.out}/: tables, ops, scenario.json and heatmap.png")
     return 0
 
 
