@@ -18,6 +18,22 @@ rule report:
             f"{RUNS}/{{cell}}/predict/compare.parquet",
             cell=cellspace.instance_patterns,
         ),
+        timing=expand(
+            f"{RUNS}/{{cell}}/predict/timing.parquet", cell=cellspace.instance_patterns
+        ),
+        microbench=(
+            [
+                rules.microbench_tables.output.summary,
+                rules.microbench_tables.output.fit,
+            ]
+            if config["microbench"]["enabled"]
+            else []
+        ),
+        microbench_figures=(
+            rules.microbench_figures.output if config["microbench"]["enabled"] else []
+        ),
+        predictions=rules.predictions_table.output,
+        prediction_heatmaps=rules.predictions_heatmaps.output,
         cell_figures=expand(
             f"{RUNS}/{{cell}}/figures/throughput.png", cell=cellspace.instance_patterns
         ),

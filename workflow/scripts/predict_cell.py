@@ -12,4 +12,5 @@ with log_to(snakemake.log[0]):
         plan_spec=dict(snakemake.params.strategy),
         warmup_steps=snakemake.params.warmup_steps,
         out_dir=Path(snakemake.output.compare).parent,
+        fit_paths=[Path(p) for p in snakemake.input.fits],
     )

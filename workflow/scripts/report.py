@@ -11,7 +11,9 @@ with log_to(snakemake.log[0]):
     render_report(
         aggregate_dir=aggregate_dir,
         study_figures=sorted(Path(snakemake.input.figures[0]).glob("*.png"))
-        + sorted(Path(snakemake.input.learning).glob("*.png")),
+        + sorted(Path(snakemake.input.learning).glob("*.png"))
+        + [p for d in snakemake.input.microbench_figures for p in sorted(Path(d).glob("*.png"))]
+        + [Path(snakemake.input.prediction_heatmaps[0])],
         cell_figures=dict(
             zip(snakemake.params.cells, map(Path, snakemake.input.cell_figures), strict=True)
         ),
@@ -22,5 +24,8 @@ with log_to(snakemake.log[0]):
             compare=list(map(Path, snakemake.input.compare)),
             learning=tuple(map(Path, snakemake.input.learning_tables)),
             imports=list(map(Path, snakemake.input.imports)),
+            timing=list(map(Path, snakemake.input.timing)),
+            microbench=tuple(map(Path, snakemake.input.microbench)) or None,
+            predictions=Path(snakemake.input.predictions[0]),
         ),
     )

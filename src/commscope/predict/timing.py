@@ -31,6 +31,12 @@ overlap the DP all-reduce, §5.1; commscope's DDP does, so this is an upper boun
 
 The step takes as long as the slowest rank (the DP all-reduce and the pipeline synchronise
 them); ratios are reported for that rank.
+
+Per-op parameters: ``ab_internode`` / ``ab_intranode`` map an op to ``(alpha_step_s, beta_Bps)``
+as fitted by the microbenchmark (:func:`commscope.bench.analysis.link_alpha_beta`: alpha per
+ring step, beta against the ring wire bytes above); ops they do not name use the scalar
+``alpha_s`` and betas. Precedence for beta: ``beta_by_traffic``, then the op's fit, then the
+scalar of its locality.
 """
 
 from __future__ import annotations
@@ -72,28 +78,38 @@ def _crosses_nodes(group_ranks: str, rank: int, peer: int, rpn: int) -> bool:
     return any(m // rpn != rank // rpn for m in members)
 
 
+AlphaBetaByOp = dict[str, tuple[float, float]]
+# Ops the microbenchmark does not run, timed with the parameters of one it does.
+_FIT_OF = {"barrier": "allreduce", "reduce": "reduce_scatter", "gather": "allgather"}
+
+
 def op_times(
     pred: pd.DataFrame,
     alpha_s: float,
     beta_Bps_internode: float,
     beta_Bps_intranode: float,
     beta_by_traffic: dict[str, float] | None = None,
+    ab_internode: AlphaBetaByOp | None = None,
+    ab_intranode: AlphaBetaByOp | None = None,
 ) -> pd.Series:
-    """Seconds each predicted op takes on its rank under the alpha-beta ring model."""
+    """Seconds each predicted op takes on its rank under the alpha-beta ring model
+    (per-op ``ab_*`` fits where given, see the module docstring)."""
     rpn = int(pred.attrs["predict"]["ranks_per_node"])
     keys = ["op", "bytes", "group_ranks", "group_size", "rank", "peer", "traffic"]
     uniq = pred[keys].drop_duplicates()
     times = {}
     for key in uniq.itertuples(index=False, name=None):
         op, nbytes, group, n, rank, peer, traffic = key
+        cross = _crosses_nodes(group, rank, peer, rpn)
+        alpha, beta = alpha_s, beta_Bps_internode if cross else beta_Bps_intranode
+        fits = ab_internode if cross else ab_intranode
+        fit = (fits or {}).get(op) or (fits or {}).get(_FIT_OF.get(op, ""))
+        if fit is not None:
+            alpha, beta = fit
         if beta_by_traffic and traffic in beta_by_traffic:
             beta = beta_by_traffic[traffic]
-        elif _crosses_nodes(group, rank, peer, rpn):
-            beta = beta_Bps_internode
-        else:
-            beta = beta_Bps_intranode
         steps = RING_STEPS.get(op, lambda n: 1)(int(n))
-        times[key] = steps * alpha_s + wire_bytes(op, nbytes, int(n)) / beta
+        times[key] = steps * alpha + wire_bytes(op, nbytes, int(n)) / beta
     return pd.Series(
         [times[k] for k in pred[keys].itertuples(index=False, name=None)], index=pred.index
     )
@@ -115,8 +131,13 @@ def predict_step_time(
     beta_Bps_internode: float,
     beta_Bps_intranode: float,
     beta_by_traffic: dict[str, float] | None = None,
+    ab_internode: AlphaBetaByOp | None = None,
+    ab_intranode: AlphaBetaByOp | None = None,
 ) -> dict[str, Any]:
     """Step time, communication ratio and bubble ratio of a :func:`predict_ops` result.
+
+    ``ab_internode`` / ``ab_intranode``: per-op (alpha per ring step, beta) fits that take
+    precedence over the scalar ``alpha_s`` and betas (see :func:`op_times`).
 
     ``compute_flops_per_s`` is the achieved rate (seed 002: mu x peak, mu = 0.3-0.4).
     Returns ``step_time_s`` (slowest rank), ``critical_rank``, ``compute_s``, ``comm_s`` and
@@ -130,7 +151,15 @@ def predict_step_time(
     m = int(meta["microbatches"])
     v = int(plan["stages_per_rank"]) if pipelined else 1
     df = pred.assign(
-        time_s=op_times(pred, alpha_s, beta_Bps_internode, beta_Bps_intranode, beta_by_traffic)
+        time_s=op_times(
+            pred,
+            alpha_s,
+            beta_Bps_internode,
+            beta_Bps_intranode,
+            beta_by_traffic,
+            ab_internode,
+            ab_intranode,
+        )
     )
     comm = df.pivot_table(index="rank", columns="traffic", values="time_s", aggfunc="sum")
     ranks = sorted(meta["flops"])

@@ -1,0 +1,318 @@
+"""Microbenchmark analysis: raw per-rank iterations -> tidy table -> bandwidths -> alpha-beta fits.
+
+Definitions (nccl-tests, ``doc/PERFORMANCE.md``), with S the op's size in nccl-tests' convention
+(see :mod:`commscope.workload.microbench`), t its time and n the op's own group size:
+
+* ``algbw = S / t``;
+* ``busbw = algbw * factor``: allreduce ``2(n-1)/n``; allgather, reduce_scatter, alltoall
+  ``(n-1)/n``; broadcast and sendrecv ``1``. busbw is what each rank's link carries per second
+  under the bandwidth-optimal algorithm, comparable across ops and with the link rate;
+* ``utilization = busbw / cap`` with the configured cap in bytes/s (tbf counts L2 frames, so a
+  TCP stream tops out near 0.96 of it); NaN on an unshaped link.
+
+An iteration's time is the maximum over the ranks that took part (the collective is done when
+its slowest rank is), each rank having started together after a barrier.
+
+The alpha-beta fit per (link, op) is ``t = alpha + wire / beta`` with ``wire`` from
+:func:`commscope.predict.timing.wire_bytes` (ring bytes per rank), so ``beta`` is directly
+comparable with the link rate and is the value the predictor needs. Sizes span five decades, so
+the fit minimises the squared *relative* error (an ordinary least squares on absolute time
+would fit the largest size only), with alpha, 1/beta >= 0.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from commscope.config import AXIS_DEFAULTS
+from commscope.predict.timing import RING_STEPS, wire_bytes
+
+LINK_AXES: tuple[str, ...] = ("bw", "delay", "jitter", "loss")
+UNSHAPED = {"bw": "none", "delay": "0ms", "jitter": "0ms", "loss": "0pct"}
+# tbf's bucket (64 KB, shaping.TBF_MIN_BURST_BYTES) passes a smaller message at line rate, so
+# on a capped link the fit uses sizes from 4x that up, where the cap governs the time.
+FIT_MIN_BYTES_CAPPED = 256 * 1024
+# The predictor's op names for the benchmark's ops.
+PREDICT_OP = {"sendrecv": "send"}
+TIDY_COLUMNS = [*LINK_AXES, "link", "nodes", "ranks_per_node", "backend", "op", "bytes",
+                "group_size", "iteration", "time_s", "ranks"]  # fmt: skip
+SUMMARY_COLUMNS = [*LINK_AXES, "link", "nodes", "ranks_per_node", "backend", "op", "bytes",
+                   "group_size", "iterations", "time_s", "time_min_s", "time_max_s",
+                   "algbw_Bps", "busbw_Bps", "cap_Bps", "utilization"]  # fmt: skip
+FIT_COLUMNS = [*LINK_AXES, "link", "nodes", "ranks_per_node", "backend", "op", "group_size",
+               "points", "fit_min_bytes", "alpha_s", "alpha_step_s", "beta_Bps", "cap_Bps",
+               "beta_over_cap", "r2_log", "median_rel_error", "max_rel_error"]  # fmt: skip
+
+
+# ─────────────────────────────────────────────────────────── link settings
+
+
+def link_id(link: Mapping[str, Any]) -> str:
+    """Directory path of one link setting, e.g. ``bw~50mbit/delay~0ms/jitter~0ms/loss~0pct``."""
+    return "/".join(f"{axis}~{link[axis]}" for axis in LINK_AXES)
+
+
+def link_settings(links: str | Sequence[Mapping[str, Any]], cells: pd.DataFrame) -> pd.DataFrame:
+    """The link settings to benchmark: every distinct (bw, delay, jitter, loss) of the sweep
+    ``cells`` when ``links == "sweep"``, else the given list (missing axes take the sweep's
+    defaults). Sorted, one row per setting, with a ``link`` column (:func:`link_id`)."""
+    if isinstance(links, str):
+        if links != "sweep":
+            raise ValueError(f"microbench.links: {links!r} must be 'sweep' or a list of links")
+        frame = cells[list(LINK_AXES)].drop_duplicates()
+    else:
+        rows = [
+            {
+                axis: str(link.get(axis, (AXIS_DEFAULTS.get(axis) or [None])[0]))
+                for axis in LINK_AXES
+            }
+            for link in links
+        ]
+        frame = pd.DataFrame(rows, columns=list(LINK_AXES)).drop_duplicates()
+    frame = frame.astype(str).sort_values(list(LINK_AXES)).reset_index(drop=True)
+    frame["link"] = [link_id(r) for r in frame.to_dict("records")]
+    return frame
+
+
+def cap_bytes_per_s(bw: str) -> float:
+    """The configured rate cap in bytes/s (``50mbit`` -> 6.25e6); NaN when unshaped."""
+    from commscope.shaping import LinkShape
+
+    rate = LinkShape.parse(bw).rate_bps
+    return float("nan") if rate is None else rate / 8
+
+
+# ─────────────────────────────────────────────────────────── definitions
+
+
+def message_sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
+    """Sizes from ``min_bytes`` up to ``max_bytes`` (included when on the grid), each ``factor``
+    times the last: 1 KiB .. 64 MiB by 4 gives 1K, 4K, 16K, ..., 64M (9 sizes)."""
+    if min_bytes < 4 or max_bytes < min_bytes or factor < 2:
+        raise ValueError(
+            f"microbench sizes: need 4 <= min_bytes <= max_bytes and factor >= 2 "
+            f"(got min_bytes={min_bytes}, max_bytes={max_bytes}, factor={factor})"
+        )
+    sizes = []
+    size = int(min_bytes)
+    while size <= max_bytes:
+        sizes.append(size)
+        size *= int(factor)
+    return sizes
+
+
+def busbw_factor(op: str, n: int) -> float:
+    """nccl-tests' bus bandwidth factor for ``op`` on a group of ``n`` ranks."""
+    if op == "allreduce":
+        return 2 * (n - 1) / n
+    if op in ("allgather", "reduce_scatter", "alltoall"):
+        return (n - 1) / n
+    if op in ("broadcast", "sendrecv", "reduce", "send", "recv"):
+        return 1.0
+    raise ValueError(f"no busbw definition for op {op!r}")
+
+
+def predict_bytes(op: str, size: float, n: int) -> float:
+    """The benchmark's size in the predictor's convention (what a rank contributes):
+    an all-gather's shard is ``S / n``; every other op's is ``S``."""
+    return size / n if op == "allgather" else float(size)
+
+
+def op_wire_bytes(op: str, size: float, n: int) -> float:
+    """Ring bytes per rank of one benchmark op of nccl-tests size ``size`` (predictor model)."""
+    return wire_bytes(PREDICT_OP.get(op, op), predict_bytes(op, size, n), n)
+
+
+def ring_steps(op: str, n: int) -> int:
+    """Latency terms of the ring algorithm (the predictor's ``steps``) for a benchmark op."""
+    return int(RING_STEPS[PREDICT_OP.get(op, op)](n))
+
+
+# ─────────────────────────────────────────────────────────── tables
+
+
+def load_raw(raw_dir: Path, link: Mapping[str, Any]) -> pd.DataFrame:
+    """Tidy table of one link setting's run (``run_cell`` output dir with one folder per node):
+    one row per (op, bytes, timed iteration), ``time_s`` the maximum over the ranks that took
+    part, ``ranks`` how many did; warm-up iterations are dropped. Columns: :data:`TIDY_COLUMNS`."""
+    raw_dir = Path(raw_dir)
+    paths = sorted(raw_dir.rglob("bench_rank*.parquet"))
+    if not paths:
+        raise FileNotFoundError(f"no bench_rank*.parquet under {raw_dir}")
+    raw = pd.concat([pd.read_parquet(p) for p in paths], ignore_index=True)
+    metas = [json.loads(p.read_text()) for p in sorted(raw_dir.rglob("bench_rank*.json"))]
+    timed = raw[~raw["warmup"]]
+    out = (
+        timed.groupby(["op", "bytes", "group_size", "iteration"], sort=True)
+        .agg(time_ns=("time_ns", "max"), ranks=("rank", "nunique"))
+        .reset_index()
+    )
+    out["time_s"] = out.pop("time_ns") / 1e9
+    world = metas[0]["world_size"] if metas else int(raw["rank"].nunique())
+    rpn = metas[0]["ranks_per_node"] if metas else 1
+    out["nodes"] = world // rpn
+    out["ranks_per_node"] = rpn
+    out["backend"] = metas[0]["backend"] if metas else "unknown"
+    for axis in LINK_AXES:
+        out[axis] = str(link[axis])
+    out["link"] = link_id(link)
+    return out[TIDY_COLUMNS]
+
+
+def summarize(tidy: pd.DataFrame) -> pd.DataFrame:
+    """Per (link, op, size): median time, algbw, busbw and utilization (module docstring).
+    Columns: :data:`SUMMARY_COLUMNS`."""
+    keys = [*LINK_AXES, "link", "nodes", "ranks_per_node", "backend", "op", "bytes", "group_size"]
+    out = (
+        tidy.groupby(keys, sort=True)["time_s"]
+        .agg(iterations="size", time_s="median", time_min_s="min", time_max_s="max")
+        .reset_index()
+    )
+    out["algbw_Bps"] = out["bytes"] / out["time_s"]
+    factors = [busbw_factor(o, int(n)) for o, n in zip(out["op"], out["group_size"], strict=True)]
+    out["busbw_Bps"] = out["algbw_Bps"] * np.asarray(factors, dtype=float)
+    out["cap_Bps"] = [cap_bytes_per_s(b) for b in out["bw"]]
+    out["utilization"] = out["busbw_Bps"] / out["cap_Bps"]
+    return out[SUMMARY_COLUMNS]
+
+
+def fit_alpha_beta(wire: Iterable[float], times: Iterable[float]) -> tuple[float, float]:
+    """Least-squares fit of ``t = alpha + wire / beta`` on relative error, alpha, 1/beta >= 0.
+
+    Minimises ``sum(((alpha + wire_i / beta) / t_i - 1) ** 2)``, linear in (alpha, 1/beta).
+    Returns ``(alpha_s, beta_Bps)``; beta is inf when time does not grow with size."""
+    w = np.asarray(list(wire), dtype=float)
+    t = np.asarray(list(times), dtype=float)
+    ok = np.isfinite(w) & np.isfinite(t) & (t > 0)
+    w, t = w[ok], t[ok]
+    if len(t) == 0:
+        return float("nan"), float("nan")
+    a_col, g_col = 1 / t, w / t
+    if len(t) >= 2:
+        (alpha, gamma), *_ = np.linalg.lstsq(np.column_stack([a_col, g_col]), np.ones_like(t))
+    else:
+        alpha, gamma = -1.0, -1.0
+    # Clamp to the feasible region: the best one-parameter fit on the boundary.
+    if alpha < 0 or gamma < 0:
+        gamma_only = g_col.sum() / (g_col**2).sum() if (g_col**2).sum() > 0 else 0.0
+        alpha_only = a_col.sum() / (a_col**2).sum()
+
+        def loss(a: float, g: float) -> float:
+            return float((((a + g * w) / t - 1) ** 2).sum())
+
+        if gamma_only > 0 and loss(0.0, gamma_only) <= loss(alpha_only, 0.0):
+            alpha, gamma = 0.0, gamma_only
+        else:
+            alpha, gamma = alpha_only, 0.0
+    beta = math.inf if gamma == 0 else 1 / float(gamma)
+    return float(alpha), beta
+
+
+def fit_table(summary: pd.DataFrame) -> pd.DataFrame:
+    """Alpha-beta fit per (link, op) over the sizes' median times (on a capped link only sizes
+    from :data:`FIT_MIN_BYTES_CAPPED` up: below tbf's bucket the cap does not apply, and
+    ``fit_min_bytes`` says what was used). Columns: :data:`FIT_COLUMNS`;
+    ``alpha_step_s`` = alpha / the ring's latency terms at the benchmark's group size (what the
+    predictor multiplies by a group's own number of steps), ``r2_log`` the R² of log time."""
+    keys = [*LINK_AXES, "link", "nodes", "ranks_per_node", "backend", "op", "group_size"]
+    rows = []
+    for key, g in summary.groupby(keys, sort=True):
+        rec = dict(zip(keys, key, strict=True))
+        op, n = rec["op"], int(rec["group_size"])
+        cap = cap_bytes_per_s(rec["bw"])
+        min_bytes = FIT_MIN_BYTES_CAPPED if math.isfinite(cap) else 0
+        if (g["bytes"] >= min_bytes).sum() >= 2:
+            g = g[g["bytes"] >= min_bytes]
+        else:
+            min_bytes = int(g["bytes"].min())
+        wire = np.array([op_wire_bytes(op, s, n) for s in g["bytes"]])
+        t = g["time_s"].to_numpy(dtype=float)
+        alpha, beta = fit_alpha_beta(wire, t)
+        fitted = alpha + wire / beta
+        rel = np.abs(fitted / t - 1)
+        log_t, log_f = np.log(t), np.log(np.maximum(fitted, 1e-12))
+        ss_tot = float(((log_t - log_t.mean()) ** 2).sum())
+        rec.update(
+            points=len(g),
+            fit_min_bytes=int(min_bytes),
+            alpha_s=alpha,
+            alpha_step_s=alpha / max(ring_steps(op, n), 1),
+            beta_Bps=beta,
+            cap_Bps=cap,
+            beta_over_cap=beta / cap,
+            r2_log=1 - float(((log_t - log_f) ** 2).sum()) / ss_tot if ss_tot > 0 else float("nan"),
+            median_rel_error=float(np.median(rel)),
+            max_rel_error=float(rel.max()),
+        )
+        rows.append(rec)
+    return pd.DataFrame(rows, columns=FIT_COLUMNS)
+
+
+def analyse_link(raw_dir: Path, link: Mapping[str, Any], out_dir: Path) -> pd.DataFrame:
+    """Tidy, summary and fit tables of one link setting's run, written to ``out_dir`` as
+    ``bench.parquet``, ``summary.parquet`` and ``fit.parquet``; returns the fit."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tidy = load_raw(raw_dir, link)
+    summary = summarize(tidy)
+    fit = fit_table(summary)
+    tidy.to_parquet(out_dir / "bench.parquet", index=False)
+    summary.to_parquet(out_dir / "summary.parquet", index=False)
+    fit.to_parquet(out_dir / "fit.parquet", index=False)
+    return fit
+
+
+def combine(link_dirs: Sequence[Path], out_dir: Path) -> dict[str, pd.DataFrame]:
+    """Concatenate every link's ``bench``, ``summary`` and ``fit`` tables into ``out_dir``."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tables = {}
+    for name in ("bench", "summary", "fit"):
+        frames = [pd.read_parquet(Path(d) / f"{name}.parquet") for d in link_dirs]
+        tables[name] = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+        tables[name].to_parquet(out_dir / f"{name}.parquet", index=False)
+    return tables
+
+
+def link_alpha_beta(fit: pd.DataFrame, link: Mapping[str, Any]) -> dict[str, tuple[float, float]]:
+    """``{op: (alpha_step_s, beta_Bps)}`` of one link setting, in the predictor's op names
+    (sendrecv also as send and recv); empty when the fit has no row for that link."""
+    sel = fit[fit["link"] == link_id(link)]
+    out = {}
+    for rec in sel.to_dict("records"):
+        if not (math.isfinite(rec["alpha_step_s"]) and rec["beta_Bps"] > 0):
+            continue
+        ab = (float(rec["alpha_step_s"]), float(rec["beta_Bps"]))
+        out[rec["op"]] = ab
+        if rec["op"] == "sendrecv":
+            out["send"] = out["recv"] = ab
+    return out
+
+
+# ─────────────────────────────────────────────────────────── workflow helpers
+
+
+def link_of(wildcards: Mapping[str, Any]) -> dict[str, str]:
+    """The link setting named by a job's ``bw``/``delay``/``jitter``/``loss`` wildcards."""
+    return {axis: str(wildcards[axis]) for axis in LINK_AXES}
+
+
+def fit_inputs(
+    wildcards: Mapping[str, Any], enabled: bool, bench_links: Iterable[str], root: str
+) -> list[str]:
+    """Fits a cell's timing prediction reads: its own link setting's and, when benchmarked
+    anyway, the unshaped one's (for intra-node ops); none when microbench is disabled."""
+    if not enabled:
+        return []
+    own = link_id(link_of(wildcards))
+    fits = [f"{root}/{own}/fit.parquet"]
+    if link_id(UNSHAPED) in set(bench_links) and own != link_id(UNSHAPED):
+        fits.append(f"{root}/{link_id(UNSHAPED)}/fit.parquet")
+    return fits

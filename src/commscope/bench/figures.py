@@ -1,0 +1,128 @@
+"""Microbenchmark figures, drawn only from the analysis tables (:mod:`.analysis`).
+
+Agg canvases, no pyplot (as :mod:`commscope.figures`): no global state, deterministic output.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+import pandas as pd
+import seaborn as sns
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from commscope.bench.analysis import op_wire_bytes
+
+DPI = 110
+BENCH_FIGURES = ("busbw_vs_size", "time_vs_size")
+
+
+def _grid(ops: list[str]) -> tuple[Figure, list]:
+    cols = min(3, max(len(ops), 1))
+    rows = math.ceil(len(ops) / cols) if ops else 1
+    fig = Figure(figsize=(4.2 * cols, 3.4 * rows), dpi=DPI)
+    FigureCanvasAgg(fig)
+    axes = [fig.add_subplot(rows, cols, i + 1) for i in range(max(len(ops), 1))]
+    return fig, axes
+
+
+def _size_label(nbytes: float, _pos: object = None) -> str:
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g}{unit}"
+    return f"{nbytes:g}"
+
+
+def busbw_vs_size(summary: pd.DataFrame, path: Path) -> Path:
+    """busbw (Mbit/s) vs message size per op, one line per link setting, its cap dashed."""
+    ops = sorted(summary["op"].unique())
+    links = sorted(summary["link"].unique())
+    colors = dict(zip(links, sns.color_palette("colorblind", len(links)), strict=True))
+    style = {**sns.axes_style("whitegrid"), **sns.plotting_context("notebook", 0.85)}
+    with matplotlib.rc_context(style):
+        fig, axes = _grid(ops)
+        for ax, op in zip(axes, ops, strict=False):
+            for link in links:
+                d = summary[(summary["op"] == op) & (summary["link"] == link)].sort_values("bytes")
+                if d.empty:
+                    continue
+                label = link.replace("/", " ")
+                ax.plot(
+                    d["bytes"],
+                    d["busbw_Bps"] * 8 / 1e6,
+                    "o-",
+                    ms=3,
+                    color=colors[link],
+                    label=label,
+                )
+                cap = float(d["cap_Bps"].iloc[0])
+                if np.isfinite(cap):
+                    ax.axhline(cap * 8 / 1e6, ls="--", lw=1, color=colors[link])
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_size_label))
+            ax.set_title(op)
+            ax.set_xlabel("size (nccl-tests convention)")
+            ax.set_ylabel("busbw (Mbit/s)")
+        axes[0].legend(fontsize=7, title="link (dashed: cap)", title_fontsize=7)
+        fig.tight_layout()
+        fig.savefig(path)
+    return Path(path)
+
+
+def time_vs_size(summary: pd.DataFrame, fit: pd.DataFrame, path: Path) -> Path:
+    """Median time vs size per op (points, min-max bars) with the alpha-beta fit (lines)."""
+    ops = sorted(summary["op"].unique())
+    links = sorted(summary["link"].unique())
+    colors = dict(zip(links, sns.color_palette("colorblind", len(links)), strict=True))
+    style = {**sns.axes_style("whitegrid"), **sns.plotting_context("notebook", 0.85)}
+    with matplotlib.rc_context(style):
+        fig, axes = _grid(ops)
+        for ax, op in zip(axes, ops, strict=False):
+            for link in links:
+                d = summary[(summary["op"] == op) & (summary["link"] == link)].sort_values("bytes")
+                if d.empty:
+                    continue
+                err = [d["time_s"] - d["time_min_s"], d["time_max_s"] - d["time_s"]]
+                ax.errorbar(d["bytes"], d["time_s"], yerr=err, fmt="o", ms=3, color=colors[link],
+                            label=link.replace("/", " "))  # fmt: skip
+                f = fit[(fit["op"] == op) & (fit["link"] == link)]
+                if f.empty:
+                    continue
+                rec = f.iloc[0]
+                sizes = np.geomspace(d["bytes"].min(), d["bytes"].max(), 50)
+                n = int(rec["group_size"])
+                t = [rec["alpha_s"] + op_wire_bytes(op, s, n) / rec["beta_Bps"] for s in sizes]
+                ax.plot(sizes, t, "-", lw=1, color=colors[link])
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_size_label))
+            ax.set_title(op)
+            ax.set_xlabel("size (nccl-tests convention)")
+            ax.set_ylabel("time (s)")
+        axes[0].legend(fontsize=7, title="link (line: alpha-beta fit)", title_fontsize=7)
+        fig.tight_layout()
+        fig.savefig(path)
+    return Path(path)
+
+
+def bench_figures(summary: pd.DataFrame, fit: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """Write :data:`BENCH_FIGURES` as PNGs into ``out_dir``."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return [
+        busbw_vs_size(summary, out_dir / "busbw_vs_size.png"),
+        time_vs_size(summary, fit, out_dir / "time_vs_size.png"),
+    ]
+
+
+def bench_figures_from(table_dir: Path, out_dir: Path) -> list[Path]:
+    """:func:`bench_figures` from ``summary.parquet`` and ``fit.parquet`` in ``table_dir``."""
+    table_dir = Path(table_dir)
+    summary = pd.read_parquet(table_dir / "summary.parquet")
+    fit = pd.read_parquet(table_dir / "fit.parquet")
+    return bench_figures(summary, fit, out_dir)

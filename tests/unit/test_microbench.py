@@ -1,0 +1,224 @@
+"""Microbenchmark: definitions, size conventions, the alpha-beta fit, and the worker on loopback."""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch.multiprocessing as mp
+
+from commscope.bench.analysis import (
+    busbw_factor,
+    cap_bytes_per_s,
+    fit_alpha_beta,
+    fit_table,
+    link_alpha_beta,
+    link_id,
+    link_settings,
+    load_raw,
+    message_sizes,
+    op_wire_bytes,
+    summarize,
+)
+from commscope.bench.figures import bench_figures
+from commscope.bench.run import bench_spec
+from commscope.workload.microbench import OPS, iterations, sendrecv_pair, size_numel
+
+LINK = {"bw": "50mbit", "delay": "0ms", "jitter": "0ms", "loss": "0pct"}
+
+
+def test_busbw_factors_are_nccl_tests() -> None:
+    assert busbw_factor("allreduce", 2) == 1.0
+    assert busbw_factor("allreduce", 4) == 1.5
+    for op in ("allgather", "reduce_scatter", "alltoall"):
+        assert busbw_factor(op, 4) == 0.75
+        assert busbw_factor(op, 2) == 0.5
+    assert busbw_factor("broadcast", 8) == busbw_factor("sendrecv", 2) == 1.0
+    with pytest.raises(ValueError, match="gather"):
+        busbw_factor("gather", 2)
+
+
+def test_sizes_and_size_conventions() -> None:
+    sizes = message_sizes(1024, 64 << 20, 4)
+    assert sizes[0] == 1024 and sizes[-1] == 64 << 20 and len(sizes) == 9
+    assert message_sizes(1000, 5000, 2) == [1000, 2000, 4000]
+    with pytest.raises(ValueError, match="factor"):
+        message_sizes(1024, 2048, 1)
+    # S is the full (gathered / scattered / sent) buffer; split ops round to a multiple of n.
+    assert size_numel("allreduce", 4096, 3) == 1024
+    assert size_numel("allgather", 4096, 3) == 1023
+    assert size_numel("alltoall", 1024, 4) == 256
+    # Ring wire bytes per rank in the predictor's convention: an all-gather's S is n shards.
+    s = 1 << 20
+    assert op_wire_bytes("allreduce", s, 4) == 1.5 * s
+    assert op_wire_bytes("allgather", s, 4) == 0.75 * s
+    assert op_wire_bytes("reduce_scatter", s, 4) == 0.75 * s
+    assert op_wire_bytes("sendrecv", s, 2) == s
+    # With these conventions busbw is exactly the ring's wire rate, for every op.
+    for op in OPS:
+        n = 2 if op == "sendrecv" else 4
+        assert op_wire_bytes(op, s, n) == pytest.approx(s * busbw_factor(op, n))
+
+
+def test_iterations_adapt_to_op_time() -> None:
+    assert iterations(0.001, 0.3, 1, 20) == 20
+    assert iterations(0.05, 0.3, 1, 20) == 6
+    assert iterations(11.0, 0.3, 1, 20) == 1
+    assert iterations(11.0, 0.3, 3, 20) == 3
+    assert sendrecv_pair(4, 2) == (0, 2)
+    with pytest.raises(ValueError, match="2 nodes"):
+        sendrecv_pair(2, 2)
+
+
+def test_fit_recovers_known_alpha_beta() -> None:
+    alpha, beta = 250e-6, 6.0e6
+    wire = np.array([1024 * 4**i for i in range(9)], dtype=float)
+    rng = np.random.default_rng(0)
+    noisy = (alpha + wire / beta) * (1 + 0.01 * rng.standard_normal(len(wire)))
+    a, b = fit_alpha_beta(wire, noisy)
+    assert a == pytest.approx(alpha, rel=0.05)
+    assert b == pytest.approx(beta, rel=0.02)
+    # Exact data is fitted exactly; pure latency gives beta = inf, never a negative beta.
+    a, b = fit_alpha_beta(wire, alpha + wire / beta)
+    assert (a, b) == (pytest.approx(alpha), pytest.approx(beta))
+    a, b = fit_alpha_beta(wire, np.full(len(wire), 1e-3))
+    assert b == math.inf and a == pytest.approx(1e-3)
+
+
+def _synthetic_tidy(alpha: float, beta: float, bw: str) -> pd.DataFrame:
+    rows = []
+    link = {**LINK, "bw": bw}
+    for op in ("allreduce", "sendrecv"):
+        for size in message_sizes(1024, 16 << 20, 4):
+            t = alpha * (2 if op == "allreduce" else 1) + op_wire_bytes(op, size, 2) / beta
+            for it in range(3):
+                rows.append({**link, "link": link_id(link), "nodes": 2, "ranks_per_node": 1,
+                             "backend": "gloo", "op": op, "bytes": size, "group_size": 2,
+                             "iteration": it, "time_s": t * (1 + 0.01 * (it - 1)),
+                             "ranks": 2})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_summary_utilization_and_fit_table(tmp_path: Path) -> None:
+    beta = 0.95 * 50e6 / 8
+    summary = summarize(_synthetic_tidy(100e-6, beta, "50mbit"))
+    big = summary[(summary.bytes == 16 << 20) & (summary.op == "allreduce")].iloc[0]
+    assert big.iterations == 3
+    assert big.busbw_Bps == pytest.approx(big.algbw_Bps)  # 2(n-1)/n = 1 for n = 2
+    assert big.cap_Bps == 50e6 / 8 == cap_bytes_per_s("50mbit")
+    assert big.utilization == pytest.approx(0.95, rel=0.01)
+    assert math.isnan(cap_bytes_per_s("none"))
+    fit = fit_table(summary).set_index("op")
+    assert fit.loc["sendrecv", "beta_Bps"] == pytest.approx(beta, rel=0.01)
+    assert fit.loc["allreduce", "alpha_s"] == pytest.approx(200e-6, rel=0.05)
+    assert fit.loc["allreduce", "alpha_step_s"] == pytest.approx(100e-6, rel=0.05)
+    assert fit.loc["allreduce", "beta_over_cap"] == pytest.approx(0.95, rel=0.01)
+    assert (fit["r2_log"] > 0.99).all() and (fit["median_rel_error"] < 0.02).all()
+    ab = link_alpha_beta(fit.reset_index(), LINK)
+    assert set(ab) == {"allreduce", "sendrecv", "send", "recv"}
+    assert ab["send"][1] == pytest.approx(beta, rel=0.01)
+    paths = bench_figures(summary, fit.reset_index(), tmp_path)
+    assert all(p.stat().st_size > 10_000 for p in paths)
+
+
+def test_link_settings_from_sweep_or_list() -> None:
+    cells = pd.DataFrame(
+        [
+            {"strategy": s, "bw": bw, "delay": "0ms", "jitter": "0ms", "loss": "0pct"}
+            for s in ("ddp", "pp")
+            for bw in ("50mbit", "none", "200mbit")
+        ]  # fmt: skip
+    )
+    links = link_settings("sweep", cells)
+    assert list(links["bw"]) == ["200mbit", "50mbit", "none"]
+    assert links["link"].iloc[1] == "bw~50mbit/delay~0ms/jitter~0ms/loss~0pct"
+    explicit = link_settings([{"bw": "1gbit"}, {"bw": "1gbit", "delay": "0ms"}], cells)
+    assert explicit.to_dict("records") == [
+        {
+            "bw": "1gbit",
+            "delay": "0ms",
+            "jitter": "0ms",
+            "loss": "0pct",
+            "link": "bw~1gbit/delay~0ms/jitter~0ms/loss~0pct",
+        }  # fmt: skip
+    ]
+
+
+def test_bench_spec_from_config_block() -> None:
+    from commscope.config import validate_config
+
+    cfg = validate_config({"models": {"m": {"batch": 1}}, "sweep": _SWEEP})
+    spec = bench_spec(cfg["microbench"], cfg["run"])
+    assert spec["ops"] == list(OPS)
+    assert spec["sizes"] == message_sizes(1024, 64 << 20, 4)
+    assert spec["pg_timeout_s"] == cfg["run"]["timeout_s"]
+    assert cfg["run"]["socket_hz"] == 10 and cfg["run"]["pcap"] is True
+
+
+_SWEEP = {"strategy": ["ddp"], "model": ["m"], "nodes": [2], "ranks_per_node": [1],
+          "bw": ["none"], "steps": [2]}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("block", "key"),
+    [
+        ({"ops": ["allreduce", "gather"]}, "microbench.ops"),
+        ({"factor": 1}, "microbench.factor"),
+        ({"links": [{"bw": "fast"}]}, "microbench.links"),
+        ({"links": "all"}, "microbench.links"),
+        ({"nodes": 1}, "microbench.nodes"),
+        ({"budget": 1}, "microbench"),
+    ],
+)
+def test_bad_microbench_config_names_the_key(block: dict, key: str) -> None:
+    from commscope.config import ConfigError, validate_config
+
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        validate_config({"models": {"m": {"batch": 1}}, "sweep": _SWEEP, "microbench": block})
+
+
+# ─────────────────────────────────────────────────────────── the worker, for real
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, port: int, out: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from commscope.workload.microbench import bench
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    spec = {"sizes": [1024, 4096, 65536], "budget_s": 0.01, "max_iters": 4, "min_iters": 2}
+    table = bench(spec, torch.device("cpu"), node=rank, ranks_per_node=1)
+    dist.destroy_process_group()
+    table.to_parquet(Path(out) / "node" / f"bench_rank{rank}.parquet", index=False)
+
+
+def test_worker_on_loopback_gloo(tmp_path: Path) -> None:
+    (tmp_path / "node").mkdir()
+    mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
+    raw = pd.concat(pd.read_parquet(p) for p in sorted(tmp_path.rglob("bench_rank*.parquet")))
+    assert set(raw["op"]) == set(OPS)
+    assert (raw["time_ns"] > 0).all()
+    timed = raw[~raw["warmup"]]
+    # Both ranks ran the same iterations of every (op, size): between min_iters and max_iters.
+    per = timed.groupby(["op", "bytes", "rank"]).size().unstack("rank")
+    assert (per[0] == per[1]).all() and per[0].between(2, 4).all()
+    assert set(raw.loc[raw.op == "allgather", "bytes"]) == {1024, 4096, 65536}
+    tidy = load_raw(tmp_path, {**LINK, "bw": "none"})
+    assert (tidy["ranks"] == 2).all() and (tidy["nodes"] == 2).all()
+    summary = summarize(tidy)
+    assert len(summary) == 6 * 3 and summary["utilization"].isna().all()
+    assert (summary["busbw_Bps"] > 0).all()

@@ -1,0 +1,45 @@
+"""Step-time prediction fed by microbenchmark fits, and the measured compute/communication split."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from commscope.predict.model import predict_ops
+from commscope.predict.pipeline import rank_step_split
+from commscope.predict.timing import predict_step_time, wire_bytes
+
+TINY = {"layers": 2, "hidden": 64, "heads": 2, "seq": 32, "vocab": 256, "batch": 4}
+
+
+def test_per_op_fits_take_precedence_over_scalars() -> None:
+    pred = predict_ops(TINY, {"dp": -1}, 2, 1)
+    ar = pred[pred.op == "allreduce"]
+    fits = {"allreduce": (1e-3, 2e6)}
+    t = predict_step_time(pred, 1e12, 0.0, 1e9, 1e9, ab_internode=fits, ab_intranode=fits)
+    expected = sum(
+        2 * 1e-3 + wire_bytes("allreduce", b, 2) / 2e6 for b in ar[ar["rank"] == 0].bytes
+    )
+    assert t["comm_s"] == pytest.approx(expected)
+    # Without fits the scalars apply; an unfitted op falls back to them too.
+    t0 = predict_step_time(pred, 1e12, 0.0, 1e9, 1e9, ab_internode={"sendrecv": (1.0, 1.0)})
+    assert t0["comm_s"] == pytest.approx(
+        sum(wire_bytes("allreduce", b, 2) / 1e9 for b in ar[ar["rank"] == 0].bytes)
+    )
+
+
+def test_rank_step_split_unions_overlapping_ops() -> None:
+    steps = pd.DataFrame(
+        [(0, s, "step", s * 1000, s * 1000 + 1000) for s in range(3)],
+        columns=["rank", "step", "phase", "t_start_ns", "t_end_ns"],
+    )
+    ops = pd.DataFrame(
+        # step 2: two overlapping ops (100-400, 300-500) and one past the step's end (900-1200)
+        [(0, 2, 2100, 2400), (0, 2, 2300, 2500), (0, 2, 2900, 3200), (0, 0, 0, 999)],
+        columns=["rank", "step", "t_issue_ns", "t_end_ns"],
+    ).astype({"t_end_ns": "Int64"})
+    split = rank_step_split(ops, steps, warmup_steps=1).set_index("step")
+    assert list(split.index) == [1, 2]
+    assert split.loc[1, "comm_s"] == 0 and split.loc[1, "compute_s"] == pytest.approx(1e-6)
+    assert split.loc[2, "comm_s"] == pytest.approx(500e-9)  # 400 + 100 clipped at the end
+    assert split.loc[2, "compute_s"] == pytest.approx(500e-9)
