@@ -59,6 +59,7 @@ METRIC_TABLES: tuple[str, ...] = (
     "node_matrix",
     "crosscheck",
     "matrix_check",
+    "sockets",
 )
 
 DEFAULT_BIN_MS: tuple[int, ...] = (1, 10, 100)
@@ -98,12 +99,14 @@ GLOO_MAX_SEGMENT_BYTES = 1024 * 1024
 
 @dataclass
 class CellTraces:
-    """The trace tables of one sweep cell plus its ``cell.json`` metadata."""
+    """The trace tables of one sweep cell plus its ``cell.json`` metadata; ``sockets`` is
+    ``sockets.parquet`` (empty for runs without socket statistics)."""
 
     ops: pd.DataFrame
     steps: pd.DataFrame
     counters: pd.DataFrame
     meta: dict[str, Any] = field(default_factory=dict)
+    sockets: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
     def warmup_steps(self) -> int:
@@ -125,18 +128,24 @@ class CellTraces:
 
 
 def load_cell(cell_dir: Path) -> CellTraces:
-    """Read ``cell.json``, ``ops.parquet``, ``steps.parquet`` and ``counters.parquet``.
+    """Read ``cell.json``, ``ops.parquet``, ``steps.parquet``, ``counters.parquet`` and
+    ``sockets.parquet``.
 
-    A missing ``ops`` or ``counters`` table (a run without communication, a node without a
-    sampler) loads as an empty frame so the metrics degrade to NaN instead of failing;
-    ``cell.json`` and ``steps.parquet`` are required.
+    A missing ``ops``, ``counters`` or ``sockets`` table (a run without communication, a node
+    without a sampler, a run from before socket statistics) loads as an empty frame so the
+    metrics degrade to NaN instead of failing; ``cell.json`` and ``steps.parquet`` are
+    required. MoE all-to-alls recorded without
+    ``split_bytes`` get them from ``moe.parquet`` where that is exact
+    (:func:`alltoall_splits_from_routing`).
     """
     cell_dir = Path(cell_dir)
     meta = json.loads((cell_dir / "cell.json").read_text())
     steps = pd.read_parquet(cell_dir / "steps.parquet")
     ops = _read_optional(cell_dir / "ops.parquet")
     counters = _read_optional(cell_dir / "counters.parquet")
-    return CellTraces(ops=ops, steps=steps, counters=counters, meta=meta)
+    ops = alltoall_splits_from_routing(ops, _read_optional(cell_dir / ROUTING_FILE))
+    sockets = _read_optional(cell_dir / SOCKETS_FILE)
+    return CellTraces(ops=ops, steps=steps, counters=counters, meta=meta, sockets=sockets)
 
 
 def _read_optional(path: Path) -> pd.DataFrame:
@@ -707,6 +716,124 @@ def _alltoall_destinations(
             f"{SPLIT_COLUMN} has {len(exact)} entries for a group of {n} ({group_ranks!r})"
         )
     return [(m, b) for m, b in zip(members, exact, strict=True) if m != rank]
+
+
+# The MoE model's routing table (trace/moe.parquet): per rank, step, MoE layer and destination
+# EP rank, the tokens the dispatch all-to-all sent there and received from there.
+ROUTING_FILE = "moe.parquet"
+
+
+def alltoall_splits_from_routing(ops: pd.DataFrame, routing: pd.DataFrame) -> pd.DataFrame:
+    """``ops`` with the exact per-destination bytes (``split_bytes``) of the MoE token
+    all-to-alls filled in from the routing table, for traces recorded without them.
+
+    The MoE layer (commscope.workload.moe) issues per forward a dispatch all-to-all that sends
+    ``tokens_sent[d]`` rows to EP rank d and receives ``tokens_received[d]``, a combine that
+    sends the received rows back (``tokens_received[d]`` to d), and in backward the mirror of
+    each (combine's backward sends as the dispatch, dispatch's as the combine); every row is one
+    token of ``token_bytes`` = hidden x element size. ``routing`` (``moe.parquet``: ``rank``,
+    ``step``, ``layer``, ``dst_rank``, ``tokens_sent``, ``tokens_received``; a layer run twice in
+    a step repeats its rows in order) gives those counts per forward, but not which op record
+    is which, so each record is matched by its totals: an all-to-all of the same rank, step and
+    group whose input ``bytes`` and ``bytes_out`` are ``token_bytes`` times the sent and
+    received (dispatch pattern) or received and sent (combine pattern) token totals of one
+    forward. ``token_bytes`` is the value that explains the most records of the cell. A record
+    gets ``split_bytes`` = ``token_bytes`` x the token counts of its pattern in group-rank order
+    ("b0,b1,...") only when every forward it matches gives the same splits; other records
+    (the per-expert count all-to-all, which is an even split, ambiguous matches, other ops)
+    and records that already carry ``split_bytes`` are left as they are.
+    """
+    need = {"rank", "step", "layer", "dst_rank", "tokens_sent", "tokens_received"}
+    if ops.empty or routing.empty or not need <= set(routing.columns) or "op" not in ops:
+        return ops
+    todo = ops["op"] == "alltoall"
+    if SPLIT_COLUMN in ops:
+        todo &= ops[SPLIT_COLUMN].map(_parse_splits).isna()
+    if not todo.any():
+        return ops
+    rows = routing[list(need)].copy()
+    # A layer that ran several forwards in one step (microbatches) repeats its rows in order.
+    rows["forward"] = rows.groupby(["rank", "step", "layer", "dst_rank"]).cumcount()
+    forwards: dict[tuple[int, int], list[dict[int, tuple[int, int]]]] = {}
+    for (rank, step, _layer, _fwd), sub in rows.groupby(
+        ["rank", "step", "layer", "forward"], sort=False
+    ):
+        counts = {
+            int(d): (int(t), int(r))
+            for d, t, r in sub[["dst_rank", "tokens_sent", "tokens_received"]].itertuples(
+                index=False, name=None
+            )
+        }
+        forwards.setdefault((int(rank), int(step)), []).append(counts)
+    matches: dict[Any, list[tuple[int, tuple[int, ...]]]] = {}
+    candidates = ops.loc[todo, ["rank", "step", "group_ranks", "bytes", "bytes_out"]]
+    for idx, rank, step, group_ranks, size, size_out in candidates.itertuples(name=None):
+        members = _parse_ranks(group_ranks)
+        if pd.isna(step) or pd.isna(size) or pd.isna(size_out):
+            continue
+        found = []
+        for counts in forwards.get((int(rank), int(step)), []):
+            if set(counts) != set(members):
+                continue
+            sent = [counts[m][0] for m in members]
+            received = [counts[m][1] for m in members]
+            for first, (out_tokens, in_tokens) in enumerate(((sent, received), (received, sent))):
+                token_bytes = _token_bytes(int(size), int(size_out), out_tokens, in_tokens)
+                if token_bytes:
+                    found.append((token_bytes, tuple(out_tokens), first == 0))
+        if found:
+            matches[idx] = found
+    if not matches:
+        return ops
+    votes = pd.Series([tb for found in matches.values() for tb in {f[0] for f in found}])
+    token_bytes = int(votes.mode().iloc[0])
+    chosen: dict[Any, tuple[int, ...]] = {}
+    tied: dict[tuple[Any, ...], list[Any]] = {}
+    for idx, found in matches.items():
+        patterns = {(tokens, dispatch) for tb, tokens, dispatch in found if tb == token_bytes}
+        if len({tokens for tokens, _ in patterns}) == 1:
+            chosen[idx] = patterns.pop()[0]
+        elif len(patterns) == 2 and {d for _, d in patterns} == {True, False}:
+            # One forward whose sent and received totals are equal: both patterns fit.
+            key = (ops.at[idx, "rank"], ops.at[idx, "step"], _phase_of(ops, idx), *patterns)
+            tied.setdefault(key, []).append(idx)
+    # In a forward the dispatch (sent pattern) precedes the combine (received pattern), and in
+    # backward the combine's mirror (sent pattern) precedes the dispatch's: within a phase the
+    # records tied to one forward alternate sent, received in issue order.
+    for key, idxs in tied.items():
+        if len(idxs) % 2:
+            continue
+        by_pattern = {dispatch: tokens for tokens, dispatch in key[3:]}
+        order = sorted(idxs, key=lambda i: int(ops.at[i, "seq"]) if "seq" in ops else i)
+        for k, idx in enumerate(order):
+            chosen[idx] = by_pattern[k % 2 == 0]
+    splits = {idx: ",".join(str(token_bytes * t) for t in tokens) for idx, tokens in chosen.items()}
+    if not splits:
+        return ops
+    out = ops.copy()
+    if SPLIT_COLUMN not in out:
+        out[SPLIT_COLUMN] = pd.Series(None, index=out.index, dtype="object")
+    else:
+        out[SPLIT_COLUMN] = out[SPLIT_COLUMN].astype("object")
+    out.loc[list(splits), SPLIT_COLUMN] = pd.Series(splits)
+    return out
+
+
+def _phase_of(ops: pd.DataFrame, idx: Any) -> Any:
+    return ops.at[idx, "phase"] if "phase" in ops else None
+
+
+def _token_bytes(size: int, size_out: int, out_tokens: list[int], in_tokens: list[int]) -> int:
+    """The bytes per token under which an all-to-all of ``size`` bytes in and ``size_out`` out
+    sends ``out_tokens`` and receives ``in_tokens`` rows in total; 0 when none does."""
+    sent, received = sum(out_tokens), sum(in_tokens)
+    if sent > 0 and size % sent == 0:
+        token_bytes = size // sent
+        return token_bytes if token_bytes > 0 and size_out == token_bytes * received else 0
+    # A rank that sends no token (its experts got none to return) still receives some.
+    if sent == 0 == size and received > 0 and size_out % received == 0:
+        return size_out // received
+    return 0
 
 
 def _direct_rooted(
@@ -1353,6 +1480,7 @@ CROSSCHECK_COLUMNS = [
     "remainder_bytes_per_step",
     "header_bytes",
     "protocol_bytes",
+    "retrans_bytes",
     "unexplained_bytes",
     "unexplained_bytes_per_step",
     "unexplained_fraction",
@@ -1444,36 +1572,111 @@ def wire_counts(counters: pd.DataFrame, window: tuple[int, int]) -> pd.DataFrame
     return out[cols]
 
 
+def _instance_keys(ops: pd.DataFrame) -> list[pd.Series] | None:
+    """Columns that identify an op *instance* (all records of one collective or one send/recv
+    pair): a collective's (``group``, ``seq``), a P2P pair's (``group``, sender, receiver,
+    ``seq``). None when the trace lacks those columns."""
+    if not {"group", "seq", "op", "rank", "peer"} <= set(ops.columns):
+        return None
+    p2p = ops["op"].isin(P2P_OPS)
+    is_send = ops["op"] == "send"
+    sender = ops["rank"].where(is_send | ~p2p, ops["peer"]).where(p2p, -1)
+    receiver = ops["peer"].where(is_send, ops["rank"]).where(p2p, -1)
+    return [
+        ops["group"].astype(str).rename("group"),
+        sender.astype("int64").rename("sender"),
+        receiver.astype("int64").rename("receiver"),
+        ops["seq"].astype("int64").rename("seq"),
+    ]
+
+
 def _ops_in_window(ops: pd.DataFrame, window: tuple[int, int]) -> pd.DataFrame:
     """The op records whose transfers happen inside ``window`` (the counters' window).
 
     No byte of an op moves before every member has issued it (gloo posts a send-ready
     notice and waits for the peer's recv-ready one), so an op instance is placed at its last
-    member's issue time and all its records are kept or dropped together. An instance is a
-    collective's (``group``, ``seq``) or a send/recv pair's (``group``, sender, receiver,
-    ``seq``). Without those columns each record is placed at its own issue time. This keeps a
-    collective that one rank issued just before the window (pipeline stages start their steps
-    at different times) from counting on one side only.
+    member's issue time and all its records are kept or dropped together (instances as in
+    :func:`_instance_keys`). Without those columns each record is placed at its own issue
+    time. This keeps a collective that one rank issued just before the window (pipeline
+    stages start their steps at different times) from counting on one side only. Whether the
+    instance's bytes also *end* inside the window is up to the window: see
+    :func:`quiet_window`.
     """
     if ops.empty:
         return ops
     issued = pd.to_numeric(ops["t_issue_ns"], errors="coerce")
-    if {"group", "seq", "op", "rank", "peer"} <= set(ops.columns):
-        p2p = ops["op"].isin(P2P_OPS)
-        is_send = ops["op"] == "send"
-        sender = ops["rank"].where(is_send | ~p2p, ops["peer"]).where(p2p, -1)
-        receiver = ops["peer"].where(is_send, ops["rank"]).where(p2p, -1)
-        key = pd.DataFrame(
-            {
-                "group": ops["group"].astype(str),
-                "sender": sender.astype("int64"),
-                "receiver": receiver.astype("int64"),
-                "seq": ops["seq"].astype("int64"),
-            },
-            index=ops.index,
-        )
-        issued = issued.groupby([key[c] for c in key.columns], dropna=False).transform("max")
+    keys = _instance_keys(ops)
+    if keys is not None:
+        issued = issued.groupby(keys, dropna=False).transform("max")
     return ops[(issued >= window[0]) & (issued <= window[1])]
+
+
+def quiet_window(
+    ops: pd.DataFrame, window: tuple[int, int], ranks_per_node: Any = None
+) -> tuple[int, int]:
+    """``window`` with each edge moved forward, if needed, to an instant when no op that
+    crosses nodes is moving bytes, so the interface counters and the ops counted by
+    :func:`_ops_in_window` cover the same transfers.
+
+    An op instance moves its bytes between its last member's issue (before that gloo sends
+    nothing but a 48 B recv-ready notice) and its last member's completion (``t_end_ns``; an
+    instance without one counts as instantaneous). Only instances whose members sit on more
+    than one node matter: the others never reach the experiment interface. An edge that falls
+    inside such an instance (or a chain of overlapping ones) moves to the end of that busy
+    stretch: a warm-up op still running when the first measured step begins is then left out
+    whole, a last-step op still running at the end is counted whole. Steps of different
+    pipeline stages and data-parallel groups overlap, so the nominal edges (first rank's
+    step start, last rank's step end) can fall in the middle of another rank's all-reduce;
+    cutting there would count its bytes on the wire but not in the model, or the reverse.
+    The window is returned unchanged when the trace lacks instance columns or when moving
+    would leave it empty.
+    """
+    keys = _instance_keys(ops) if not ops.empty else None
+    if keys is None or "t_end_ns" not in ops:
+        return window
+    issued = pd.to_numeric(ops["t_issue_ns"], errors="coerce")
+    ended = pd.to_numeric(ops["t_end_ns"], errors="coerce").fillna(issued)
+    place = _Placement.from_ops(ops, ranks_per_node)
+    p2p = ops["op"].isin(P2P_OPS)
+    group_ranks = ops["group_ranks"].astype(str)
+    spans_nodes = {
+        g: len({place.node(r) for r in _parse_ranks(g)}) > 1 for g in group_ranks.unique()
+    }
+    remote = group_ranks.map(spans_nodes).astype(bool)
+    peer_node = pd.to_numeric(ops["peer"], errors="coerce").fillna(-1).map(place.node)
+    remote = remote.where(~p2p, ops["rank"].map(place.node) != peer_node)
+    frame = pd.DataFrame({"issued": issued, "ended": np.maximum(ended, issued), "remote": remote})
+    inst = frame.groupby(keys, dropna=False).agg(
+        start=("issued", "max"), end=("ended", "max"), remote=("remote", "any")
+    )
+    inst = inst[inst["remote"] & inst["start"].notna()].sort_values("start")
+    if inst.empty:
+        return window
+    starts = inst["start"].to_numpy(dtype="int64")
+    # Running maximum of the ends: busy[i] is where the stretch holding instance i ends at
+    # the earliest, so an edge is inside a busy stretch when some earlier start has a later end.
+    busy = np.maximum.accumulate(inst["end"].to_numpy(dtype="int64"))
+
+    def moved(edge: int) -> int:
+        while True:
+            before = int(np.searchsorted(starts, edge, side="left"))
+            if before == 0 or busy[before - 1] <= edge:
+                return edge
+            edge = int(busy[before - 1])
+
+    start, end = moved(int(window[0])), moved(int(window[1]))
+    return (start, end) if start < end else window
+
+
+def check_window(traces: CellTraces) -> tuple[tuple[int, int], int] | None:
+    """The window the cross-validation compares the wire and the ops over, and the number of
+    measured steps in it: :func:`training_window` with its edges moved to quiet instants
+    (:func:`quiet_window`). None when the cell recorded no steps."""
+    st = step_times(traces.steps, traces.warmup_steps)
+    if st.empty:
+        return None
+    window = quiet_window(traces.ops, training_window(st), traces.params.get("ranks_per_node"))
+    return window, int((~st["warmup"].astype(bool)).sum()) or len(st)
 
 
 def _tolerance_bytes(framework: np.ndarray, steps: int, tolerance: float) -> np.ndarray:
@@ -1499,27 +1702,36 @@ def crosscheck(
       (a GSO super-packet or an ACK) carries one Ethernet+IPv4+TCP header set;
     * ``protocol_bytes``: the backend's per-message framing (gloo: 2 x 48 B preambles per
       message sent, 1 x 48 B per message received, :func:`framework_node_bytes`);
+    * ``retrans_bytes``: TCP payload the node's connections to other nodes retransmitted in
+      the window (tx) or that other nodes retransmitted to it (rx), from ``sockets.parquet``
+      (:func:`retransmitted_bytes`); NaN for runs without socket statistics;
     * ``unexplained_bytes`` = remainder - headers - protocol (and per step),
       ``unexplained_fraction`` = unexplained / framework: what neither the ops nor the
-      headers account for (store traffic, retransmissions after drops, ops missing from the
-      trace, interpolation at the window edges);
-    * ``passed``: |unexplained| <= ``tolerance_bytes`` = max(``tolerance`` x framework,
-      :data:`CROSSCHECK_FLOOR_BYTES_PER_STEP` x measured steps).
+      headers account for (store traffic, retransmissions, ops missing from the trace);
+    * ``passed``: -``tolerance_bytes`` <= unexplained <= ``tolerance_bytes`` + retrans_bytes,
+      ``tolerance_bytes`` = max(``tolerance`` x framework,
+      :data:`CROSSCHECK_FLOOR_BYTES_PER_STEP` x measured steps). A retransmission adds its
+      bytes to the counters only when the original was counted too (lost after the
+      interface, e.g. at an ingress cap or in the receiver's backlog, or resent spuriously),
+      so it explains an excess up to its size and never a shortfall.
+
+    The window is :func:`check_window`'s: the training window with its edges moved to instants
+    when no op crossing nodes is in flight (:func:`quiet_window`), ops counted by instance
+    (:func:`_ops_in_window`).
 
     A cell without counters or measured steps gives an empty table with these columns.
 
     Columns: cell params, node, direction, backend, window_start_ns, window_end_ns,
     measured_steps, wire_bytes, wire_packets, framework_bytes, ratio, remainder_bytes,
-    remainder_bytes_per_step, header_bytes, protocol_bytes, unexplained_bytes,
+    remainder_bytes_per_step, header_bytes, protocol_bytes, retrans_bytes, unexplained_bytes,
     unexplained_bytes_per_step, unexplained_fraction, tolerance_bytes, passed.
     """
     params = traces.params
     empty = pd.DataFrame(columns=[*params, *CROSSCHECK_COLUMNS])
-    st = step_times(traces.steps, traces.warmup_steps)
-    if st.empty or traces.counters.empty:
+    checked = check_window(traces)
+    if checked is None or traces.counters.empty:
         return empty
-    window = training_window(st)
-    n_steps = int((~st["warmup"].astype(bool)).sum()) or len(st)
+    window, n_steps = checked
     backend = backend or traces.backend
     framework = framework_node_bytes(
         _ops_in_window(traces.ops, window), backend, params.get("ranks_per_node")
@@ -1527,6 +1739,8 @@ def crosscheck(
     wire = wire_counts(traces.counters, window)
     merged = pd.merge(wire, framework, on="node", how="outer").sort_values("node")
     merged = merged.fillna({c: 0.0 for c in merged.columns if c not in ("node", "covered")})
+    retrans = retransmitted_bytes(traces.sockets, window)
+    merged = merged.merge(retrans, on="node", how="left")
     frames = []
     for direction in ("tx", "rx"):
         wire_b = merged[f"{direction}_bytes"].astype("float64").to_numpy()
@@ -1535,8 +1749,13 @@ def crosscheck(
         remainder = wire_b - fw
         headers = HEADER_BYTES_PER_PACKET * packets
         protocol = merged[f"protocol_{direction}_bytes"].astype("float64").to_numpy()
+        resent = merged[f"retrans_{direction}_bytes"].astype("float64").to_numpy()
         unexplained = remainder - headers - protocol
         allowed = _tolerance_bytes(fw, n_steps, tolerance)
+        # A retransmission is wire bytes no op asked for when its original was counted too
+        # (lost after the interface: an ingress cap, the receiver's backlog), and none when
+        # the original was dropped before it (an egress qdisc): an excess up to it is explained.
+        within = (unexplained >= -allowed) & (unexplained <= allowed + np.nan_to_num(resent))
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = np.where(fw > 0, wire_b / fw, np.nan)
             fraction = np.where(fw > 0, unexplained / fw, np.nan)
@@ -1557,11 +1776,12 @@ def crosscheck(
                     "remainder_bytes_per_step": remainder / n_steps,
                     "header_bytes": headers,
                     "protocol_bytes": protocol,
+                    "retrans_bytes": resent,
                     "unexplained_bytes": unexplained,
                     "unexplained_bytes_per_step": unexplained / n_steps,
                     "unexplained_fraction": fraction,
                     "tolerance_bytes": allowed,
-                    "passed": np.abs(unexplained) <= allowed,
+                    "passed": within,
                 }
             )
         )
@@ -1607,7 +1827,8 @@ def matrix_check(
     src to dst under the backend's algorithms (:func:`op_destinations`), ``wire_bytes`` and
     ``wire_packets`` captured, ``header_bytes`` = :data:`HEADER_BYTES_PER_PACKET` x packets
     (ACKs for the reverse direction are headers only, so they drop out here),
-    ``protocol_bytes`` the backend's message framing (as in :func:`crosscheck`),
+    ``protocol_bytes`` the backend's message framing (as in :func:`crosscheck`; the window is
+    :func:`check_window`'s),
     ``wire_payload_bytes`` = wire - headers, ``ratio`` = payload / framework,
     ``unexplained_bytes`` = payload - protocol - framework and ``passed`` against the same
     tolerance as :func:`crosscheck`. Without captured flows (capture off, an empty file) the
@@ -1619,11 +1840,10 @@ def matrix_check(
     """
     params = traces.params
     empty = pd.DataFrame(columns=[*params, *MATRIX_CHECK_COLUMNS])
-    st = step_times(traces.steps, traces.warmup_steps)
-    if wire_flows is None or wire_flows.empty or st.empty:
+    checked = check_window(traces)
+    if wire_flows is None or wire_flows.empty or checked is None:
         return empty
-    window = training_window(st)
-    n_steps = int((~st["warmup"].astype(bool)).sum()) or len(st)
+    window, n_steps = checked
     backend = backend or traces.backend
     in_window = wire_flows[(wire_flows["t_ns"] >= window[0]) & (wire_flows["t_ns"] < window[1])]
     wire = (
@@ -1730,6 +1950,172 @@ def crosscheck_by_strategy(crosscheck_table: pd.DataFrame | Path) -> pd.DataFram
     )
     out["cells_passed"] = out["cells_passed"].astype("int64")
     return out[CROSSCHECK_SUMMARY_COLUMNS]
+
+
+# --------------------------------------------------------------------------------------------
+# Socket statistics: what TCP itself saw
+# --------------------------------------------------------------------------------------------
+
+# Per node and connection at a low rate (docs/traces.md, sockets), next to the other traces.
+SOCKETS_FILE = "sockets.parquet"
+_CONNECTION = ["node", "src", "sport", "dst", "dport"]
+_SOCKET_CUMULATIVE = ("total_retrans", "bytes_retrans", "bytes_sent")
+
+SOCKET_COLUMNS = [
+    "node",
+    "window_start_ns",
+    "window_end_ns",
+    "connections",
+    "rtt_median_ms",
+    "rtt_p99_ms",
+    "cwnd_max",
+    "retrans_segments",
+    "bytes_retrans",
+    "bytes_sent",
+    "retrans_share",
+]
+
+
+def _remote_connections(sockets: pd.DataFrame) -> pd.DataFrame:
+    """Rows of connections to another address (a connection to the node's own experiment
+    address runs over loopback and never reaches the interface), numbers as float64 (the
+    file's nullable UInt64 turns into NaN)."""
+    rows = sockets
+    if {"src", "dst"} <= set(rows.columns):
+        rows = rows[rows["src"].astype(str) != rows["dst"].astype(str)]
+    numeric = [c for c in rows.columns if c not in _CONNECTION and c not in PARAM_COLUMNS]
+    out = rows.copy()
+    for col in numeric:
+        out[col] = pd.to_numeric(out[col], errors="coerce").astype("float64")
+    for col in _CONNECTION:
+        if col not in out:
+            out[col] = ""
+    return out
+
+
+def _connection_increase(rows: pd.DataFrame, window: tuple[int, int]) -> pd.DataFrame:
+    """Per connection, how much each cumulative counter of :data:`_SOCKET_CUMULATIVE` grew
+    over ``window``: max - min over the samples from the last one at or before the window's
+    start to the first one at or after its end (the samples bracketing the window, so a
+    counter that moved inside it is never missed at a sampling rate of a few Hz).
+
+    Columns: node, src, sport, dst, dport, in_window (a sample inside the window), and one
+    per cumulative counter present.
+    """
+    present = [c for c in _SOCKET_CUMULATIVE if c in rows.columns]
+    records = []
+    for key, conn in rows.groupby(_CONNECTION, sort=True, dropna=False):
+        t = conn["t_ns"].to_numpy(dtype="int64")
+        order = np.argsort(t, kind="stable")
+        t = t[order]
+        first = max(int(np.searchsorted(t, window[0], side="right")) - 1, 0)
+        last = min(int(np.searchsorted(t, window[1], side="left")), len(t) - 1)
+        rec = dict(zip(_CONNECTION, key, strict=True))
+        rec["in_window"] = bool(((t >= window[0]) & (t <= window[1])).any())
+        for col in present:
+            values = conn[col].to_numpy(dtype="float64")[order][first : last + 1]
+            finite = values[np.isfinite(values)]
+            rec[col] = float(finite.max() - finite.min()) if len(finite) else float("nan")
+        records.append(rec)
+    return pd.DataFrame(records, columns=[*_CONNECTION, "in_window", *present])
+
+
+def socket_stats(traces: CellTraces) -> pd.DataFrame:
+    """TCP's own view of each node's training traffic, one row per node, over the
+    cross-validation window (:func:`check_window`).
+
+    From ``sockets.parquet`` (``struct tcp_info`` per node and connection at ~10 Hz), over the
+    node's connections to other nodes (its own experiment address excluded: that is
+    loopback):
+
+    * ``connections``: connections with a sample inside the window;
+    * ``rtt_median_ms``, ``rtt_p99_ms``: smoothed RTT (``rtt_us``) over those samples;
+    * ``cwnd_max``: largest congestion window (segments);
+    * ``retrans_segments``, ``bytes_retrans``, ``bytes_sent``: growth of ``total_retrans``,
+      ``bytes_retrans`` and ``bytes_sent`` (which includes retransmissions) per connection
+      over the window (max - min over the samples bracketing it), summed over connections;
+    * ``retrans_share`` = bytes_retrans / bytes_sent (NaN when nothing was sent).
+
+    Runs without socket statistics (no file, an empty one, no steps) give an empty table
+    with these columns.
+
+    Columns: cell params, node, window_start_ns, window_end_ns, connections, rtt_median_ms,
+    rtt_p99_ms, cwnd_max, retrans_segments, bytes_retrans, bytes_sent, retrans_share.
+    """
+    params = traces.params
+    empty = pd.DataFrame(columns=[*params, *SOCKET_COLUMNS])
+    checked = check_window(traces)
+    sockets = traces.sockets
+    if checked is None or sockets.empty or not {"node", "t_ns"} <= set(sockets.columns):
+        return empty
+    window = checked[0]
+    rows = _remote_connections(sockets)
+    nodes = sorted(int(n) for n in pd.unique(sockets["node"]))
+    inside = rows[(rows["t_ns"] >= window[0]) & (rows["t_ns"] <= window[1])]
+    grown = _connection_increase(rows, window)
+    records = []
+    for node in nodes:
+        here = inside[inside["node"] == node]
+        conns = grown[(grown["node"] == node) & grown["in_window"]]
+        rtt_ms = here["rtt_us"].dropna() / 1000.0 if "rtt_us" in here else pd.Series([], "f8")
+        cwnd = here["cwnd"].dropna() if "cwnd" in here else pd.Series([], dtype="float64")
+        sums = {
+            c: float(conns[c].sum(min_count=1)) if c in conns else np.nan
+            for c in _SOCKET_CUMULATIVE
+        }
+        sent = sums["bytes_sent"]
+        records.append(
+            {
+                "node": node,
+                "window_start_ns": window[0],
+                "window_end_ns": window[1],
+                "connections": len(conns),
+                "rtt_median_ms": float(rtt_ms.median()) if len(rtt_ms) else np.nan,
+                "rtt_p99_ms": float(rtt_ms.quantile(0.99)) if len(rtt_ms) else np.nan,
+                "cwnd_max": float(cwnd.max()) if len(cwnd) else np.nan,
+                "retrans_segments": sums["total_retrans"],
+                "bytes_retrans": sums["bytes_retrans"],
+                "bytes_sent": sent,
+                "retrans_share": sums["bytes_retrans"] / sent if sent > 0 else np.nan,
+            }
+        )
+    out = pd.DataFrame(records, columns=SOCKET_COLUMNS)
+    return _with_params(params, out)
+
+
+def retransmitted_bytes(sockets: pd.DataFrame, window: tuple[int, int]) -> pd.DataFrame:
+    """Per node, the TCP payload retransmitted over ``window`` on connections between nodes:
+    ``retrans_tx_bytes`` by the node's own connections, ``retrans_rx_bytes`` by other nodes'
+    connections to the node's address (each node's address is the ``src`` of its rows).
+    Growth of ``bytes_retrans`` per connection as in :func:`socket_stats`. Without socket
+    statistics the table is empty (and :func:`crosscheck` shows NaN).
+
+    Columns: node, retrans_tx_bytes, retrans_rx_bytes.
+    """
+    cols = ["node", "retrans_tx_bytes", "retrans_rx_bytes"]
+    if sockets.empty or not {"node", "t_ns", "bytes_retrans"} <= set(sockets.columns):
+        return pd.DataFrame(columns=cols).astype({"node": "int64"})
+    rows = _remote_connections(sockets)
+    grown = _connection_increase(rows, window)
+    node_of = (
+        {
+            str(a): int(n)
+            for n, a in sockets[["node", "src"]].drop_duplicates().itertuples(index=False)
+        }
+        if "src" in sockets
+        else {}
+    )
+    tx = grown.groupby("node")["bytes_retrans"].sum()
+    rx = grown.assign(dst_node=grown["dst"].astype(str).map(node_of)).dropna(subset=["dst_node"])
+    rx = rx.groupby(rx["dst_node"].astype("int64"))["bytes_retrans"].sum()
+    nodes = sorted(int(n) for n in pd.unique(sockets["node"]))
+    return pd.DataFrame(
+        {
+            "node": nodes,
+            "retrans_tx_bytes": tx.reindex(nodes, fill_value=0.0).to_numpy(dtype="float64"),
+            "retrans_rx_bytes": rx.reindex(nodes, fill_value=0.0).to_numpy(dtype="float64"),
+        }
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -1858,9 +2244,10 @@ def compute_cell_metrics(cell_dir: Path, out_dir: Path) -> None:
     Writes summary, op_volume (per rank), msg_sizes, throughput (bins 1/10/100 ms stacked,
     column ``bin_ms``), shape (inside the training window), step_times, wire, comm_matrix
     (rank x rank bytes per measured step), node_matrix (node x node), crosscheck (wire vs
-    recorded ops per node and direction, :func:`crosscheck`) and matrix_check (node x node
+    recorded ops per node and direction, :func:`crosscheck`), matrix_check (node x node
     matrix vs the captured ``wire_flows.parquet`` when the cell has one,
-    :func:`matrix_check`), each as ``<name>.parquet``.
+    :func:`matrix_check`) and sockets (TCP's rtt, cwnd and retransmissions per node,
+    :func:`socket_stats`), each as ``<name>.parquet``.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -1898,6 +2285,7 @@ def compute_cell_metrics(cell_dir: Path, out_dir: Path) -> None:
         tables["wire"] = wire_vs_framework(traces.ops, traces.counters, traces.meta)
     tables["crosscheck"] = crosscheck(traces)
     tables["matrix_check"] = matrix_check(traces, _read_optional(Path(cell_dir) / WIRE_FLOWS_FILE))
+    tables["sockets"] = socket_stats(traces)
     for name in METRIC_TABLES:
         tables[name].to_parquet(out_dir / f"{name}.parquet", index=False)
 

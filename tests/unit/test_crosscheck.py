@@ -107,10 +107,12 @@ def test_gloo_message_counts() -> None:
 # ------------------------------------------------------------------ a two-node gloo cell
 
 
-def _cell(extra_tx: float = 0.0, steps: int = 4) -> m.CellTraces:
+def _cell(extra_tx: float = 0.0, steps: int = 4, first_shift_ms: int = 0) -> m.CellTraces:
     """Two nodes, one rank each, one 1 MB float32 all-reduce per step under gloo; counters
     that carry exactly the payload, 48 B preambles and 66 B headers, plus ``extra_tx`` bytes
-    node 0 sends per step (e.g. unmodelled traffic)."""
+    node 0 sends per step (e.g. unmodelled traffic). ``first_shift_ms`` delays step 0's
+    all-reduce (and its bytes on the wire) by that much, as a pipeline stage that finishes
+    its step late does; rank 1's step 0 then ends after rank 0's step 1 has begun."""
     size = 1_000_000
     msgs = m.op_messages("allreduce", size, "0,1", 0, backend="gloo", element_size=4)[0][1]
     payload = sum(
@@ -119,17 +121,15 @@ def _cell(extra_tx: float = 0.0, steps: int = 4) -> m.CellTraces:
     protocol = PRE * (2 * msgs + msgs)  # each side sends its messages and acks the other's
     packets = 30
     ops, step_rows, counters = [], [], []
+    shift = [first_shift_ms * 1_000_000] + [0] * (steps - 1)
     for step in range(steps):
         t = T0 + step * STEP_NS
         for rank in (0, 1):
+            late = rank == 1 and first_shift_ms > 0
+            start = t + (shift[0] + 10_000_000 if late and step == 1 else 0)
+            end = t + STEP_NS - 1000 + (shift[0] + 10_000_000 if late and step == 0 else 0)
             step_rows.append(
-                {
-                    "rank": rank,
-                    "step": step,
-                    "phase": "step",
-                    "t_start_ns": t,
-                    "t_end_ns": t + STEP_NS - 1000,
-                }
+                {"rank": rank, "step": step, "phase": "step", "t_start_ns": start, "t_end_ns": end}
             )
             ops.append(
                 {
@@ -146,8 +146,8 @@ def _cell(extra_tx: float = 0.0, steps: int = 4) -> m.CellTraces:
                     "seq": step,
                     "phase": "bwd",
                     "step": step,
-                    "t_issue_ns": t + 10_000_000,
-                    "t_end_ns": t + 50_000_000,
+                    "t_issue_ns": t + 10_000_000 + shift[step],
+                    "t_end_ns": t + 40_000_000 + shift[step],
                 }
             )
     per_step = {
@@ -157,8 +157,9 @@ def _cell(extra_tx: float = 0.0, steps: int = 4) -> m.CellTraces:
     for node in (0, 1):
         for k in range(steps * 100 + 1):  # 1 ms samples; traffic inside [20, 40) ms of a step
             t = T0 + k * 1_000_000
-            step, ms = divmod(k, 100)
-            frac = min(max((ms - 20) / 20, 0.0), 1.0) + step
+            frac = sum(
+                min(max((k - 100 * j - 20 - shift[j] / 1e6) / 20, 0.0), 1.0) for j in range(steps)
+            )
             other = 1 - node
             counters.append(
                 {
@@ -298,3 +299,225 @@ def test_crosscheck_by_strategy(tmp_path: Path) -> None:
     assert summary.loc["fsdp", "unexplained_fraction_max"] == pytest.approx(0.05, abs=1e-4)
     assert summary.loc["ddp", "ratio_min"] > 1.0
     assert m.crosscheck_by_strategy(pd.DataFrame()).empty
+
+
+# ------------------------------------------------------------- window edges at quiet instants
+
+
+def test_an_op_running_across_the_window_start_is_left_out_whole() -> None:
+    # Step 0's all-reduce runs from 80 to 110 ms and moves its bytes in [90, 110) ms: the
+    # first measured step (rank 0's step 1) begins at 100 ms, in the middle of it.
+    cell = _cell(first_shift_ms=70)
+    nominal = m.training_window(m.step_times(cell.steps, cell.warmup_steps))
+    assert nominal[0] == T0 + STEP_NS
+    # Cut at the nominal edge, the op (last issued before it) is dropped but half of its bytes
+    # are on the wire inside the window.
+    kept = m._ops_in_window(cell.ops, nominal)
+    assert sorted(kept["step"].unique()) == [1, 2, 3]
+    window, steps = m.check_window(cell)
+    assert steps == 3
+    assert window == (T0 + STEP_NS + 10_000_000, nominal[1])  # step 0's op ends at 110 ms
+    wire = m.wire_counts(cell.counters, nominal).set_index("node")
+    modelled = m.framework_node_bytes(kept, "gloo", 1).set_index("node")
+    excess = wire.loc[0, "tx_bytes"] - modelled.loc[0, "framework_tx_bytes"]
+    assert excess > 0.45 * 1_000_000  # half a step's payload the model does not count
+    table = m.crosscheck(cell)
+    assert table["window_start_ns"].eq(window[0]).all()
+    assert table["framework_bytes"].eq(3 * 1_000_000).all()
+    assert table["unexplained_bytes"].abs().max() < 2.0
+    assert table["passed"].all()
+
+
+def test_quiet_window_follows_chains_and_ignores_ops_inside_a_node() -> None:
+    def op(rank: int, group: str, ranks: str, seq: int, issue_ms: float, end_ms: float) -> dict:
+        return {
+            "rank": rank,
+            "node": rank // 2,
+            "op": "allreduce",
+            "group": group,
+            "group_ranks": ranks,
+            "peer": -1,
+            "seq": seq,
+            "t_issue_ns": T0 + int(issue_ms * 1e6),
+            "t_end_ns": T0 + int(end_ms * 1e6),
+        }
+
+    ops = pd.DataFrame(
+        [
+            # Across nodes 0 and 1 (ranks 0 and 2): two overlapping instances, 90-120, 115-140 ms.
+            op(0, "dp", "0,2", 0, 80, 120),
+            op(2, "dp", "0,2", 0, 90, 120),
+            op(0, "dp", "0,2", 1, 115, 140),
+            op(2, "dp", "0,2", 1, 110, 139),
+            # Inside node 0 (ranks 0 and 1), running across 300 ms: never on the interface.
+            op(0, "tp", "0,1", 0, 290, 320),
+            op(1, "tp", "0,1", 0, 295, 318),
+        ]
+    )
+    assert m.quiet_window(ops, (T0 + 100_000_000, T0 + 300_000_000), 2) == (
+        T0 + 140_000_000,
+        T0 + 300_000_000,
+    )
+    # An edge in a quiet gap stays; so do both edges when the trace cannot name instances.
+    assert m.quiet_window(ops, (T0 + 50_000_000, T0 + 200_000_000), 2) == (
+        T0 + 50_000_000,
+        T0 + 200_000_000,
+    )
+    bare = ops.drop(columns=["seq"])
+    assert m.quiet_window(bare, (T0 + 100_000_000, T0 + 300_000_000), 2) == (
+        T0 + 100_000_000,
+        T0 + 300_000_000,
+    )
+
+
+# ------------------------------------------------------------------ TCP retransmissions
+
+
+def _sockets(retrans_per_step: float, steps: int = 4) -> pd.DataFrame:
+    """10 Hz socket samples of both nodes' connection to each other: node 0 retransmits
+    ``retrans_per_step`` bytes 30 ms into every step, node 1 nothing."""
+    rows = []
+    for k in range(steps + 1):
+        t = T0 + k * STEP_NS + 50_000_000
+        done = min(k + 1, steps)  # steps whose 30 ms mark is at or before t
+        for node, src, dst in ((0, "198.18.0.1", "198.18.0.2"), (1, "198.18.0.2", "198.18.0.1")):
+            rows.append(
+                {
+                    "node": node,
+                    "t_ns": t,
+                    "src": src,
+                    "sport": 40000 + node,
+                    "dst": dst,
+                    "dport": 29500,
+                    "bytes_retrans": int(retrans_per_step * done) if node == 0 else 0,
+                }
+            )
+    return pd.DataFrame(rows).astype({"bytes_retrans": "UInt64"})
+
+
+def test_retransmissions_explain_an_excess_but_not_a_shortfall() -> None:
+    extra = 100_000
+    cell = _cell(extra_tx=extra)
+    assert m.crosscheck(cell)["retrans_bytes"].isna().all()  # no socket statistics
+    cell.sockets = _sockets(extra)
+    table = m.crosscheck(cell).set_index(["node", "direction"])
+    assert table.loc[(0, "tx"), "retrans_bytes"] == 3 * extra
+    assert table.loc[(1, "rx"), "retrans_bytes"] == 3 * extra
+    assert table.loc[(1, "tx"), "retrans_bytes"] == 0
+    assert table.loc[(0, "tx"), "unexplained_bytes"] == pytest.approx(3 * extra, abs=2)
+    assert table["passed"].all()
+    # Missing bytes are never explained by retransmissions.
+    short = _cell(extra_tx=-extra)
+    short.sockets = _sockets(extra)
+    assert not m.crosscheck(short).set_index(["node", "direction"]).loc[(0, "tx"), "passed"]
+    # Retransmissions smaller than the excess leave the cell failing.
+    cell.sockets = _sockets(extra / 10)
+    assert not m.crosscheck(cell)["passed"].all()
+
+
+# ------------------------------------------------------ MoE all-to-all splits from routing
+
+TOKEN = 256  # bytes per token: hidden 64 x float32
+
+
+def _moe_ops(records: list[tuple[int, int, str, int, int]]) -> pd.DataFrame:
+    """All-to-all records (rank, seq, phase, tokens in, tokens out) of a 2-rank EP group."""
+    return pd.DataFrame(
+        [
+            {
+                "rank": rank,
+                "node": rank,
+                "op": "alltoall",
+                "group": "ep",
+                "group_ranks": "0,1",
+                "peer": -1,
+                "seq": seq,
+                "step": 3,
+                "phase": phase,
+                "bytes": tokens_in * TOKEN,
+                "bytes_out": tokens_out * TOKEN,
+                "numel": tokens_in * TOKEN // 4,
+            }
+            for rank, seq, phase, tokens_in, tokens_out in records
+        ]
+    )
+
+
+def _routing(layers: dict[str, dict[int, tuple[list[int], list[int]]]]) -> pd.DataFrame:
+    """moe.parquet rows from {layer: {rank: (tokens_sent per dst, tokens_received per dst)}}."""
+    return pd.DataFrame(
+        [
+            {
+                "rank": rank,
+                "step": 3,
+                "layer": layer,
+                "dst_rank": dst,
+                "tokens_sent": sent[dst],
+                "tokens_received": received[dst],
+                "dropped": 0,
+            }
+            for layer, per_rank in layers.items()
+            for rank, (sent, received) in per_rank.items()
+            for dst in (0, 1)
+        ]
+    )
+
+
+def test_alltoall_splits_come_from_the_routing_table() -> None:
+    routing = _routing({"layers.0.mlp": {0: ([3, 5], [3, 2]), 1: ([2, 4], [5, 4])}})
+    ops = _moe_ops(
+        [
+            (0, 0, "fwd", 8, 5),  # dispatch: sends tokens_sent
+            (0, 1, "fwd", 5, 8),  # combine: sends the received tokens back
+            (0, 2, "bwd", 8, 5),  # combine's backward
+            (0, 3, "bwd", 5, 8),  # dispatch's backward
+            (1, 0, "fwd", 6, 9),
+            (1, 1, "fwd", 9, 6),
+        ]
+    )
+    counts = ops.iloc[:1].assign(seq=9, bytes=16, bytes_out=16, numel=2)  # per-expert counts
+    out = m.alltoall_splits_from_routing(pd.concat([ops, counts], ignore_index=True), routing)
+    assert out[m.SPLIT_COLUMN].iloc[:6].tolist() == [
+        "768,1280",
+        "768,512",
+        "768,1280",
+        "768,512",
+        "512,1024",
+        "1280,1024",
+    ]
+    assert pd.isna(out[m.SPLIT_COLUMN].iloc[6])  # not a token all-to-all: an even split
+    # The model then sends exactly those bytes to the other rank.
+    row = out.iloc[0]
+    assert m.op_destinations("alltoall", row["bytes"], "0,1", 0, splits=row["split_bytes"]) == [
+        (1, 1280.0)
+    ]
+
+
+def test_equal_totals_are_resolved_by_issue_order_and_ambiguity_is_left_alone() -> None:
+    # Rank 0 sends 8 tokens and receives 8: dispatch and combine have the same totals.
+    routing = _routing({"layers.0.mlp": {0: ([2, 6], [5, 3])}})
+    ops = _moe_ops(
+        [(0, 0, "fwd", 8, 8), (0, 1, "fwd", 8, 8), (0, 2, "bwd", 8, 8), (0, 3, "bwd", 8, 8)]
+    )
+    out = m.alltoall_splits_from_routing(ops, routing)
+    assert out[m.SPLIT_COLUMN].tolist() == ["512,1536", "1280,768", "512,1536", "1280,768"]
+    # Two layers with the same totals and different splits: no way to tell, left as recorded.
+    two = _routing({"layers.0.mlp": {0: ([3, 5], [3, 2])}, "layers.1.mlp": {0: ([1, 7], [1, 4])}})
+    out = m.alltoall_splits_from_routing(_moe_ops([(0, 0, "fwd", 8, 5)]), two)
+    assert m.SPLIT_COLUMN not in out  # nothing filled: the ops come back as they were
+    # Splits the capture recorded are kept.
+    recorded = _moe_ops([(0, 0, "fwd", 8, 5)]).assign(split_bytes="1024,1024")
+    assert m.alltoall_splits_from_routing(recorded, routing)[m.SPLIT_COLUMN].tolist() == [
+        "1024,1024"
+    ]
+
+
+def test_load_cell_fills_splits_from_moe_parquet(tmp_path: Path) -> None:
+    cell = _cell()
+    (tmp_path / "cell.json").write_text(json.dumps(cell.meta))
+    cell.steps.to_parquet(tmp_path / "steps.parquet")
+    _moe_ops([(0, 0, "fwd", 8, 5)]).to_parquet(tmp_path / "ops.parquet")
+    _routing({"layers.0.mlp": {0: ([3, 5], [3, 2])}}).to_parquet(tmp_path / m.ROUTING_FILE)
+    loaded = m.load_cell(tmp_path)
+    assert loaded.ops[m.SPLIT_COLUMN].tolist() == ["768,1280"]
+    assert loaded.sockets.empty and loaded.counters.empty

@@ -12,6 +12,7 @@ METRIC_TABLES = [
     "node_matrix",
     "crosscheck",
     "matrix_check",
+    "sockets",
 ]
 
 
