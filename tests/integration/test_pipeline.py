@@ -38,6 +38,10 @@ CONFIG = {
     "models": {
         "tiny": {"layers": 2, "hidden": 64, "heads": 2, "seq": 32, "vocab": 256, "batch": 4}
     },
+    # Every collective on each link setting, up to 1 MiB: enough to fit alpha and beta.
+    "microbench": {"max_bytes": 1 << 20, "budget_s": 0.1, "max_iters": 5},
+    # One large job beyond the cluster, predicted only.
+    "predictions": {"gpt-1.5b-16": {"preset": "gpt-1.5b", "pp": 4, "tp": 2, "dp": 2}},
     "sweep": [
         {
             "strategy": ["ddp", "pp"],
@@ -176,7 +180,8 @@ def test_adding_a_cell_reruns_only_that_cell(study: Path, tmp_path: Path) -> Non
     result = snakemake(study, "-n", "report", "--configfile", str(changed))
     assert result.returncode == 0, result.stderr[-3000:]
     counts = job_counts(result.stdout)
-    # Two new cells (ddp and pp at 50mbit): their own jobs, then one of each across-cell job.
+    # Two new cells (ddp and pp at 50mbit): their own jobs, the new link's microbenchmark,
+    # then one of each across-cell job. The predictions beyond the cluster stay as they are.
     assert counts == {
         "run_cell": 2,
         "parse_cell": 2,
@@ -184,6 +189,10 @@ def test_adding_a_cell_reruns_only_that_cell(study: Path, tmp_path: Path) -> Non
         "cell_figure": 2,
         "predict_cell": 2,
         "export_cell": 2,
+        "microbench_run": 1,
+        "microbench_analyse": 1,
+        "microbench_tables": 1,
+        "microbench_figures": 1,
         "aggregate": 1,
         "learning": 1,
         "study_figures": 1,
@@ -259,3 +268,25 @@ def test_wire_and_recorded_ops_agree_in_every_cell(study: Path) -> None:
         assert set(sockets.node) == {0, 1} and (sockets.bytes_acked > 0).any()
     html = (study / "results" / "report" / "index.html").read_text()
     assert "Wire vs recorded ops, per cell" in html
+
+
+def test_microbenchmarks_reach_the_cap_and_feed_the_step_time(study: Path) -> None:
+    bench = study / "results" / "microbench"
+    summary = pd.read_parquet(bench / "summary.parquet")
+    assert set(summary.bw) == {"20mbit", "none"}
+    ops = {"allreduce", "allgather", "reduce_scatter", "alltoall", "broadcast", "sendrecv"}
+    assert set(summary.op) == ops
+    capped = summary[(summary.bw == "20mbit") & (summary.bytes == summary.bytes.max())]
+    # One-way transfers of 1 MiB at 20 Mbit/s run at the cap, never above it.
+    best = capped.set_index("op").utilization
+    assert 0.8 <= best["sendrecv"] <= 1.02 and best["allreduce"] <= 1.02, best
+    fit = pd.read_parquet(bench / "fit.parquet")
+    assert len(fit) == 2 * len(ops) and (fit.beta_Bps > 0).all()
+    for timing in (study / "results" / "runs").rglob("predict/timing.parquet"):
+        row = pd.read_parquet(timing).iloc[0]
+        assert row.predicted_step_s > 0 and row.measured_step_s > 0
+    html = (study / "results" / "report" / "index.html").read_text()
+    for title in ("alpha-beta fits", "Predicted vs measured step time", "Beyond the cluster"):
+        assert title in html
+    table = pd.read_parquet(study / "results" / "predictions" / "table.parquet")
+    assert set(table.scenario) == {"gpt-1.5b-16"}
