@@ -1,16 +1,26 @@
 """Capture overhead, measured in one run: `python benchmarks/overhead.py [--rounds 8]`.
 
-Two ranks (gloo over loopback) train the default study's gpt-tiny under DDP. Modes run
-interleaved in blocks of ``--block`` steps, rotating every round, so drift (thermal, other load)
-hits every mode alike:
+Two ranks (gloo over loopback) train the default study's gpt-tiny (DDP by default, ``--strategy
+tp`` for a workload made of DTensor functional collectives). Modes run interleaved in blocks of
+``--block`` steps, rotating every round, so drift (thermal, other load) hits every mode alike:
 
-- off:              our op capture disabled
-- capture:          op capture on (the torch.library kernels on every c10d op)
-- capture+sampler:  capture on and the real 1 kHz interface sampler running (a separate process,
-                    as on every node of a study)
-- profiler:         capture off, torch.profiler (CPU activities) recording instead
+- off:               no capture kernels registered at all (the true baseline)
+- installed:         kernels registered, recording disabled (what every op pays regardless)
+- capture:           op capture on (the torch.library kernels on every c10d op)
+- capture+sampler:   capture on and the real 1 kHz interface sampler running (a separate
+                     process, as on every node of a study: the C sampler where it builds)
+- capture+pysampler: the same with the Python sampler loop (``--impl python``)
+- profiler:          no capture, torch.profiler (CPU activities) recording instead
 
-Prints the median step time per mode and its ratio to `off`. Target: capture(+sampler) <= 1.02.
+Prints per mode the median step time; its ratio to `off` as the median over rounds of the
+block-median ratio (drift between rounds cancels) with its quartiles; then rank 0's median
+CPU time per step (all its threads; less disturbed by other load than wall time, blind to the
+sampler, which is another process). Target: capture(+sampler) <= 1.02.
+
+``--per-op`` instead measures what one op costs (one rank, gloo, a 4-element tensor): CPU time
+per c10d all-reduce and per functional all-reduce + wait_tensor with no kernels, kernels
+installed but disabled, and recording; the minimum over rounds, as CPU time of this process
+(all threads, so completion callbacks count) is least disturbed by other load.
 """
 
 from __future__ import annotations
@@ -30,10 +40,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from commscope.workload import capture
-from commscope.workload.strategies import ParallelPlan, StepLog, Trainer
+from commscope.workload.strategies import BUILTIN_STRATEGIES, ParallelPlan, StepLog, Trainer
 
 MODEL = {"layers": 4, "hidden": 128, "heads": 4, "seq": 64, "vocab": 1024, "batch": 8}
-MODES = ("off", "capture", "capture+sampler", "profiler")
+MODES = ("off", "installed", "capture", "capture+sampler", "capture+pysampler", "profiler")
 
 
 def _free_port() -> int:
@@ -42,18 +52,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _sampler(out: Path) -> subprocess.Popen:
+def _sampler(out: Path, impl: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "commscope.sampler", "--iface", "lo", "--hz", "1000"]
-    return subprocess.Popen([*cmd, "--out", str(out)], stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [*cmd, "--out", str(out), "--impl", impl],
+        stderr=subprocess.DEVNULL,
+    )
 
 
-def _worker(rank: int, port: int, rounds: int, block: int, queue: mp.Queue) -> None:
+def _worker(rank: int, port: int, strategy: str, rounds: int, block: int, queue: mp.Queue) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    capture.install()
     dist.init_process_group("gloo", rank=rank, world_size=2)
-    trainer = Trainer(MODEL, ParallelPlan(dp=-1), torch.device("cpu"), 0, StepLog())
-    times: dict[str, list[float]] = {m: [] for m in MODES}
+    plan = ParallelPlan.from_dict(BUILTIN_STRATEGIES[strategy])
+    trainer = Trainer(MODEL, plan, torch.device("cpu"), 0, StepLog())
+    times: dict[str, list[list[float]]] = {m: [] for m in MODES}
+    cpu: dict[str, list[float]] = {m: [] for m in MODES}
     step = 0
     for _ in range(3):  # warm-up: lazy init, bucket rebuild
         trainer.step(step)
@@ -62,30 +76,79 @@ def _worker(rank: int, port: int, rounds: int, block: int, queue: mp.Queue) -> N
     for r in range(rounds):
         for k in range(len(MODES)):
             mode = MODES[(r + k) % len(MODES)]  # rotate the order every round
-            sampler = (
-                _sampler(tmp / f"c{r}{k}.parquet") if rank == 0 and "sampler" in mode else None
-            )
-            if sampler is not None:
-                time.sleep(1.5)  # let it import and reach its sampling loop before timing
+            sampler = None
+            if rank == 0 and "sampler" in mode:
+                impl = "python" if mode.endswith("pysampler") else "auto"
+                sampler = _sampler(tmp / f"c{r}{k}.parquet", impl)
+                time.sleep(1.5)  # let it start and reach its sampling loop before timing
+            if mode == "off":
+                capture.uninstall()
+            else:
+                capture.install()
             capture.enable(mode.startswith("capture"))
             prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
             if mode == "profiler":
                 prof.__enter__()
+            block_times = []
             for _ in range(block):
                 dist.barrier()
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 trainer.step(step)
-                times[mode].append(time.perf_counter() - t0)
+                block_times.append(time.perf_counter() - t0)
+                cpu[mode].append(time.process_time() - c0)
                 step += 1
+            times[mode].append(block_times)
             if mode == "profiler":
                 prof.__exit__(None, None, None)
-            capture.enable(False)
+            capture.finish()
             capture.reset()
             if sampler is not None:
                 sampler.terminate()
                 sampler.wait()
     if rank == 0:
-        queue.put(times)
+        queue.put((times, cpu))
+    capture.finish()
+    dist.destroy_process_group()
+
+
+def _per_op(rounds: int, n: int = 500) -> None:
+    import torch.distributed._functional_collectives as funcol
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    x = torch.ones(4)
+
+    def c10d() -> None:
+        dist.all_reduce(x)
+
+    def functional() -> None:
+        funcol.wait_tensor(torch.ops._c10d_functional.all_reduce(x, "sum", group_name))
+
+    group_name = dist.group.WORLD.group_name
+    print(f"{'op':<11} {'no kernels':>11} {'installed':>10} {'recording':>10}  (us CPU/op)")
+    for name, fn in (("c10d", c10d), ("functional", functional)):
+        best = {}
+        for mode in ("none", "installed", "recording"):
+            if mode == "none":
+                capture.uninstall()
+            else:
+                capture.install()
+            runs = []
+            for r in range(rounds + 1):  # round 0 warms up
+                capture.enable(mode == "recording")
+                t0 = time.process_time_ns()
+                for _ in range(n):
+                    fn()
+                if r > 0:
+                    runs.append((time.process_time_ns() - t0) / n / 1e3)
+                capture.finish()
+                capture.reset()
+            best[mode] = min(runs)
+        print(
+            f"{name:<11} {best['none']:>11.1f} {best['installed']:>10.1f} "
+            f"{best['recording']:>10.1f}"
+        )
     dist.destroy_process_group()
 
 
@@ -93,24 +156,46 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--block", type=int, default=5, help="steps per mode per round")
+    parser.add_argument("--strategy", choices=("ddp", "tp"), default="ddp")
+    parser.add_argument("--per-op", action="store_true", help="per-op cost instead")
     args = parser.parse_args()
+    if args.per_op:
+        _per_op(args.rounds)
+        return
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
     procs = [
-        ctx.Process(target=_worker, args=(r, port, args.rounds, args.block, queue))
+        ctx.Process(target=_worker, args=(r, port, args.strategy, args.rounds, args.block, queue))
         for r in range(2)
     ]
     for p in procs:
         p.start()
-    times = queue.get(timeout=1800)
+    times, cpu = queue.get(timeout=3600)
     for p in procs:
         p.join(timeout=60)
-    base = statistics.median(times["off"])
-    print(f"{'mode':<18} {'steps':>5} {'median ms':>10} {'ratio to off':>13}")
+    flat = {m: [t for b in blocks for t in b] for m, blocks in times.items()}
+    cpu_base = statistics.median(cpu["off"])
+    print(f"{args.strategy}, {args.rounds} rounds x {args.block} steps per mode")
+    print(
+        f"{'mode':<18} {'steps':>5} {'median ms':>10} {'ratio':>6} {'(quartiles)':>13}"
+        f" {'CPU ms':>7} {'CPU ratio':>9}"
+    )
     for mode in MODES:
-        med = statistics.median(times[mode])
-        print(f"{mode:<18} {len(times[mode]):>5} {med * 1e3:>10.2f} {med / base:>13.3f}")
+        # Per round, the mode's block median over the off block's median: drift between rounds
+        # cancels; the median over rounds is the ratio reported, the quartiles its spread.
+        per_round = [
+            statistics.median(b) / statistics.median(o)
+            for b, o in zip(times[mode], times["off"], strict=True)
+        ]
+        ratio = statistics.median(per_round)
+        q = statistics.quantiles(per_round, n=4) if len(per_round) > 1 else [ratio] * 3
+        cpu_med = statistics.median(cpu[mode])
+        print(
+            f"{mode:<18} {len(flat[mode]):>5} {statistics.median(flat[mode]) * 1e3:>10.2f} "
+            f"{ratio:>6.3f} {q[0]:>6.3f}-{q[2]:.3f} {cpu_med * 1e3:>7.2f} "
+            f"{cpu_med / cpu_base:>9.3f}"
+        )
 
 
 if __name__ == "__main__":

@@ -8,21 +8,40 @@ of them land here, on whichever thread issues them. Unlike a ``TorchDispatchMode
 nothing for compute ops: only communication ops enter Python. Our kernel records the op, then
 re-dispatches below autograd to the real backend kernel.
 
-Completion time: c10d ops return a ``Work`` whose future we attach a callback to; functional
-collectives complete at their ``wait_tensor``.
+Completion time (``t_end_ns``), from the backend's own signal wherever there is one:
+
+* c10d ops: a done-callback on the ``Work``'s future.
+* Functional collectives (DTensor, FSDP): their C++ kernel issues the matching c10d op through
+  the dispatcher with the autograd keys excluded, so it reaches a second kernel of ours on the
+  ``ADInplaceOrView`` key, which hooks that inner ``Work``'s future to the functional op's row.
+  Waiting on ``wait_tensor`` instead missed DTensor's forward all-reduces: their
+  ``AsyncCollectiveTensor`` waits inside ``__torch_dispatch__``, below the autograd keys.
+  ``wait_tensor`` remains the fallback for a backend whose functional kernel hides its Work.
+* Works without a future (gloo reduce-scatter, send, recv): gloo's reduce-scatter Work never
+  reports ``is_completed()`` but its ``wait()`` may be called from any thread, so a waiter thread
+  blocks on it; send/recv Works must be waited exactly once (a second ``wait()`` blocks forever),
+  so a poller checks their ``is_completed()``, which turns true once the issuer has waited.
+
+Per-op cost: rows are tuples appended to one list (no object per op), argument positions are
+resolved once per operator, group and dtype names are cached, and the completion callback only
+writes one list slot. See docs/overhead.md.
 """
 
 from __future__ import annotations
 
+import functools
+import queue
 import threading
 import time
 import weakref
-from collections import defaultdict
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # Canonical op names for the report; keys are operator names without the overload.
 C10D_OPS: dict[str, str] = {
@@ -60,8 +79,11 @@ FUNCTIONAL_OPS: dict[str, str] = {
 # Argument names that hold what a rank contributes (in) and what it receives (out).
 _IN_ARGS = ("tensors", "input_tensors", "input_tensor", "input", "inputs", "tensor")
 _OUT_ARGS = ("output_tensors", "output_tensor", "output", "outputs")
+_PEER_ARGS = ("dst", "src")
+_ROOT_ARGS = ("root_rank", "root", "src")
 _AUTOGRAD_KEYS = ("AutogradCPU", "AutogradCUDA")
 _ROOTED = ("broadcast", "reduce", "gather", "scatter")
+_P2P = ("send", "recv")
 
 
 @dataclass
@@ -86,93 +108,156 @@ class OpRecord:
     t_end_ns: int | None = None
 
 
-@dataclass
+COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(OpRecord))
+
+
+class _Table:
+    """Recorded ops, columnar enough to be cheap: one tuple per op (every field but the end
+    time) and a parallel list of end times that completion callbacks fill in by index."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple] = []
+        self.t_end: list[int | None] = []
+
+
 class _State:
-    enabled: bool = False
-    step: int = -1
-    phase: str = "other"
-    records: list[OpRecord] = field(default_factory=list)
-    seq: dict[tuple, int] = field(default_factory=lambda: defaultdict(int))
-    pending: dict[int, tuple[weakref.ref, OpRecord]] = field(default_factory=dict)
-    groups: dict[str, tuple[str, int]] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    def __init__(self) -> None:
+        self.enabled = False
+        self.step = -1
+        self.phase = "other"
+        self.table = _Table()
+        self.seq: dict[Any, int] = {}
+        self.groups: dict[Any, tuple[str, str, int, Any]] = {}
+        # Functional rows not tied to a Work: id(output tensor) -> (weakref to it, row, table).
+        self.pending: dict[int, tuple[weakref.ref, int, _Table]] = {}
+        self.lock = threading.Lock()
 
 
 _STATE = _State()
 _LIBS: list[torch.library.Library] = []
+# The functional row whose C++ kernel is running on this thread: [row, table, work seen].
+_TLS = threading.local()
+_DTYPES: dict[torch.dtype, str] = {}
+_BELOW_AUTOGRAD = torch._C._AutoDispatchBelowAutograd
+_BELOW_INPLACE_OR_VIEW = torch._C._AutoDispatchBelowADInplaceOrView
 
 
-def _flatten(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _flatten(v)]
-    return []
+def _set_end(t_end: list[int | None], row: int, _fut: object = None) -> None:
+    t_end[row] = time.time_ns()
 
 
-def _nbytes(tensors: list[torch.Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
+class _ArgSpec:
+    """Where an operator keeps its inputs, outputs, group, peer and root: resolved once from
+    its schema, so the per-op path indexes ``args`` instead of building a dict."""
+
+    def __init__(self, overload: Any, op: str) -> None:
+        names = [a.name for a in overload._schema.arguments]
+        self.names = names
+        self.ins = [(names.index(a), a) for a in _IN_ARGS if a in names]
+        self.outs = [(names.index(a), a) for a in _OUT_ARGS if a in names]
+        self.peer = [(names.index(a), a) for a in _PEER_ARGS if a in names] if op in _P2P else []
+        self.root = [(names.index(a), a) for a in _ROOT_ARGS if a in names] if op in _ROOTED else []
+        self.group = "process_group" if "process_group" in names else "group_name"
+        self.group_pos = names.index(self.group)
+        if op == "recv":  # a receive's tensors are what it gets, not what it sends
+            self.ins, self.outs = [], self.ins
+
+    @staticmethod
+    def get(args: tuple, kwargs: dict, pos: int, name: str) -> Any:
+        return args[pos] if pos < len(args) else kwargs.get(name)
 
 
-def _group_info(pg: dist.ProcessGroup) -> tuple[str, str, int]:
-    name = pg.group_name
-    cached = _STATE.groups.get(name)
+def _sizes(values: list[Any]) -> tuple[int, int, torch.Tensor | None]:
+    """(element count, bytes, first tensor) over tensors, lists and lists of lists."""
+    numel = nbytes = 0
+    first = None
+    stack = list(values)
+    while stack:
+        v = stack.pop()
+        if isinstance(v, torch.Tensor):
+            n = v.numel()
+            numel += n
+            nbytes += n * v.element_size()
+            first = v  # popped last-to-first: ends on the first tensor
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+    return numel, nbytes, first
+
+
+def _group_info(spec: _ArgSpec, args: tuple, kwargs: dict) -> tuple[str, str, int, Any]:
+    """(name, "r0,r1,...", size, ProcessGroup) of the op's group, cached per group object
+    (unboxing returns the registered Python object) and per functional group name. Names are
+    reused after ``destroy_process_group``, so finish() and reset() empty the cache."""
+    key = spec.get(args, kwargs, spec.group_pos, spec.group)
+    if spec.group == "process_group":
+        key = dist.ProcessGroup.unbox(key)
+    cached = _STATE.groups.get(key)
     if cached is None:
+        pg = key
+        if spec.group == "group_name":
+            pg = dist.distributed_c10d._resolve_process_group(key)
         ranks = dist.get_process_group_ranks(pg)
-        cached = (",".join(map(str, ranks)), len(ranks))
-        _STATE.groups[name] = cached
-    return name, cached[0], cached[1]
+        cached = (pg.group_name, ",".join(map(str, ranks)), len(ranks), pg)
+        _STATE.groups[key] = cached
+    return cached
 
 
-def _record(op: str, source: str, schema_args: dict[str, Any], pg: dist.ProcessGroup) -> OpRecord:
-    group, ranks, size = _group_info(pg)
-    ins = [t for a in _IN_ARGS if a in schema_args for t in _flatten(schema_args[a])]
-    outs = [t for a in _OUT_ARGS if a in schema_args for t in _flatten(schema_args[a])]
+def _record(op: str, source: str, spec: _ArgSpec, args: tuple, kwargs: dict) -> tuple[int, _Table]:
+    """Append one row for this op; returns its index and the table it went to."""
+    group, ranks, size, pg = _group_info(spec, args, kwargs)
+    get = spec.get
+    n_in, b_in, t_in = _sizes([get(args, kwargs, p, a) for p, a in spec.ins])
+    n_out, b_out, t_out = _sizes([get(args, kwargs, p, a) for p, a in spec.outs])
     peer = root = -1
     # c10d ops carry group-local ranks; the table stores global ranks.
-    if op in ("send", "recv"):
-        for key in ("dst", "src"):
-            if isinstance(schema_args.get(key), int) and schema_args[key] >= 0:
-                peer = dist.get_global_rank(pg, schema_args[key])
-    elif op in _ROOTED:
-        for key in ("root_rank", "root", "src"):
-            if isinstance(schema_args.get(key), int) and schema_args[key] >= 0:
-                root = dist.get_global_rank(pg, schema_args[key])
-                break
-    if op in ("recv",):
-        outs, ins = ins, []
-    ref = (ins or outs)[0] if (ins or outs) else None
-    with _STATE.lock:
-        key = (group, op, peer) if peer >= 0 else (group,)
-        seq = _STATE.seq[key]
-        _STATE.seq[key] = seq + 1
-        rec = OpRecord(
-            op=op,
-            source=source,
-            group=group,
-            group_ranks=ranks,
-            group_size=size,
-            peer=peer,
-            root=root,
-            dtype=str(ref.dtype).removeprefix("torch.") if ref is not None else "",
-            numel=sum(t.numel() for t in ins) if ins else sum(t.numel() for t in outs),
-            bytes=_nbytes(ins) if ins else _nbytes(outs),
-            bytes_out=_nbytes(outs) if outs else _nbytes(ins),
-            seq=seq,
-            step=_STATE.step,
-            phase=_STATE.phase,
-            t_issue_ns=time.time_ns(),
+    for p, a in spec.peer:
+        v = get(args, kwargs, p, a)
+        if isinstance(v, int) and v >= 0:
+            peer = dist.get_global_rank(pg, v)
+    for p, a in spec.root:
+        v = get(args, kwargs, p, a)
+        if isinstance(v, int) and v >= 0:
+            root = dist.get_global_rank(pg, v)
+            break
+    ref = t_in if t_in is not None else t_out
+    dtype = ""
+    if ref is not None:
+        dtype = _DTYPES.get(ref.dtype) or _DTYPES.setdefault(
+            ref.dtype, str(ref.dtype).removeprefix("torch.")
         )
-        _STATE.records.append(rec)
-    return rec
-
-
-def _complete(rec: OpRecord) -> None:
-    rec.t_end_ns = time.time_ns()
+    has_in = t_in is not None
+    has_out = t_out is not None
+    key = (group, op, peer) if peer >= 0 else group
+    table = _STATE.table
+    with _STATE.lock:
+        seq = _STATE.seq.get(key, 0)
+        _STATE.seq[key] = seq + 1
+        row = len(table.rows)
+        table.rows.append(
+            (
+                op,
+                source,
+                group,
+                ranks,
+                size,
+                peer,
+                root,
+                dtype,
+                n_in if has_in else n_out,
+                b_in if has_in else b_out,
+                b_out if has_out else b_in,
+                seq,
+                _STATE.step,
+                _STATE.phase,
+                time.time_ns(),
+            )
+        )
+        table.t_end.append(None)
+    return row, table
 
 
 class _Poller:
-    """Completion for Work objects without a future (gloo send/recv, reduce_scatter).
+    """Completion of send/recv Works, which have no future and must not be waited on twice.
 
     A daemon thread checks ``is_completed()`` every ``interval_s`` while such works are pending
     and sleeps on a condition otherwise, so it costs nothing when idle.
@@ -181,13 +266,13 @@ class _Poller:
     def __init__(self, interval_s: float = 200e-6, give_up_s: float = 5.0) -> None:
         self.interval_s = interval_s
         self.give_up_ns = int(give_up_s * 1e9)
-        self.pending: list[tuple[dist.Work, OpRecord]] = []
+        self.pending: list[tuple[dist.Work, list, int, int]] = []
         self.cond = threading.Condition()
         self.thread: threading.Thread | None = None
 
-    def add(self, work: dist.Work, rec: OpRecord) -> None:
+    def add(self, work: dist.Work, t_end: list, row: int) -> None:
         with self.cond:
-            self.pending.append((work, rec))
+            self.pending.append((work, t_end, row, time.time_ns()))
             if self.thread is None:
                 self.thread = threading.Thread(
                     target=self._loop, name="commscope-poll", daemon=True
@@ -202,13 +287,13 @@ class _Poller:
                     self.cond.wait()
                 still = []
                 now = time.time_ns()
-                for work, rec in self.pending:
+                for item in self.pending:
+                    work, t_end, row, t0 = item
                     if work.is_completed():
-                        _complete(rec)
-                    elif now - rec.t_issue_ns < self.give_up_ns:
-                        still.append((work, rec))
-                    # else: this Work never reports completion (gloo's reduce-scatter keeps
-                    # is_completed() False even after wait()): leave t_end_ns null, stop polling.
+                        t_end[row] = now
+                    elif now - t0 < self.give_up_ns:
+                        still.append(item)
+                    # else: never waited on by its issuer: leave t_end_ns null, stop polling.
                 self.pending = still
             time.sleep(self.interval_s)
 
@@ -218,55 +303,132 @@ class _Poller:
             self.pending = []
 
 
+class _Waiter:
+    """Completion of Works that have no future but may be waited on from any thread (gloo's
+    reduce-scatter, whose ``is_completed()`` never turns true): one daemon thread ``wait()``s
+    on them in issue order. Collectives of one group complete in issue order, so a FIFO adds
+    no delay; across groups an end time may be late by the earlier work's remaining time."""
+
+    def __init__(self) -> None:
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread: threading.Thread | None = None
+        self.lock = threading.Lock()
+
+    def add(self, work: dist.Work, t_end: list, row: int) -> None:
+        if self.thread is None:
+            with self.lock:
+                if self.thread is None:
+                    self.thread = threading.Thread(
+                        target=self._loop, name="commscope-wait", daemon=True
+                    )
+                    self.thread.start()
+        self.queue.put((work, t_end, row))
+
+    def _loop(self) -> None:
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            work, t_end, row = item
+            try:
+                work.wait()
+                t_end[row] = time.time_ns()
+            except Exception:  # noqa: BLE001 - a failed op keeps a null end; its issuer raises
+                pass
+            del work, item  # hold no Work while idle (see finish())
+
+    def drain(self, timeout_s: float = 10.0) -> None:
+        """Let every queued wait finish, then stop the thread (a fresh one starts on demand)."""
+        with self.lock:
+            thread, self.thread = self.thread, None
+        if thread is not None:
+            self.queue.put(None)
+            thread.join(timeout_s)
+
+
 _POLLER = _Poller()
+_WAITER = _Waiter()
 
 
-def _watch(work: dist.Work, rec: OpRecord) -> None:
+def _watch(out: Any, op: str, t_end: list, row: int) -> bool:
+    """Arrange for ``t_end[row]`` to be set when the op in ``out`` completes; False if ``out``
+    holds no Work (then the op completed inside the call)."""
+    work = out[-1] if isinstance(out, tuple) else out
+    if not isinstance(work, torch.ScriptObject):
+        return False
+    work = dist.Work.unbox(work)
     try:
         fut = work.get_future()
-    except RuntimeError:  # "Work::getFuture not implemented" for some gloo works
-        _POLLER.add(work, rec)
-        return
-    fut.add_done_callback(lambda _f, r=rec: _complete(r))
+    except RuntimeError:  # "Work::getFuture not implemented" (gloo send/recv, reduce-scatter)
+        (_POLLER if op in _P2P else _WAITER).add(work, t_end, row)
+        return True
+    fut.add_done_callback(functools.partial(_set_end, t_end, row))
+    return True
 
 
 def _make_c10d_kernel(overload: Any, op: str):  # noqa: ANN202 - a torch.library kernel
-    names = [a.name for a in overload._schema.arguments]
+    spec = _ArgSpec(overload, op)
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        rec = None
-        if _STATE.enabled:
-            bound = dict(zip(names, args, strict=False)) | kwargs
-            pg = dist.ProcessGroup.unbox(bound["process_group"])
-            rec = _record(op, "c10d", bound, pg)
-        with torch._C._AutoDispatchBelowAutograd():
+        if not _STATE.enabled:
+            with _BELOW_AUTOGRAD(), _BELOW_INPLACE_OR_VIEW():
+                return overload(*args, **kwargs)
+        row, table = _record(op, "c10d", spec, args, kwargs)
+        # Below ADInplaceOrView too: the inner kernel there is only for nested calls.
+        with _BELOW_AUTOGRAD(), _BELOW_INPLACE_OR_VIEW():
             out = overload(*args, **kwargs)
-        if rec is not None:
-            work = out[-1] if isinstance(out, tuple) else out
-            if isinstance(work, torch.ScriptObject):
-                _watch(dist.Work.unbox(work), rec)
-            else:
-                _complete(rec)
+        if not _watch(out, op, table.t_end, row):
+            table.t_end[row] = time.time_ns()
+        return out
+
+    return kernel
+
+
+def _make_nested_c10d_kernel(overload: Any, op: str):  # noqa: ANN202
+    """Kernel on ADInplaceOrView: reached only by c10d ops issued with the autograd keys
+    excluded — the inner op of a functional collective (tie its Work to that row), or a c10d
+    call from below autograd that the Autograd kernel never saw (record it)."""
+    spec = _ArgSpec(overload, op)
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        parent = getattr(_TLS, "parent", None)
+        if parent is None and not _STATE.enabled:
+            with _BELOW_INPLACE_OR_VIEW():
+                return overload(*args, **kwargs)
+        if parent is None:
+            row, table = _record(op, "c10d", spec, args, kwargs)
+        else:
+            row, table = parent[0], parent[1]
+        with _BELOW_INPLACE_OR_VIEW():
+            out = overload(*args, **kwargs)
+        if not _watch(out, op, table.t_end, row):
+            table.t_end[row] = time.time_ns()  # no Work: it completed inside the call
+        if parent is not None:
+            parent[2] = True
         return out
 
     return kernel
 
 
 def _make_functional_kernel(overload: Any, op: str):  # noqa: ANN202
-    names = [a.name for a in overload._schema.arguments]
+    spec = _ArgSpec(overload, op)
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        rec = None
-        if _STATE.enabled:
-            bound = dict(zip(names, args, strict=False)) | kwargs
-            pg = dist.distributed_c10d._resolve_process_group(bound["group_name"])
-            rec = _record(op, "functional", bound, pg)
-        with torch._C._AutoDispatchBelowAutograd():
-            out = overload(*args, **kwargs)
-        if rec is not None:
-            # Completion is observed at wait_tensor on the returned tensor(s).
-            for t in _flatten(out):
-                _STATE.pending[id(t)] = (weakref.ref(t), rec)
+        if not _STATE.enabled:  # also skip the inner c10d op's Python kernel
+            with _BELOW_AUTOGRAD(), _BELOW_INPLACE_OR_VIEW():
+                return overload(*args, **kwargs)
+        row, table = _record(op, "functional", spec, args, kwargs)
+        parent = [row, table, False]
+        _TLS.parent = parent
+        try:
+            with _BELOW_AUTOGRAD():
+                out = overload(*args, **kwargs)
+        finally:
+            _TLS.parent = None
+        if not parent[2]:  # no inner Work seen: fall back to the wait on the result
+            outs = out if isinstance(out, (list, tuple)) else [out]
+            for t in outs:
+                _STATE.pending[id(t)] = (weakref.ref(t), row, table)
         return out
 
     return kernel
@@ -274,11 +436,12 @@ def _make_functional_kernel(overload: Any, op: str):  # noqa: ANN202
 
 def _wait_kernel(overload: Any):  # noqa: ANN202
     def kernel(tensor: torch.Tensor) -> torch.Tensor:
-        with torch._C._AutoDispatchBelowAutograd():
+        with _BELOW_AUTOGRAD():
             out = overload(tensor)
-        entry = _STATE.pending.pop(id(tensor), None)
-        if entry is not None and entry[0]() is tensor and entry[1].t_end_ns is None:
-            _complete(entry[1])
+        if _STATE.pending:
+            entry = _STATE.pending.pop(id(tensor), None)
+            if entry is not None and entry[0]() is tensor and entry[2].t_end[entry[1]] is None:
+                entry[2].t_end[entry[1]] = time.time_ns()
         return out
 
     return kernel
@@ -301,27 +464,56 @@ def install() -> None:
             overload = getattr(ns_ops, name).default
             for key in _AUTOGRAD_KEYS:
                 lib.impl(name, factory(overload, canonical), key)
+            if namespace == "c10d":
+                lib.impl(name, _make_nested_c10d_kernel(overload, canonical), "ADInplaceOrView")
         if namespace == "_c10d_functional":
             wait = ns_ops.wait_tensor.default
             for key in _AUTOGRAD_KEYS:
                 lib.impl("wait_tensor", _wait_kernel(wait), key)
 
 
+def uninstall() -> None:
+    """Remove the recording kernels again (the overhead benchmark's baseline runs without
+    them); install() registers them anew."""
+    while _LIBS:
+        _LIBS.pop()._destroy()
+
+
 def enable(on: bool = True) -> None:
+    """Start (or stop) recording ops; the kernels stay installed either way."""
     _STATE.enabled = on
 
 
 def set_step(step: int) -> None:
+    """Training step stamped on the ops issued from now on (-1: outside steps)."""
     _STATE.step = step
 
 
 def set_phase(phase: str) -> None:
+    """Phase (fwd, bwd, optim, fwd_bwd, other) stamped on the ops issued from now on."""
     _STATE.phase = phase
 
 
 def records() -> list[OpRecord]:
-    """Everything recorded so far in this process (issue order)."""
-    return list(_STATE.records)
+    """Everything recorded so far in this process (issue order), one OpRecord per op."""
+    table = _STATE.table
+    return [OpRecord(*row, t_end) for row, t_end in zip(table.rows, table.t_end, strict=False)]
+
+
+def frame() -> pd.DataFrame:
+    """The recorded ops as a table: the columns of :class:`OpRecord` in order, integers as
+    int64 and ``t_end_ns`` as nullable Int64 (built directly: via float64, epoch ns would
+    round to 256 ns)."""
+    import pandas as pd
+
+    table = _STATE.table
+    n = len(table.rows)
+    ops = pd.DataFrame.from_records(table.rows[:n], columns=list(COLUMNS[:-1]))
+    for col in ("group_size", "peer", "root", "numel", "bytes", "bytes_out", "seq", "step"):
+        ops[col] = ops[col].astype("int64")
+    ops["t_issue_ns"] = ops["t_issue_ns"].astype("int64")
+    ops["t_end_ns"] = pd.array(table.t_end[:n], dtype="Int64")
+    return ops
 
 
 def finish() -> None:
@@ -329,16 +521,20 @@ def finish() -> None:
 
     Call before ``destroy_process_group``: a gloo Work that outlives its process group is
     destroyed during interpreter teardown and aborts the process (SIGABRT after the traces were
-    written) — gloo's reduce-scatter Works never report completion, so the poller would
-    otherwise still hold them when a short run ends.
+    written). The waiter thread is drained (every work is complete by the final barrier) and
+    the poller forgets works their issuer never waited on.
     """
     enable(False)
+    _WAITER.drain()
     _POLLER.drop_all()
     _STATE.pending.clear()
+    _STATE.groups.clear()
 
 
 def reset() -> None:
+    """Forget every recorded op and sequence number (late completions go to the old table)."""
     with _STATE.lock:
-        _STATE.records.clear()
+        _STATE.table = _Table()
         _STATE.seq.clear()
         _STATE.pending.clear()
+        _STATE.groups.clear()

@@ -59,10 +59,8 @@ def run(spec: dict) -> Path:
 
     node = int(os.environ.get("GROUP_RANK", spec.get("node", 0)))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    recs = capture.records()
-    ops = pd.DataFrame([asdict(r) for r in recs])
-    # Build the nullable column directly: via float64, ns epoch times would round to 256 ns.
-    ops["t_end_ns"] = pd.array([r.t_end_ns for r in recs], dtype="Int64")
+    capture.finish()  # drains pending completions before the table is read
+    ops = capture.frame()  # OpRecord's columns; t_end_ns nullable Int64 (ns exact)
     ops.insert(0, "rank", rank)
     ops.insert(1, "node", node)
     ops.insert(2, "local_rank", local_rank)
@@ -90,7 +88,6 @@ def run(spec: dict) -> Path:
         "torch": torch.__version__,
     }
     (out_dir / f"rank{rank}.json").write_text(json.dumps(meta, indent=2))
-    capture.finish()
     dist.destroy_process_group()
     return out_dir
 
