@@ -914,6 +914,22 @@ def test_ep_all_to_all_per_moe_layer_and_dense_allreduce(traces4: dict) -> None:
     }
 
 
+def test_ep_all_to_all_records_its_uneven_splits(traces4: dict) -> None:
+    """Token all-to-alls carry per-destination bytes (group order) that add up to the op's
+    bytes; the even per-expert count exchange carries none."""
+    a2a = _in_steps(traces4["ep"]["ops"]).query("op == 'alltoall'")
+    tokens = a2a[a2a["dtype"] != "int64"]
+    assert (
+        tokens["split_bytes"].notna().all()
+        and a2a[a2a["dtype"] == "int64"]["split_bytes"].isna().all()
+    )
+    for split, nbytes, size in zip(
+        tokens["split_bytes"], tokens["bytes"], tokens["group_size"], strict=True
+    ):
+        parts = [int(b) for b in split.split(",")]
+        assert len(parts) == size and sum(parts) == nbytes
+
+
 def test_ep_routing_table(traces4: dict) -> None:
     t = traces4["ep"]
     plan = PLANS4["ep"]

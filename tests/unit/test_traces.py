@@ -54,6 +54,7 @@ def _ops(rank: int, node: int) -> pd.DataFrame:
             numel=GRAD_BYTES[rank] // 4,
             bytes=GRAD_BYTES[rank],
             bytes_out=GRAD_BYTES[rank],
+            split_bytes=None,
             seq=step,
             step=step,
             phase="bwd",

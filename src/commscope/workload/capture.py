@@ -101,6 +101,9 @@ class OpRecord:
     numel: int
     bytes: int
     bytes_out: int
+    # All-to-all with uneven splits: bytes this rank sends to each member, in group order
+    # ("b0,b1,..."); None for every other op and for even all-to-alls.
+    split_bytes: str | None
     seq: int
     step: int
     phase: str
@@ -157,6 +160,8 @@ class _ArgSpec:
         self.outs = [(names.index(a), a) for a in _OUT_ARGS if a in names]
         self.peer = [(names.index(a), a) for a in _PEER_ARGS if a in names] if op in _P2P else []
         self.root = [(names.index(a), a) for a in _ROOT_ARGS if a in names] if op in _ROOTED else []
+        # Uneven all-to-all: the per-destination row counts of the input (c10d and functional).
+        self.splits = names.index("input_split_sizes") if "input_split_sizes" in names else -1
         self.group = "process_group" if "process_group" in names else "group_name"
         self.group_pos = names.index(self.group)
         if op == "recv":  # a receive's tensors are what it gets, not what it sends
@@ -227,6 +232,12 @@ def _record(op: str, source: str, spec: _ArgSpec, args: tuple, kwargs: dict) -> 
         )
     has_in = t_in is not None
     has_out = t_out is not None
+    splits = None
+    if spec.splits >= 0 and has_in and t_in.dim() > 0 and t_in.shape[0] > 0:
+        rows = get(args, kwargs, spec.splits, "input_split_sizes")
+        if rows:  # empty: an even split, which the traffic model assumes anyway
+            row_bytes = b_in // t_in.shape[0]
+            splits = ",".join(str(int(r) * row_bytes) for r in rows)
     key = (group, op, peer) if peer >= 0 else group
     table = _STATE.table
     with _STATE.lock:
@@ -246,6 +257,7 @@ def _record(op: str, source: str, spec: _ArgSpec, args: tuple, kwargs: dict) -> 
                 n_in if has_in else n_out,
                 b_in if has_in else b_out,
                 b_out if has_out else b_in,
+                splits,
                 seq,
                 _STATE.step,
                 _STATE.phase,
