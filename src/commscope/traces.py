@@ -91,6 +91,16 @@ def _nccl_ops(raw_dir: Path, ranks: list[dict[str, Any]]) -> pd.DataFrame:
     return ops
 
 
+def _per_node(raw_dir: Path, name: str, node_index: dict[str, int]) -> list[pd.DataFrame]:
+    """Every node's ``name`` table with its node index as the first column."""
+    frames = []
+    for path in sorted(raw_dir.glob(f"*/{name}")):
+        frame = pd.read_parquet(path)
+        frame.insert(0, "node", node_index[path.parent.name])
+        frames.append(frame)
+    return frames
+
+
 def _clock(run_meta: dict[str, Any], node_index: dict[str, int]) -> dict[str, Any] | None:
     clock = run_meta.get("clock")
     if clock:
@@ -112,11 +122,7 @@ def build_cell_tables(
     steps = _concat(list(raw_dir.glob("*/steps_rank*.parquet")), "steps_rank*.parquet", raw_dir)
     ops = to_orchestrator_clock(ops, _TIME_COLUMNS["ops"], clock)
     steps = to_orchestrator_clock(steps, _TIME_COLUMNS["steps"], clock)
-    counters = []
-    for path in sorted(raw_dir.glob("*/counters.parquet")):
-        frame = pd.read_parquet(path)
-        frame.insert(0, "node", node_index[path.parent.name])
-        counters.append(frame)
+    counters = _per_node(raw_dir, "counters.parquet", node_index)
     if not counters:
         raise FileNotFoundError(f"no counters.parquet under {raw_dir}: did the sampler run?")
     counters_df = pd.concat(counters, ignore_index=True)
@@ -124,11 +130,7 @@ def build_cell_tables(
         ["node", "iface", "t_ns", "tx_bytes", "rx_bytes", "tx_packets", "rx_packets"]
     ]
     counters_df = to_orchestrator_clock(counters_df, _TIME_COLUMNS["counters"], clock)
-    sockets = []
-    for path in sorted(raw_dir.glob("*/sockets.parquet")):
-        frame = pd.read_parquet(path)
-        frame.insert(0, "node", node_index[path.parent.name])
-        sockets.append(frame)
+    sockets = _per_node(raw_dir, "sockets.parquet", node_index)
     sockets_df = (
         pd.concat(sockets, ignore_index=True)
         if sockets
