@@ -1870,8 +1870,19 @@ def matrix_check(
         sends["dst_node"] = sends["dst_rank"].map(place.node)
         framework = sends.groupby(["src_node", "dst_node"])["bytes"].sum()
         messages = sends.groupby(["src_node", "dst_node"])["messages"].sum()
-        reverse = messages.copy()
-        reverse.index = reverse.index.swaplevel()
+        # The receiver's recv-ready notice of a message travels the opposite way. Rebuild the
+        # index rather than swaplevel(): that swaps the level names too, and aligning by name
+        # would put the notices back on the data direction.
+        reverse = pd.Series(
+            messages.to_numpy(),
+            index=pd.MultiIndex.from_arrays(
+                [
+                    messages.index.get_level_values("dst_node"),
+                    messages.index.get_level_values("src_node"),
+                ],
+                names=["src_node", "dst_node"],
+            ),
+        )
         protocol = _protocol_bytes(messages, reverse)
     nodes = set(range(_positive_int(params.get("nodes")))) | set(place.recorded.values())
     nodes |= {int(v) for v in wire.index.get_level_values(0)}

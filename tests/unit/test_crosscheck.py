@@ -263,6 +263,104 @@ def test_matrix_check_against_captured_flows() -> None:
     assert not m.matrix_check(cell, pd.DataFrame(flows))["passed"].all()
 
 
+def test_matrix_check_puts_receive_notices_on_the_reverse_direction() -> None:
+    """Three nodes, gloo ring all-reduce (each rank sends to its predecessor): a pair that
+    carries no data still carries the receiver's 48 B recv-ready notices for the data coming
+    the other way, and the data direction only the sender's 2 x 48 B per message."""
+    size, steps, group = 3_000_000, 4, "0,1,2"
+    ops, step_rows = [], []
+    for step in range(steps):
+        t = T0 + step * STEP_NS
+        for rank in range(3):
+            step_rows.append(
+                {
+                    "rank": rank,
+                    "step": step,
+                    "phase": "step",
+                    "t_start_ns": t,
+                    "t_end_ns": t + STEP_NS - 1000,
+                }
+            )
+            ops.append(
+                {
+                    "rank": rank,
+                    "node": rank,
+                    "op": "allreduce",
+                    "group": "0",
+                    "group_ranks": group,
+                    "group_size": 3,
+                    "peer": -1,
+                    "root": -1,
+                    "numel": size // 4,
+                    "bytes": size,
+                    "seq": step,
+                    "phase": "bwd",
+                    "step": step,
+                    "t_issue_ns": t + 10_000_000,
+                    "t_end_ns": t + 40_000_000,
+                }
+            )
+    counters = pd.DataFrame(
+        [
+            {
+                "node": n,
+                "iface": "exp0",
+                "t_ns": T0 + k * 1_000_000,
+                "tx_bytes": 0,
+                "rx_bytes": 0,
+                "tx_packets": 0,
+                "rx_packets": 0,
+            }
+            for n in range(3)
+            for k in range(steps * 100 + 1)
+        ]
+    )
+    meta = {
+        "cell": "c",
+        "params": {"strategy": "ddp", "nodes": 3, "ranks_per_node": 1},
+        "backend": "gloo",
+        "world_size": 3,
+        "warmup_steps": 1,
+    }
+    cell = m.CellTraces(
+        ops=pd.DataFrame(ops), steps=pd.DataFrame(step_rows), counters=counters, meta=meta
+    )
+    data, msgs = {}, {}
+    for r in range(3):
+        for dst, b in m.op_destinations(
+            "allreduce", size, group, r, backend="gloo", element_size=4
+        ):
+            data[(r, dst)] = b
+        for dst, k in m.op_messages("allreduce", size, group, r, backend="gloo", element_size=4):
+            msgs[(r, dst)] = k
+    assert set(data) == {(1, 0), (2, 1), (0, 2)}  # to the predecessor
+    flows = []
+    for src in range(3):
+        for dst in range(3):
+            if src == dst:
+                continue
+            per_step = data.get((src, dst), 0) + PRE * (
+                2 * msgs.get((src, dst), 0) + msgs.get((dst, src), 0)
+            )
+            for step in range(1, steps):  # the measured steps, one packet each
+                flows.append(
+                    {
+                        "t_ns": T0 + step * STEP_NS + 30_000_000,
+                        "src_node": src,
+                        "dst_node": dst,
+                        "bytes": round(per_step) + HDR,
+                        "packets": 1,
+                    }
+                )
+    table = m.matrix_check(cell, pd.DataFrame(flows)).set_index(["src_node", "dst_node"])
+    assert table["passed"].all(), table
+    assert table["unexplained_bytes"].abs().max() < 3.0
+    assert table.loc[(0, 1), "framework_bytes"] == 0 and table.loc[(0, 1), "protocol_bytes"] > 0
+    assert table.loc[(1, 0), "protocol_bytes"] == pytest.approx(
+        2 * table.loc[(0, 1), "protocol_bytes"]
+    )
+
+
 def test_compute_cell_metrics_reads_wire_flows(tmp_path: Path) -> None:
     cell = _cell()
     trace = tmp_path / "trace"
