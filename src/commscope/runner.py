@@ -168,6 +168,9 @@ def _run_shaped(
 ) -> None:
     remote_dirs = {h.name: f"{h.spec.workdir}/{tag}" for h in hosts}
 
+    socket_hz = float(run.get("socket_hz", 10))
+    pcap = bool(run.get("pcap", True))
+
     def prepare(h: Host) -> None:
         rdir = remote_dirs[h.name]
         spec = {**workload_spec, "out_dir": rdir, "node": h.spec.index}
@@ -176,19 +179,34 @@ def _run_shaped(
         # Also build the native counter sampler now if this node lacks it (cached after the
         # first cell), so the sampler starts sampling at once instead of compiling first.
         build = "import commscope.sampler as s; s.native_binary()"
-        h.run(
-            f"mkdir -p {shlex.quote(rdir)} && "
-            f"{shlex.quote(h.spec.python)} -c {shlex.quote(build)} > {rdir}/build.log 2>&1"
+        # Exit 3 (before anything starts) when packet capture is asked for but impossible.
+        check = "command -v tcpdump >/dev/null || exit 3; " if pcap else ""
+        res = h.run(
+            f"{check}mkdir -p {shlex.quote(rdir)} && "
+            f"{shlex.quote(h.spec.python)} -c {shlex.quote(build)} > {rdir}/build.log 2>&1",
+            warn=True,
         )
+        if res.exited == 3:
+            raise CellFailed(
+                f"run.pcap is true but tcpdump is not installed on {h.name}: "
+                "install it (Debian package tcpdump) or set run.pcap: false"
+            )
+        if res.failed:
+            raise CellFailed(f"{h.name}: preparing the run failed: {res.stderr.strip()}")
         h.put(local_spec, f"{rdir}/spec.json")
         local_spec.unlink()
 
-    socket_hz = float(run.get("socket_hz", 10))
-    pcap = bool(run.get("pcap", True))
+    def start_samplers(h: Host) -> tuple[Any, dict[str, Any]]:
+        """Take the qdisc statistics, start the counter sampler (and socket stats, packet
+        capture when asked) in the background; meanwhile, on a second SSH channel, take the
+        node's first clock offset estimate. Returns (qdisc stats, clock sample)."""
+        with ThreadPoolExecutor(1) as pool:
+            clock = pool.submit(estimate_offset, h)
+            stats = qdisc_stats(h)
+            _start_tools(h)
+            return stats, {"start": clock.result().as_dict()}
 
-    def start_samplers(h: Host) -> dict[str, Any]:
-        """Start the counter sampler (and socket stats, packet capture when asked) in the
-        background, then take the node's first clock offset estimate."""
+    def _start_tools(h: Host) -> None:
         rdir = remote_dirs[h.name]
         py = shlex.quote(h.spec.python)
         limit = float(run["timeout_s"]) + 30
@@ -212,20 +230,27 @@ def _run_shaped(
         # Background only the tools: `a && b &` would background a subshell that keeps the SSH
         # channel's stdout open, and the call would block until the tools exit.
         start = " ".join(f"(nohup setsid {c} < /dev/null &);" for c in cmds)
-        h.run(f"cd {rdir} && {start}")
-        if pcap:
-            # Capture must be running before training starts, or first packets are lost.
-            h.run(
-                f"for i in $(seq 50); do grep -q 'listening on' {rdir}/tcpdump.log && exit 0; "
-                f"sleep 0.1; done; echo 'tcpdump did not start:' >&2; cat {rdir}/tcpdump.log >&2;"
-                " exit 1"
-            )
-        return {"start": estimate_offset(h).as_dict()}
+        # Capture must be running before training starts, or first packets are lost.
+        ready = (
+            f" for i in $(seq 50); do grep -q 'listening on' {rdir}/tcpdump.log && exit 0; "
+            f"sleep 0.1; done; echo 'tcpdump did not start:' >&2; cat {rdir}/tcpdump.log >&2;"
+            " exit 1"
+            if pcap
+            else ""
+        )
+        h.run(f"cd {rdir} && {start}{ready}")
 
-    def stop_samplers(h: Host) -> dict[str, Any]:
-        """Take the node's last clock offset estimate, then stop the background tools."""
+    def stop_samplers(h: Host) -> tuple[Any, dict[str, Any]]:
+        """Take the node's last clock offset estimate (on a second SSH channel) while taking
+        the qdisc statistics and stopping the background tools; returns (stats, clock)."""
+        with ThreadPoolExecutor(1) as pool:
+            clock = pool.submit(estimate_offset, h)
+            stats = qdisc_stats(h)
+            _stop_tools(h)
+            return stats, {"end": clock.result().as_dict()}
+
+    def _stop_tools(h: Host) -> None:
         rdir = remote_dirs[h.name]
-        clock_end = estimate_offset(h).as_dict()
         outputs = [f"{rdir}/counters.parquet"]
         patterns = [f"{_tag_pattern('commscope.sampler')}.*{tag}"]
         if socket_hz > 0:
@@ -242,7 +267,6 @@ def _run_shaped(
             "&& exit 0; sleep 0.1; done; echo 'sampler output missing' >&2",
             warn=True,
         )
-        return {"end": clock_end}
 
     def fetch(h: Host) -> dict[str, Any]:
         # Fetch whatever exists, also after a failure: logs explain it, nothing measured is lost.
@@ -257,14 +281,8 @@ def _run_shaped(
             "exp_addr": h.spec.exp_addr,
         }
 
-    if pcap:
-        missing = [h.name for h in hosts if h.run("command -v tcpdump", warn=True).failed]
-        if missing:
-            raise CellFailed(
-                f"run.pcap is true but tcpdump is not installed on {', '.join(missing)}: "
-                "install it (Debian package tcpdump) or set run.pcap: false"
-            )
     on_all(hosts, prepare)
+    log.info("prepared %d nodes", len(hosts))
     meta: dict[str, Any] = {
         "tag": tag,
         "shape": shape.__dict__,
@@ -272,19 +290,25 @@ def _run_shaped(
     }
     names = [h.name for h in hosts]
     with shaped(hosts, shape):
-        meta["qdisc_before"] = dict(zip(names, on_all(hosts, qdisc_stats), strict=True))
-        clock_start = on_all(hosts, start_samplers)
+        started = on_all(hosts, start_samplers)
+        meta["qdisc_before"] = {n: q for n, (q, _) in zip(names, started, strict=True)}
+        clock_start = [c for _, c in started]
+        log.info("links shaped (%s), samplers started, clocks probed", shape)
         meta["t_start_ns"] = time.time_ns()
         failures = _torchrun_everywhere(hosts, cluster, cell, run, remote_dirs, tag, module)
+        log.info("torchrun ended on every node (%d failed)", len(failures))
         meta["t_end_ns"] = time.time_ns()
-        meta["qdisc_after"] = dict(zip(names, on_all(hosts, qdisc_stats), strict=True))
-        clock_end = on_all(hosts, stop_samplers)
+        stopped = on_all(hosts, stop_samplers)
+        meta["qdisc_after"] = {n: q for n, (q, _) in zip(names, stopped, strict=True)}
+        clock_end = [c for _, c in stopped]
     meta["clock"] = {
         # netns nodes read the host kernel's clock: the estimates only check the method.
         "applied": cluster.backend != "netns",
         "nodes": {n: {**a, **b} for n, a, b in zip(names, clock_start, clock_end, strict=True)},
     }
+    log.info("samplers stopped, links unshaped")
     meta["nodes"] = on_all(hosts, fetch)
+    log.info("fetched every node's files")
     (out_dir / "run.json").write_text(json.dumps(meta, indent=2, default=str))
     if failures:
         raise CellFailed("training failed on " + "; ".join(failures))

@@ -172,6 +172,11 @@ def sample_native(
             started.append(child)
         if stop is not None and stop[0]:
             child.terminate()
+        # Load the table writers while the child samples: at SIGTERM the output then takes
+        # milliseconds instead of the ~1 s these imports cost, which every cell waits for.
+        import pandas  # noqa: F401
+        import pyarrow.parquet  # noqa: F401
+
         _, err = child.communicate()
         if child.returncode == 2 and "not found" in err:
             raise KeyError(err.strip())

@@ -114,6 +114,8 @@ def main() -> None:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    import pyarrow.parquet  # noqa: F401  now, not at SIGTERM: the cell waits for the output
+
     frame = sample(args.addr, args.hz, args.max_seconds, stop)
     tmp = args.out.with_suffix(".tmp")
     frame.to_parquet(tmp, index=False)
