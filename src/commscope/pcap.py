@@ -14,6 +14,7 @@ every packet is counted once over the cluster, on the sender, like the tx counte
 
 from __future__ import annotations
 
+import gzip
 import struct
 from pathlib import Path
 
@@ -34,10 +35,13 @@ WIRE_FLOW_COLUMNS = ["t_ns", "src_node", "dst_node", "bytes", "packets"]
 
 
 def read_pcap(path: Path) -> pd.DataFrame:
-    """IPv4 packets of a classic pcap file: time (ns), source and destination address, and
-    frame length as sent (bytes, Ethernet header included). Non-IPv4 frames (ARP, ...) are
-    skipped; a capture cut short (tcpdump killed mid-write) keeps its complete records."""
+    """IPv4 packets of a classic pcap file (or its gzip): time (ns), source and destination
+    address, and frame length as sent (bytes, Ethernet header included). Non-IPv4 frames (ARP,
+    ...) are skipped; a capture cut short (tcpdump killed mid-write) keeps its complete
+    records."""
     data = Path(path).read_bytes()
+    if data[:2] == b"\x1f\x8b":  # gzip: the runner compresses captures before fetching them
+        data = gzip.decompress(data)
     if len(data) < 24:
         return pd.DataFrame(columns=PACKET_COLUMNS)
     try:

@@ -261,10 +261,13 @@ def _run_shaped(
         waits = " && ".join(f"test -e {o}" for o in outputs)
         # One round trip: signal, then wait (up to 20 s) for the atomically renamed outputs
         # and for tcpdump to flush and exit.
+        # Headers of a capped run are ~100 B per 1.5 KB frame; gzip takes them to a fraction
+        # before they cross SSH (training is over: the CPU is free).
+        pack = f"; gzip -1 -f {rdir}/{tag}.pcap" if pcap else ""
         h.run(
             "; ".join(f"pkill -TERM -f {pat}" for pat in patterns) + "; "
             f"for i in $(seq 200); do {waits} && ! pgrep -f {patterns[-1]} >/dev/null "
-            "&& exit 0; sleep 0.1; done; echo 'sampler output missing' >&2",
+            f"&& break; sleep 0.1; done; {waits} || echo 'sampler output missing' >&2{pack}",
             warn=True,
         )
 

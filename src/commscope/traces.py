@@ -69,7 +69,7 @@ def _pcap_flows(raw_dir: Path, nodes: list[dict[str, Any]], clock: dict | None) 
     addr_to_node = {n["exp_addr"]: int(n["index"]) for n in nodes if n.get("exp_addr")}
     packets = {}
     for node in nodes:
-        files = sorted((raw_dir / node["name"]).glob("*.pcap"))
+        files = sorted((raw_dir / node["name"]).glob("*.pcap*"))
         if files:
             frame = pd.concat([read_pcap(f) for f in files], ignore_index=True)
             frame.insert(0, "node", int(node["index"]))

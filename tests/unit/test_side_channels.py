@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 import struct
@@ -60,6 +61,9 @@ def test_read_pcap_takes_times_addresses_and_original_lengths(tmp_path: Path) ->
     (tmp_path / "u.pcap").write_bytes(data + data[24:40])
     pk = read_pcap(tmp_path / "u.pcap")
     assert pk.t_ns.tolist() == [t // 1000 * 1000]
+    # As the runner fetches it: gzip-compressed.
+    (tmp_path / "a.pcap.gz").write_bytes(gzip.compress((tmp_path / "a.pcap").read_bytes()))
+    assert read_pcap(tmp_path / "a.pcap.gz").length.tolist() == [65_000, 66]
 
 
 def test_read_pcap_rejects_other_files(tmp_path: Path) -> None:

@@ -48,6 +48,9 @@ def run_microbench(
         **{axis: str(link[axis]) for axis in LINK_AXES},
     }
     spec = bench_spec(microbench, run)
+    # The benchmark times each op itself; a packet capture of 64 MiB transfers would only
+    # fill the disk (~75 MB of headers per node at 200 Mbit) and cost CPU while timing.
+    run = {**run, "pcap": False}
     return provision_and_run(
         cluster_cfg, cell, {}, {}, run, Path(out_dir), root, module=MICROBENCH_MODULE, spec=spec
     )
