@@ -52,7 +52,7 @@ PHASES = {"fwd", "bwd", "optim", "fwd_bwd", "other"}
 
 def assert_contract(ops: pd.DataFrame, source: str) -> None:
     """Same columns, order and dtypes as the capture's ops table."""
-    assert [c for c in ops.columns if c != SPLIT_COLUMN] == OPS_COLUMNS
+    assert list(ops.columns) == OPS_COLUMNS
     assert {c: str(ops[c].dtype) for c in OPS_COLUMNS} == {
         c: str(pd.Series([], dtype=d).dtype) for c, d in OPS_DTYPES.items()
     }

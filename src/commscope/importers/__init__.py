@@ -54,20 +54,21 @@ OPS_COLUMNS: list[str] = [
     "numel",
     "bytes",
     "bytes_out",
+    "split_bytes",
     "seq",
     "step",
     "phase",
     "t_issue_ns",
     "t_end_ns",
 ]
+SPLIT_COLUMN = "split_bytes"  # same name as commscope.metrics.SPLIT_COLUMN
 _STR_COLUMNS = ("phase", "op", "source", "group", "group_ranks", "dtype")
 # "str" is pandas' string dtype (what the capture's frames get); t_end_ns is nullable because
 # many sources give no completion time, and float64 would round ns epoch times to 256 ns.
 OPS_DTYPES: dict[str, str] = {
-    c: ("str" if c in _STR_COLUMNS else "Int64" if c == "t_end_ns" else "int64")
+    c: ("str" if c in (*_STR_COLUMNS, SPLIT_COLUMN) else "Int64" if c == "t_end_ns" else "int64")
     for c in OPS_COLUMNS
 }
-SPLIT_COLUMN = "split_bytes"  # same name as commscope.metrics.SPLIT_COLUMN
 
 KNOWN_OPS = frozenset(
     {
@@ -310,13 +311,15 @@ def read_json(path: str | Path, exact_floats: bool = False) -> Any:
 
 def ops_frame(rows: Sequence[Mapping[str, Any]], source: str) -> pd.DataFrame:
     """Rows → the ops table: contract columns and dtypes, missing values filled, ``seq``
-    numbered where the source has none, ``split_bytes`` added when any row carries splits."""
+    numbered where the source has none, ``split_bytes`` null except for all-to-alls whose row
+    carries per-destination bytes."""
     cols: dict[str, list[Any]] = {c: [] for c in OPS_COLUMNS}
-    splits: list[str | None] = []
     for row in rows:
         for c in OPS_COLUMNS:
             value = row.get(c)
-            if c == "source":
+            if c == SPLIT_COLUMN:
+                value = ",".join(str(int(b)) for b in value) if value else None
+            elif c == "source":
                 value = source
             elif c == "t_end_ns":
                 value = None if value is None or value < 0 else int(value)
@@ -327,11 +330,7 @@ def ops_frame(rows: Sequence[Mapping[str, Any]], source: str) -> pd.DataFrame:
             else:
                 value = -1 if value is None else int(value)
             cols[c].append(value)
-        split = row.get(SPLIT_COLUMN)
-        splits.append(",".join(str(int(b)) for b in split) if split else None)
     frame = pd.DataFrame({c: pd.Series(v, dtype=OPS_DTYPES[c]) for c, v in cols.items()})
-    if any(s is not None for s in splits):
-        frame[SPLIT_COLUMN] = pd.Series(splits, dtype="str")  # null where not an all-to-all
     return _number_missing_seq(frame)
 
 
