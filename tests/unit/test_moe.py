@@ -253,6 +253,9 @@ def _ep_worker(rank: int, port: int, out: str) -> None:
             "ops": sorted({op for op, _ in ops}),
         }
     Path(out, f"rank{rank}.json").write_text(json.dumps(summary))
+    # As train.py does: release the Works the capture holds before the group goes, or a gloo
+    # Work destroyed at interpreter exit aborts the worker.
+    capture.finish()
     dist.destroy_process_group()
 
 
