@@ -83,7 +83,7 @@ SPEC_DEFAULTS: dict[str, Any] = {
     "min_iters": 1,
     "max_iters": 20,
     "budget_s": 0.3,
-    "max_op_s": 5.0,
+    "max_op_s": 30.0,
     "pg_timeout_s": 300,
 }
 
