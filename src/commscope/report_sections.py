@@ -35,8 +35,10 @@ def crosscheck_cells(aggregate_dir: Path) -> pd.DataFrame:
         wire_bytes=("wire_bytes", "sum"), framework_bytes=("framework_bytes", "sum")
     )
     per_cell["wire/ops"] = per_cell["wire_bytes"] / per_cell["framework_bytes"]
+    check = check.assign(edge_share=check["edge_bytes"] / check["framework_bytes"])
     worst = check.groupby("cell", as_index=False).agg(
         unexplained_max_pct=("unexplained_fraction", lambda s: 100 * s.abs().max()),
+        unresolved_max_pct=("edge_share", lambda s: 100 * s.max()),
         nodes_passed=("passed", "all"),
     )
     table = per_cell.merge(worst, on="cell")
@@ -183,7 +185,10 @@ def study_tables(
             "title": "Wire vs recorded ops, per cell",
             "intro": "wire/ops: the cell's transmitted bytes on the wire over the bytes its ops "
             "imply (headers included, so slightly above 1). unexplained_max_pct: the largest "
-            "share left unexplained on any node and direction. pairs_passed: node pairs whose "
+            "share left unexplained on any node and direction. unresolved_max_pct: the largest "
+            "share the 1 kHz counters saw inside a sample interval straddling a window edge, "
+            "which counts on either side (large only where the sampler was descheduled across "
+            "a burst). pairs_passed: node pairs whose "
             "bytes in the packet-header capture (the wire node x node matrix) agree with the "
             "framework node x node matrix within the same tolerance. agree = both checks pass.",
             "frame": crosscheck_cells(aggregate_dir),
