@@ -14,7 +14,7 @@ import logging
 import shlex
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from pathlib import Path
@@ -197,14 +197,9 @@ def _run_shaped(
         local_spec.unlink()
 
     def start_samplers(h: Host) -> tuple[Any, dict[str, Any]]:
-        """Take the qdisc statistics, start the counter sampler (and socket stats, packet
-        capture when asked) in the background; meanwhile, on a second SSH channel, take the
-        node's first clock offset estimate. Returns (qdisc stats, clock sample)."""
-        with ThreadPoolExecutor(1) as pool:
-            clock = pool.submit(estimate_offset, h)
-            stats = qdisc_stats(h)
-            _start_tools(h)
-            return stats, {"start": clock.result().as_dict()}
+        """Start the counter sampler (and socket stats, packet capture when asked) in the
+        background: (qdisc stats, first clock sample), see :func:`_beside_clock`."""
+        return _beside_clock(h, _start_tools, "start")
 
     def _start_tools(h: Host) -> None:
         rdir = remote_dirs[h.name]
@@ -241,13 +236,8 @@ def _run_shaped(
         h.run(f"cd {rdir} && {start}{ready}")
 
     def stop_samplers(h: Host) -> tuple[Any, dict[str, Any]]:
-        """Take the node's last clock offset estimate (on a second SSH channel) while taking
-        the qdisc statistics and stopping the background tools; returns (stats, clock)."""
-        with ThreadPoolExecutor(1) as pool:
-            clock = pool.submit(estimate_offset, h)
-            stats = qdisc_stats(h)
-            _stop_tools(h)
-            return stats, {"end": clock.result().as_dict()}
+        """Stop the background tools: (qdisc stats, last clock sample)."""
+        return _beside_clock(h, _stop_tools, "end")
 
     def _stop_tools(h: Host) -> None:
         rdir = remote_dirs[h.name]
@@ -315,6 +305,17 @@ def _run_shaped(
     (out_dir / "run.json").write_text(json.dumps(meta, indent=2, default=str))
     if failures:
         raise CellFailed("training failed on " + "; ".join(failures))
+
+
+def _beside_clock(h: Host, work: Callable[[Host], None], when: str) -> tuple[Any, dict[str, Any]]:
+    """Take ``h``'s qdisc statistics and do ``work`` on it while, on a second SSH channel,
+    estimating its clock offset: saves the probe's round trips on every cell. Returns
+    (qdisc stats, ``{when: clock sample}``)."""
+    with ThreadPoolExecutor(1) as pool:
+        clock = pool.submit(estimate_offset, h)
+        stats = qdisc_stats(h)
+        work(h)
+        return stats, {when: clock.result().as_dict()}
 
 
 def _torchrun_everywhere(
