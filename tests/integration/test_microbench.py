@@ -58,10 +58,12 @@ def test_busbw_reaches_the_cap(cluster: Cluster, tmp_path: Path) -> None:
     fit = analyse_link(raw, LINK, tmp_path / "tables")
     summary = summarize(pd.read_parquet(tmp_path / "tables" / "bench.parquet"))
     big = summary[summary["bytes"] == 4 << 20].set_index("op")
-    # Within ~10 % below the cap (0.87-0.96 measured on a busy 2-core box), never above it
+    # One-way send/recv streams at the cap less headers (0.95-0.96 measured), never above it
     # (tbf counts frames, goodput is less).
-    for op in ("allreduce", "sendrecv"):
-        assert 0.85 <= big.loc[op, "utilization"] <= 1.0, big[["busbw_Bps", "utilization"]]
+    assert 0.85 <= big.loc["sendrecv", "utilization"] <= 1.0, big[["busbw_Bps", "utilization"]]
+    # gloo's ring all-reduce of 4 MiB is four 1 MiB segments per direction with a sync per
+    # step, so it idles the link a little: 0.80-0.94 measured over seven runs on a loaded box.
+    assert 0.7 <= big.loc["allreduce", "utilization"] <= 1.0, big[["busbw_Bps", "utilization"]]
     # gloo's all-gather reaches less (0.60-0.73 measured at 4 MiB), but never the cap.
     assert 0.3 <= big.loc["allgather", "utilization"] <= 1.0, big
     # Below tbf's 64 KB bucket a message passes at line rate, so small sizes may exceed the
