@@ -6,12 +6,15 @@ Agg canvases, no pyplot (as :mod:`commscope.figures`): no global state, determin
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 import numpy as np
 import pandas as pd
 import seaborn as sns
+from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
@@ -37,8 +40,15 @@ def _size_label(nbytes: float, _pos: object = None) -> str:
     return f"{nbytes:g}"
 
 
-def busbw_vs_size(summary: pd.DataFrame, path: Path) -> Path:
-    """busbw (Mbit/s) vs message size per op, one line per link setting, its cap dashed."""
+def _per_op_figure(
+    summary: pd.DataFrame,
+    path: Path,
+    ylabel: str,
+    legend_title: str,
+    draw: Callable[[Axes, str, str, pd.DataFrame, Any], None],
+) -> Path:
+    """One log-log panel per op, one colour per link setting: ``draw(ax, op, link, rows,
+    colour)`` plots that link's rows of the op (sorted by size); the rest is shared."""
     ops = sorted(summary["op"].unique())
     links = sorted(summary["link"].unique())
     colors = dict(zip(links, sns.color_palette("colorblind", len(links)), strict=True))
@@ -48,66 +58,50 @@ def busbw_vs_size(summary: pd.DataFrame, path: Path) -> Path:
         for ax, op in zip(axes, ops, strict=False):
             for link in links:
                 d = summary[(summary["op"] == op) & (summary["link"] == link)].sort_values("bytes")
-                if d.empty:
-                    continue
-                label = link.replace("/", " ")
-                ax.plot(
-                    d["bytes"],
-                    d["busbw_Bps"] * 8 / 1e6,
-                    "o-",
-                    ms=3,
-                    color=colors[link],
-                    label=label,
-                )
-                cap = float(d["cap_Bps"].iloc[0])
-                if np.isfinite(cap):
-                    ax.axhline(cap * 8 / 1e6, ls="--", lw=1, color=colors[link])
+                if not d.empty:
+                    draw(ax, op, link, d, colors[link])
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_size_label))
             ax.set_title(op)
             ax.set_xlabel("size (nccl-tests convention)")
-            ax.set_ylabel("busbw (Mbit/s)")
-        axes[0].legend(fontsize=7, title="link (dashed: cap)", title_fontsize=7)
+            ax.set_ylabel(ylabel)
+        axes[0].legend(fontsize=7, title=legend_title, title_fontsize=7)
         fig.tight_layout()
         fig.savefig(path)
     return Path(path)
+
+
+def busbw_vs_size(summary: pd.DataFrame, path: Path) -> Path:
+    """busbw (Mbit/s) vs message size per op, one line per link setting, its cap dashed."""
+
+    def draw(ax: Axes, op: str, link: str, d: pd.DataFrame, color: Any) -> None:
+        label = link.replace("/", " ")
+        ax.plot(d["bytes"], d["busbw_Bps"] * 8 / 1e6, "o-", ms=3, color=color, label=label)
+        cap = float(d["cap_Bps"].iloc[0])
+        if np.isfinite(cap):
+            ax.axhline(cap * 8 / 1e6, ls="--", lw=1, color=color)
+
+    return _per_op_figure(summary, path, "busbw (Mbit/s)", "link (dashed: cap)", draw)
 
 
 def time_vs_size(summary: pd.DataFrame, fit: pd.DataFrame, path: Path) -> Path:
     """Median time vs size per op (points, min-max bars) with the alpha-beta fit (lines)."""
-    ops = sorted(summary["op"].unique())
-    links = sorted(summary["link"].unique())
-    colors = dict(zip(links, sns.color_palette("colorblind", len(links)), strict=True))
-    style = {**sns.axes_style("whitegrid"), **sns.plotting_context("notebook", 0.85)}
-    with matplotlib.rc_context(style):
-        fig, axes = _grid(ops)
-        for ax, op in zip(axes, ops, strict=False):
-            for link in links:
-                d = summary[(summary["op"] == op) & (summary["link"] == link)].sort_values("bytes")
-                if d.empty:
-                    continue
-                err = [d["time_s"] - d["time_min_s"], d["time_max_s"] - d["time_s"]]
-                ax.errorbar(d["bytes"], d["time_s"], yerr=err, fmt="o", ms=3, color=colors[link],
-                            label=link.replace("/", " "))  # fmt: skip
-                f = fit[(fit["op"] == op) & (fit["link"] == link)]
-                if f.empty:
-                    continue
-                rec = f.iloc[0]
-                sizes = np.geomspace(d["bytes"].min(), d["bytes"].max(), 50)
-                n = int(rec["group_size"])
-                t = [rec["alpha_s"] + op_wire_bytes(op, s, n) / rec["beta_Bps"] for s in sizes]
-                ax.plot(sizes, t, "-", lw=1, color=colors[link])
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_size_label))
-            ax.set_title(op)
-            ax.set_xlabel("size (nccl-tests convention)")
-            ax.set_ylabel("time (s)")
-        axes[0].legend(fontsize=7, title="link (line: alpha-beta fit)", title_fontsize=7)
-        fig.tight_layout()
-        fig.savefig(path)
-    return Path(path)
+
+    def draw(ax: Axes, op: str, link: str, d: pd.DataFrame, color: Any) -> None:
+        err = [d["time_s"] - d["time_min_s"], d["time_max_s"] - d["time_s"]]
+        ax.errorbar(d["bytes"], d["time_s"], yerr=err, fmt="o", ms=3, color=color,
+                    label=link.replace("/", " "))  # fmt: skip
+        f = fit[(fit["op"] == op) & (fit["link"] == link)]
+        if f.empty:
+            return
+        rec = f.iloc[0]
+        sizes = np.geomspace(d["bytes"].min(), d["bytes"].max(), 50)
+        n = int(rec["group_size"])
+        t = [rec["alpha_s"] + op_wire_bytes(op, s, n) / rec["beta_Bps"] for s in sizes]
+        ax.plot(sizes, t, "-", lw=1, color=color)
+
+    return _per_op_figure(summary, path, "time (s)", "link (line: alpha-beta fit)", draw)
 
 
 def bench_figures(summary: pd.DataFrame, fit: pd.DataFrame, out_dir: Path) -> list[Path]:
