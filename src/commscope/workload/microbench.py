@@ -38,7 +38,6 @@ listed under ``skipped`` in the meta json: 64 MiB at 50 Mbit/s would cost 67 s f
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -52,6 +51,8 @@ from typing import Any
 import pandas as pd
 import torch
 import torch.distributed as dist
+
+from commscope.workload.entry import main, rank_device
 
 OPS: tuple[str, ...] = (
     "allreduce",
@@ -219,17 +220,12 @@ def run(spec: dict[str, Any]) -> Path:
     """Benchmark on this rank and write its results; returns the output directory."""
     out_dir = Path(spec["out_dir"])
     out_dir.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(int(spec.get("threads", 1)))
-    use_cuda = torch.cuda.is_available() and spec.get("device", "auto") != "cpu"
-    if use_cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    backend = "nccl" if use_cuda else "gloo"
+    device, backend = rank_device(spec)
     timeout = timedelta(seconds=float(spec.get("pg_timeout_s", SPEC_DEFAULTS["pg_timeout_s"])))
     dist.init_process_group(backend, timeout=timeout)
     rank, world = dist.get_rank(), dist.get_world_size()
     ranks_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", spec.get("ranks_per_node", 1)))
     node = int(os.environ.get("GROUP_RANK", spec.get("node", 0)))
-    device = torch.device(f"cuda:{torch.cuda.current_device()}" if use_cuda else "cpu")
     t0 = time.time_ns()
     table = bench(spec, device, node, ranks_per_node)
     t1 = time.time_ns()
@@ -254,14 +250,5 @@ def run(spec: dict[str, Any]) -> Path:
     return out_dir
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("spec", type=Path, help="benchmark spec JSON written by the orchestrator")
-    # The orchestrator's run tag: it only marks the command line so the run can be found/killed.
-    parser.add_argument("--tag", default="")
-    args = parser.parse_args()
-    run(json.loads(args.spec.read_text()))
-
-
 if __name__ == "__main__":
-    main()
+    main(run, __doc__)

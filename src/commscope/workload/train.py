@@ -7,7 +7,6 @@ output directory on the node.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import socket
@@ -21,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from commscope.workload import capture
+from commscope.workload.entry import main, rank_device
 from commscope.workload.strategies import ParallelPlan, StepLog, Trainer
 
 
@@ -28,19 +28,13 @@ def run(spec: dict) -> Path:
     """Train one cell on this rank and write its traces; returns the output directory."""
     out_dir = Path(spec["out_dir"])
     out_dir.mkdir(parents=True, exist_ok=True)
-    # Ranks share this node's cores: one intra-op thread each avoids oversubscription noise.
-    torch.set_num_threads(int(spec.get("threads", 1)))
-    use_cuda = torch.cuda.is_available() and spec.get("device", "auto") != "cpu"
-    if use_cuda:
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    backend = "nccl" if use_cuda else "gloo"
+    device, backend = rank_device(spec)
     capture.install()
     dist.init_process_group(
         backend, timeout=timedelta(seconds=float(spec.get("pg_timeout_s", 120)))
     )
     rank, world = dist.get_rank(), dist.get_world_size()
     plan = ParallelPlan.from_dict(spec.get("plan", {"dp": -1}))
-    device = torch.device(f"cuda:{torch.cuda.current_device()}" if use_cuda else "cpu")
     log = StepLog()
     capture.enable(True)  # set-up ops (DDP's initial broadcast, mesh creation) count as step -1
     trainer = Trainer(spec["model"], plan, device, int(spec.get("seed", 0)), log)
@@ -49,7 +43,7 @@ def run(spec: dict) -> Path:
         capture.set_step(i)
         t0 = time.time_ns()
         trainer.step(i)
-        if use_cuda:
+        if device.type == "cuda":
             torch.cuda.synchronize()
         log.rows.append((i, "step", t0, time.time_ns()))
     capture.set_step(-1)
@@ -92,14 +86,5 @@ def run(spec: dict) -> Path:
     return out_dir
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("spec", type=Path, help="run spec JSON written by the orchestrator")
-    # The orchestrator's run tag: it only marks the command line so the run can be found/killed.
-    parser.add_argument("--tag", default="")
-    args = parser.parse_args()
-    run(json.loads(args.spec.read_text()))
-
-
 if __name__ == "__main__":
-    main()
+    main(run, __doc__)
