@@ -19,6 +19,7 @@ validate_config(config)
 include: "workflow/rules/common.smk"
 include: "workflow/rules/run.smk"
 include: "workflow/rules/analysis.smk"
+include: "workflow/rules/figures.smk"
 include: "workflow/rules/microbench.smk"
 include: "workflow/rules/predict.smk"
 include: "workflow/rules/scenarios.smk"

@@ -1,0 +1,1 @@
+"""One sweep cell's traces: raw per-node files -> tidy per-cell tables, and loading them back."""
