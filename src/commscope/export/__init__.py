@@ -36,9 +36,6 @@ import pandas as pd
 
 # Step phases that hold compute (steps.parquet also has "step", which spans a whole step).
 PHASES = ("fwd", "bwd", "optim", "fwd_bwd")
-# Collectives (not P2P): a group and a per-group sequence number identify one instance
-# across ranks; P2P pairs match on (group, sender, receiver, seq).
-P2P_OPS = frozenset({"send", "recv"})
 
 
 def _int(value: Any, default: int = -1) -> int:

@@ -54,6 +54,7 @@ from typing import Any
 
 import pandas as pd
 
+from commscope.contracts import DTYPE_SIZES, parse_ranks
 from commscope.export import (
     PHASES,
     ComputeSpan,
@@ -104,20 +105,8 @@ _ET_TYPES = {
     "complex64": "c10::complex<float>",
     "complex128": "c10::complex<double>",
 }
-_ELEM_BYTES = {
-    "float32": 4,
-    "float64": 8,
-    "float16": 2,
-    "bfloat16": 2,
-    "int64": 8,
-    "int32": 4,
-    "int16": 2,
-    "int8": 1,
-    "uint8": 1,
-    "bool": 1,
-    "complex64": 8,
-    "complex128": 16,
-}
+# Bytes per element of the types above (the contract's dtype sizes, restricted to them).
+_ELEM_BYTES = {dtype: DTYPE_SIZES[dtype] for dtype in _ET_TYPES}
 
 # --------------------------------------------------------------------------------------------
 # Protobuf wire format (proto3): just what et_def.proto needs
@@ -268,10 +257,6 @@ def _payload_inputs(rec: dict[str, Any], tensor_id: int) -> dict[str, str] | Non
     }
 
 
-def _ranks_list(group_ranks: str) -> list[int]:
-    return [int(r) for r in group_ranks.split(",") if r.strip()]
-
-
 def _splits(value: Any) -> list[int]:
     """An all-to-all's per-destination bytes (``split_bytes``: "b0,b1,..." or a list)."""
     if value is None or value is pd.NA or (isinstance(value, float) and value != value):
@@ -314,7 +299,7 @@ def _comm_node(
     attrs.append(attribute("comm_size", "int64", rec["bytes"]))
     if rec["group"]:
         attrs.append(attribute("pg_name", "string", rec["group"]))
-    members = _ranks_list(rec["group_ranks"])
+    members = parse_ranks(rec["group_ranks"])
     if members:
         attrs.append(attribute("pg_ranks", "int64_list", members))
     attrs += [
@@ -411,7 +396,7 @@ def comm_groups(ops: pd.DataFrame) -> dict[str, list[int]]:
         return groups
     for rec_list in op_records(ops).values():
         for rec in rec_list:
-            members = _ranks_list(rec["group_ranks"])
+            members = parse_ranks(rec["group_ranks"])
             if rec["group"] and members:
                 groups.setdefault(rec["group"], members)
     return dict(sorted(groups.items(), key=lambda kv: (len(kv[0]), kv[0])))

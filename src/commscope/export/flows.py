@@ -30,7 +30,8 @@ from typing import Any
 
 import pandas as pd
 
-from commscope.export import P2P_OPS, op_records, rank_nodes
+from commscope.contracts import P2P_OPS
+from commscope.export import op_records, rank_nodes
 from commscope.metrics import op_destinations
 
 FLOW_COLUMNS = [

@@ -38,6 +38,8 @@ from typing import Any
 
 import pandas as pd
 
+from commscope.contracts import DTYPE_SIZES, KNOWN_OPS, P2P_OPS, ROOTED_OPS, SPLIT_COLUMN
+
 # The capture's column order (train.py: rank, node, local_rank, then OpRecord's fields).
 OPS_COLUMNS: list[str] = [
     "rank",
@@ -61,7 +63,6 @@ OPS_COLUMNS: list[str] = [
     "t_issue_ns",
     "t_end_ns",
 ]
-SPLIT_COLUMN = "split_bytes"  # same name as commscope.metrics.SPLIT_COLUMN
 _STR_COLUMNS = ("phase", "op", "source", "group", "group_ranks", "dtype")
 # "str" is pandas' string dtype (what the capture's frames get); t_end_ns is nullable because
 # many sources give no completion time, and float64 would round ns epoch times to 256 ns.
@@ -69,24 +70,6 @@ OPS_DTYPES: dict[str, str] = {
     c: ("str" if c in (*_STR_COLUMNS, SPLIT_COLUMN) else "Int64" if c == "t_end_ns" else "int64")
     for c in OPS_COLUMNS
 }
-
-KNOWN_OPS = frozenset(
-    {
-        "allreduce",
-        "broadcast",
-        "allgather",
-        "reduce_scatter",
-        "alltoall",
-        "send",
-        "recv",
-        "barrier",
-        "gather",
-        "scatter",
-        "reduce",
-    }
-)
-ROOTED_OPS = frozenset({"broadcast", "reduce", "gather", "scatter"})
-P2P_OPS = frozenset({"send", "recv"})
 
 
 def peer_and_root(op: str, ranks: Sequence[int], local: int) -> tuple[int, int]:
@@ -184,24 +167,6 @@ _DTYPE_ALIASES = {
     "unsignedint": "uint32",
     "uint64": "uint64",
     "unsignedlong": "uint64",
-}
-DTYPE_SIZES: dict[str, int] = {
-    "uint8": 1,
-    "int8": 1,
-    "bool": 1,
-    "int16": 2,
-    "uint16": 2,
-    "float16": 2,
-    "bfloat16": 2,
-    "int32": 4,
-    "uint32": 4,
-    "float32": 4,
-    "complex32": 4,
-    "int64": 8,
-    "uint64": 8,
-    "float64": 8,
-    "complex64": 8,
-    "complex128": 16,
 }
 
 

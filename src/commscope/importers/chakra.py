@@ -48,9 +48,8 @@ from typing import Any
 
 import pandas as pd
 
+from commscope.contracts import P2P_OPS, ROOTED_OPS
 from commscope.importers import (
-    P2P_OPS,
-    ROOTED_OPS,
     ops_frame,
     output_bytes,
     phase_from_enclosing,

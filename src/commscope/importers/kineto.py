@@ -38,8 +38,8 @@ from typing import Any
 
 import pandas as pd
 
+from commscope.contracts import P2P_OPS
 from commscope.importers import (
-    P2P_OPS,
     concat_ops,
     dtype_size,
     normalize_dtype,

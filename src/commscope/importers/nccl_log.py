@@ -49,9 +49,8 @@ from typing import Any
 
 import pandas as pd
 
+from commscope.contracts import P2P_OPS, ROOTED_OPS
 from commscope.importers import (
-    P2P_OPS,
-    ROOTED_OPS,
     dtype_size,
     normalize_op,
     ops_frame,

@@ -1,0 +1,161 @@
+"""The data contract: names of tables, files and columns, op sets and dtype sizes that more than
+one module (or the workflow) has to agree on, defined once (definitions: docs/traces.md).
+
+This module imports nothing of commscope, so every layer may import it: the capture that writes
+a table and the metrics that read it take its name from here instead of retyping it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+# --------------------------------------------------------------------------------------------
+# Sweep cells
+# --------------------------------------------------------------------------------------------
+
+# The axes a study sweeps over, in the order they lead every table and every cell path.
+SWEEP_AXES: tuple[str, ...] = (
+    "strategy",
+    "model",
+    "nodes",
+    "ranks_per_node",
+    "bw",
+    "delay",
+    "jitter",
+    "loss",
+    "steps",
+    "repeat",
+)
+
+# Columns that identify a sweep cell, in the order they lead every output table.
+PARAM_COLUMNS: tuple[str, ...] = ("cell", *SWEEP_AXES)
+
+# --------------------------------------------------------------------------------------------
+# Files of one cell's trace directory (written by the parse step, read by metrics and exports)
+# --------------------------------------------------------------------------------------------
+
+CELL_FILE = "cell.json"
+OPS_FILE = "ops.parquet"
+STEPS_FILE = "steps.parquet"
+COUNTERS_FILE = "counters.parquet"
+# Per node and connection at a low rate (docs/traces.md, sockets), next to the other traces.
+SOCKETS_FILE = "sockets.parquet"
+# The MoE model's routing table: per rank, step, MoE layer and destination EP rank, the tokens
+# the dispatch all-to-all sent there and received from there.
+ROUTING_FILE = "moe.parquet"
+# Packet-header capture of a cell (optional), next to its other trace tables.
+WIRE_FLOWS_FILE = "wire_flows.parquet"
+
+# --------------------------------------------------------------------------------------------
+# Metric tables (compute_cell_metrics writes them per cell, aggregate_cells concatenates them)
+# --------------------------------------------------------------------------------------------
+
+METRIC_TABLES: tuple[str, ...] = (
+    "summary",
+    "op_volume",
+    "msg_sizes",
+    "throughput",
+    "shape",
+    "step_times",
+    "wire",
+    "comm_matrix",
+    "node_matrix",
+    "crosscheck",
+    "matrix_check",
+    "sockets",
+)
+# The one-row-per-cell (or per-import, per-link) headline table of a result directory.
+SUMMARY_FILE = "summary.parquet"
+
+
+def table_file(name: str) -> str:
+    """The file name of metric table ``name`` (``"summary"`` -> ``"summary.parquet"``)."""
+    return f"{name}.parquet"
+
+
+# --------------------------------------------------------------------------------------------
+# Columns shared between writers and readers
+# --------------------------------------------------------------------------------------------
+
+# Optional ops.parquet column with the exact bytes a rank sends to each member of the group, in
+# group_ranks order ("b0,b1,..." or a list), for all-to-alls with uneven splits (MoE dispatch).
+# Null where not applicable; without it an all-to-all is modelled as an even split.
+SPLIT_COLUMN = "split_bytes"
+# Optional ops.parquet column naming the parallel dimension of an op's group (dp, tp, pp, ...).
+GROUP_KIND_COLUMN = "group_kind"
+# wire_flows.parquet: one row per 1 ms bin and node pair of the packet-header capture.
+WIRE_FLOW_COLUMNS: list[str] = ["t_ns", "src_node", "dst_node", "bytes", "packets"]
+# sockets.parquet as the socket sampler writes it (before the parse step adds ``node``): the
+# connection, then struct tcp_info fields in the kernel's units (commscope.sockstats).
+SOCKET_SAMPLE_COLUMNS: list[str] = [
+    "t_ns",
+    "src",
+    "sport",
+    "dst",
+    "dport",
+    "rtt_us",
+    "rttvar_us",
+    "min_rtt_us",
+    "cwnd",
+    "ssthresh",
+    "snd_mss",
+    "unacked",
+    "lost",
+    "retrans",
+    "total_retrans",
+    "bytes_sent",
+    "bytes_acked",
+    "bytes_received",
+    "bytes_retrans",
+    "notsent_bytes",
+    "delivery_rate_Bps",
+    "pacing_rate_Bps",
+]
+
+# --------------------------------------------------------------------------------------------
+# Ops
+# --------------------------------------------------------------------------------------------
+
+P2P_OPS = frozenset({"send", "recv"})
+# Collectives whose bandwidth-optimal algorithm is a ring over the whole group.
+RING_OPS = frozenset({"allreduce", "allgather", "reduce_scatter"})
+# Ops whose traffic depends on a root rank (the ``root`` column; older traces lack it).
+ROOTED_OPS = frozenset({"broadcast", "reduce", "gather", "scatter"})
+# Every op the ops table may name (the importers map other spellings onto these).
+KNOWN_OPS = frozenset(RING_OPS | ROOTED_OPS | {"alltoall", "send", "recv", "barrier"})
+
+# Bytes per element of each dtype in the contract's spelling (torch dtype names without
+# "torch."; float8 variants are 1 byte and keep torch's spelling).
+DTYPE_SIZES: dict[str, int] = {
+    "uint8": 1,
+    "int8": 1,
+    "bool": 1,
+    "int16": 2,
+    "uint16": 2,
+    "float16": 2,
+    "bfloat16": 2,
+    "int32": 4,
+    "uint32": 4,
+    "float32": 4,
+    "complex32": 4,
+    "int64": 8,
+    "uint64": 8,
+    "float64": 8,
+    "complex64": 8,
+    "complex128": 16,
+}
+
+
+def parse_ranks(group_ranks: Any) -> list[int]:
+    """Global ranks from a ``group_ranks`` value: ``"0,1,2"`` (how the capture writes it), a
+    sequence (a parquet list column), or null / NaN / ``""`` (unknown) -> ``[]``."""
+    if group_ranks is None or group_ranks is pd.NA:
+        return []
+    if isinstance(group_ranks, float) and math.isnan(group_ranks):
+        return []
+    if isinstance(group_ranks, str):
+        return [int(r) for r in group_ranks.split(",") if r.strip()]
+    return [int(r) for r in group_ranks]

@@ -1,0 +1,97 @@
+"""One set of formatters for bytes, rates, times and counts, for reports, figures and the CLI.
+
+Sizes are SI (1 MB = 10**6 bytes, 1 kB = 1000 B) and rates are bits per second, as everywhere in
+commscope; the one binary formatter (:func:`binary_size_label`) labels the microbenchmark's
+message sizes, which are powers of two (1 KiB .. 64 MiB). Missing values (None, NA, NaN, text
+that is not a number) print as ``n/a`` instead of failing.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+# SI byte units, largest first: (name, bytes).
+SI_BYTE_UNITS: tuple[tuple[str, float], ...] = (("GB", 1e9), ("MB", 1e6), ("kB", 1e3))
+SI_BIT_RATE_UNITS: tuple[tuple[str, float], ...] = (
+    ("Gbit/s", 1e9),
+    ("Mbit/s", 1e6),
+    ("kbit/s", 1e3),
+)
+BINARY_UNITS: tuple[tuple[str, int], ...] = (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10))
+NS_PER_S = 1_000_000_000
+NS_PER_MS = 1_000_000
+
+
+def is_missing(value: Any) -> bool:
+    """True for None, ``pd.NA``, NaN and anything that is not a number."""
+    if value is None or value is pd.NA:
+        return True
+    try:
+        return math.isnan(float(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def fmt_bytes(value: Any, digits: int = 2) -> str:
+    """``2000000`` -> ``'2.00 MB'`` (``digits`` decimals); NaN -> ``'n/a'``."""
+    if is_missing(value):
+        return "n/a"
+    v = float(value)
+    for unit, scale in SI_BYTE_UNITS:
+        if abs(v) >= scale:
+            return f"{v / scale:.{digits}f} {unit}"
+    return f"{v:.0f} B"
+
+
+def bytes_tick(value: float, _pos: object = None) -> str:
+    """SI byte size for axis ticks, without trailing zeros: ``2e6`` -> ``'2 MB'``."""
+    for unit, scale in SI_BYTE_UNITS:
+        if abs(value) >= scale:
+            return f"{value / scale:g} {unit}"
+    return f"{value:g} B"
+
+
+def binary_size_label(nbytes: float, _pos: object = None) -> str:
+    """A power-of-two size as a short tick label: ``4096`` -> ``'4K'``, ``1 << 26`` -> ``'64M'``."""
+    for unit, scale in BINARY_UNITS:
+        if nbytes >= scale:
+            return f"{nbytes / scale:g}{unit}"
+    return f"{nbytes:g}"
+
+
+def si_byte_unit(top: float) -> tuple[str, float]:
+    """The largest SI byte unit ``(name, bytes)`` that ``top`` reaches (``("B", 1.0)`` below
+    1 kB), to scale a whole column or axis by one unit."""
+    return next(((u, s) for u, s in SI_BYTE_UNITS if top >= s), ("B", 1.0))
+
+
+def fmt_bps(value: Any) -> str:
+    """``84e6`` -> ``'84.0 Mbit/s'``; NaN -> ``'n/a'``."""
+    if is_missing(value):
+        return "n/a"
+    v = float(value)
+    for unit, scale in SI_BIT_RATE_UNITS:
+        if abs(v) >= scale:
+            return f"{v / scale:.1f} {unit}"
+    return f"{v:.0f} bit/s"
+
+
+def fmt_ms(seconds: Any) -> str:
+    """A duration in seconds shown in milliseconds: ``0.1`` -> ``'100.0 ms'``."""
+    return "n/a" if is_missing(seconds) else f"{float(seconds) * 1e3:.1f} ms"
+
+
+def fmt_ratio(value: Any) -> str:
+    """``1.05`` -> ``'1.05'``; NaN (e.g. unresolved burstiness) -> ``'n/a'``."""
+    return "n/a" if is_missing(value) else f"{float(value):.2f}"
+
+
+def fmt_count(value: Any) -> str:
+    """Counts and means of counts: ``6.0`` -> ``'6'``, ``6.25`` -> ``'6.2'``."""
+    if is_missing(value):
+        return "n/a"
+    v = float(value)
+    return f"{v:.0f}" if v.is_integer() else f"{v:.1f}"
