@@ -21,20 +21,13 @@ import pandas as pd
 import pytest
 
 from commscope.predict import cli
-from commscope.predict.model import (
-    Param,
-    PredictOptions,
-    bucket_assignment,
-    compare_measured,
-    gpt_params,
-    grad_ready_order,
-    moe_params,
-    node_matrix,
-    predict_ops,
-    rank_matrix,
-    schedule_actions,
-    summarize,
-)
+from commscope.predict.compare import compare_measured, summarize
+from commscope.predict.frameworks import bucket_assignment
+from commscope.predict.matrix import node_matrix, rank_matrix
+from commscope.predict.ops import predict_ops
+from commscope.predict.options import PredictOptions
+from commscope.predict.schedule import schedule_actions
+from commscope.predict.shapes import Param, gpt_params, grad_ready_order, moe_params
 from commscope.predict.timing import (
     bubble_fraction,
     effective_bandwidth,

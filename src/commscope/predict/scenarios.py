@@ -9,7 +9,7 @@ framework (``megatron`` or ``torch``, recomputation, vocab-parallel embedding, d
 :data:`SCENARIO_DEFAULTS` for every key.
 
 :func:`predict_scenario` lists the ops of one steady step on every rank
-(:func:`commscope.predict.model.predict_ops`) and turns them into the tables a network
+(:func:`commscope.predict.ops.predict_ops`) and turns them into the tables a network
 researcher asks for, all from the single traffic model
 :func:`commscope.metrics.op_destinations` (ring/chain algorithms):
 
@@ -29,6 +29,7 @@ table from written scenario directories.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,14 +37,10 @@ from typing import Any
 
 import pandas as pd
 
-from commscope.predict.model import (
-    TRAFFIC_TYPES,
-    PredictOptions,
-    node_matrix,
-    predict_ops,
-    rank_matrix,
-    summarize,
-)
+from commscope.predict.compare import summarize
+from commscope.predict.matrix import node_matrix, rank_matrix
+from commscope.predict.ops import TRAFFIC_TYPES, predict_ops
+from commscope.predict.options import PredictOptions
 from commscope.workload.strategies import ParallelPlan
 
 # Seed 002 §4 (GPT under PTD-P): (l, h, s) = (48, 1600, 1024) and (54, 2000, 1024), micro-batch
@@ -375,8 +372,6 @@ def write_scenario(pred: ScenarioPrediction, out_dir: Path) -> list[Path]:
 
 def run_scenario(name: str, spec: dict[str, Any], out_dir: Path) -> ScenarioPrediction:
     """Predict scenario ``name`` and write its tables (:func:`write_scenario`); logs the time."""
-    import logging
-
     pred = predict_scenario(spec, name)
     write_scenario(pred, out_dir)
     sc = pred.scenario

@@ -1,0 +1,220 @@
+"""The predictor in the pipeline: per cell, predict one steady step and compare with the trace
+(bytes and messages exactly; step time with the alpha-beta model fed by measured bandwidths)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from commscope.config import SWEEP_AXES
+from commscope.predict.compare import compare_measured
+from commscope.predict.ops import predict_ops
+from commscope.predict.timing import effective_bandwidth, predict_step_time
+
+TIMING_COLUMNS = [
+    "cell", *SWEEP_AXES, "bandwidth_source", "intranode_source", "compute_source",
+    "compute_flops_per_s", "critical_rank", "predicted_step_s", "predicted_compute_s",
+    "predicted_comm_s", "predicted_bubble_s", "predicted_comm_ratio", "predicted_bubble_ratio",
+    "bubble_ratio_analytical", "predicted_tp_s", "predicted_pp_s", "predicted_dp_s",
+    "predicted_ep_s", "predicted_emb_s", "measured_step_s", "measured_steps",
+    "measured_comm_ratio", "time_error",
+]  # fmt: skip
+
+
+def predict_cell(
+    trace_dir: Path,
+    model_spec: dict[str, Any],
+    plan_spec: dict[str, Any],
+    warmup_steps: int,
+    out_dir: Path,
+    fit_paths: Sequence[Path] = (),
+) -> pd.DataFrame:
+    """Predict the cell's ops per rank for one steady step; compare with the measured ops.
+
+    Writes ``ops.parquet`` (the prediction) and ``compare.parquet`` (per rank, measured step
+    and traffic type: predicted vs measured bytes and messages, ``match``), both carrying the
+    cell's parameters, and ``timing.parquet`` (:func:`predict_timing`, fed by the
+    microbenchmark fits in ``fit_paths`` when given); returns the comparison.
+    """
+    meta = json.loads((Path(trace_dir) / "cell.json").read_text())
+    params = meta["params"]
+    pred = predict_ops(model_spec, plan_spec, int(params["nodes"]), int(params["ranks_per_node"]))
+    measured = pd.read_parquet(Path(trace_dir) / "ops.parquet")
+    compare = compare_measured(pred, measured, model_spec, plan_spec, warmup_steps=warmup_steps)
+    steps = pd.read_parquet(Path(trace_dir) / "steps.parquet")
+    fits = pd.concat([pd.read_parquet(p) for p in fit_paths]) if fit_paths else None
+    timing = predict_timing(pred, measured, steps, params, warmup_steps, fits)
+    timing.insert(0, "cell", meta["cell"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for frame in (pred, compare):
+        frame.insert(0, "cell", meta["cell"])
+        for axis in SWEEP_AXES:
+            frame[axis] = params[axis]
+    pd.DataFrame(pred).to_parquet(out_dir / "ops.parquet", index=False)
+    compare.to_parquet(out_dir / "compare.parquet", index=False)
+    timing[TIMING_COLUMNS].to_parquet(out_dir / "timing.parquet", index=False)
+    return compare
+
+
+def _union_ns(intervals: np.ndarray) -> int:
+    """Total length of the union of [start, end) intervals (ns)."""
+    if len(intervals) == 0:
+        return 0
+    intervals = intervals[np.argsort(intervals[:, 0])]
+    total, cur_s, cur_e = 0, int(intervals[0, 0]), int(intervals[0, 1])
+    for s, e in intervals[1:]:
+        if s > cur_e:
+            total += cur_e - cur_s
+            cur_s, cur_e = int(s), int(e)
+        else:
+            cur_e = max(cur_e, int(e))
+    return total + cur_e - cur_s
+
+
+def rank_step_split(ops: pd.DataFrame, steps: pd.DataFrame, warmup_steps: int) -> pd.DataFrame:
+    """Per rank and steady step: the rank's step time, the time it spent inside communication
+    ops (union of [issue, end] of its ops, clipped to the step) and the rest (``compute_s``).
+
+    A blocking op's interval is time the rank could not compute; an async op's (DDP's bucket
+    all-reduce under backward) overlaps compute, so ``compute_s`` is a lower bound there."""
+    rows = steps[(steps["phase"] == "step") & (steps["step"] >= warmup_steps)]
+    done = ops[ops["t_end_ns"].notna() & (ops["step"] >= warmup_steps)]
+    by_key = {k: g for k, g in done.groupby(["rank", "step"])}
+    out = []
+    for rec in rows.itertuples(index=False):
+        t0, t1 = int(rec.t_start_ns), int(rec.t_end_ns)
+        g = by_key.get((rec.rank, rec.step))
+        comm = 0
+        if g is not None:
+            iv = np.column_stack(
+                [g["t_issue_ns"].to_numpy("int64"), g["t_end_ns"].to_numpy("int64")]
+            )
+            iv = np.clip(iv, t0, t1)
+            comm = _union_ns(iv[iv[:, 1] > iv[:, 0]])
+        out.append((int(rec.rank), int(rec.step), (t1 - t0) / 1e9, comm / 1e9))
+    split = pd.DataFrame(out, columns=["rank", "step", "step_s", "comm_s"])
+    split["compute_s"] = split["step_s"] - split["comm_s"]
+    return split
+
+
+def _fit_rows(fits: pd.DataFrame, link: dict[str, Any]) -> dict[str, tuple[float, float]]:
+    from commscope.bench.analysis import link_alpha_beta
+
+    return link_alpha_beta(fits, link)
+
+
+def predict_timing(
+    pred: pd.DataFrame,
+    ops: pd.DataFrame,
+    steps: pd.DataFrame,
+    params: dict[str, Any],
+    warmup_steps: int,
+    fits: pd.DataFrame | None = None,
+) -> pd.DataFrame:
+    """Predicted vs measured step time of one cell (one row, :data:`TIMING_COLUMNS` but
+    ``cell``).
+
+    Bandwidth: with ``fits`` (microbenchmark ``fit.parquet`` rows), per-op alpha and beta of
+    the cell's link setting for ops that cross nodes, and of the unshaped setting for ops inside
+    a node (ranks of one node talk over loopback, at least as fast as an unshaped veth; the
+    cell's own link when no unshaped fit exists). Without fits: the cell's own effective
+    bandwidth from its trace (:func:`effective_bandwidth`, alpha 0), else the cap.
+    Compute: the achieved FLOP rate of this run, the predicted FLOPs of all ranks over their
+    measured time outside communication ops (:func:`rank_step_split`; medians over steady
+    steps), so the time error measures the communication and bubble model, not a guessed rate.
+    Measured step: median over steady steps of first rank in to last rank out.
+    """
+    from commscope.bench.analysis import LINK_AXES, UNSHAPED, cap_bytes_per_s, link_id
+    from commscope.metrics import step_times
+
+    link = {axis: str(params[axis]) for axis in LINK_AXES}
+    rpn = int(params["ranks_per_node"])
+    inter = intra = None
+    if fits is not None and not fits.empty:
+        inter = _fit_rows(fits, link)
+        intra = _fit_rows(fits, UNSHAPED)
+        bw_source = f"microbench {link_id(link)}" if inter else "microbench (no fit for link)"
+        intra_source = f"microbench {link_id(UNSHAPED)}" if intra else "same as internode"
+        intra = intra or inter
+    else:
+        bw_source, intra_source = "trace effective bandwidth", "trace effective bandwidth"
+    eff = effective_bandwidth(ops, rpn)
+    cap = cap_bytes_per_s(link["bw"])
+    fallback = math.inf if math.isnan(cap) else cap
+    beta_inter = eff["internode"] if math.isfinite(eff["internode"]) else fallback
+    beta_intra = eff["intranode"] if math.isfinite(eff["intranode"]) else beta_inter
+
+    split = rank_step_split(ops, steps, warmup_steps)
+    per_rank = split.groupby("rank")[["compute_s", "comm_s", "step_s"]].median()
+    flops = pred.attrs["predict"]["flops"]
+    total_flops = sum(flops.values())
+    compute_time = float(per_rank["compute_s"].clip(lower=0).sum())
+    rate = total_flops / compute_time if compute_time > 0 else math.inf
+    t = predict_step_time(pred, rate, 0.0, beta_inter, beta_intra, None, inter, intra)
+
+    table = step_times(steps, warmup_steps)
+    steady = table[~table["warmup"]]
+    measured = float(steady["duration_s"].median()) if len(steady) else math.nan
+    crit = per_rank["step_s"].idxmax() if len(per_rank) else None
+    comm_ratio = (
+        float(per_rank.loc[crit, "comm_s"] / per_rank.loc[crit, "step_s"])
+        if crit is not None
+        else math.nan
+    )
+    row = {axis: params[axis] for axis in SWEEP_AXES}
+    row.update(
+        bandwidth_source=bw_source,
+        intranode_source=intra_source,
+        compute_source="trace: step time outside communication ops",
+        compute_flops_per_s=rate,
+        critical_rank=t["critical_rank"],
+        predicted_step_s=t["step_time_s"],
+        predicted_compute_s=t["compute_s"],
+        predicted_comm_s=t["comm_s"],
+        predicted_bubble_s=t["bubble_s"],
+        predicted_comm_ratio=t["comm_ratio"],
+        predicted_bubble_ratio=t["bubble_ratio"],
+        bubble_ratio_analytical=t["bubble_ratio_analytical"],
+        **{f"predicted_{k}_s": v for k, v in t["comm_by_traffic_s"].items()},
+        measured_step_s=measured,
+        measured_steps=len(steady),
+        measured_comm_ratio=comm_ratio,
+        time_error=(t["step_time_s"] - measured) / measured if measured > 0 else math.nan,
+    )
+    return pd.DataFrame([row])
+
+
+def timing_table(timing_paths: Sequence[Path]) -> pd.DataFrame:
+    """Every cell's ``timing.parquet`` in one table (one row per cell), for the report."""
+    frames = [pd.read_parquet(p) for p in timing_paths]
+    frames = [f for f in frames if not f.empty]
+    if not frames:
+        return pd.DataFrame(columns=TIMING_COLUMNS)
+    return pd.concat(frames, ignore_index=True)
+
+
+def comparison_table(compare_paths: list[Path]) -> pd.DataFrame:
+    """One row per cell and traffic type: bytes and messages per steady step (all ranks),
+    predicted vs measured, and whether every rank and step matched exactly."""
+    frames = [pd.read_parquet(p) for p in compare_paths]
+    frames = [f for f in frames if not f.empty]
+    if not frames:
+        return pd.DataFrame()
+    compare = pd.concat(frames, ignore_index=True)
+    per_step = compare.groupby(["cell", "strategy", "model", "traffic", "step"], as_index=False)[
+        ["predicted_bytes", "measured_bytes", "predicted_msgs", "measured_msgs"]
+    ].sum()
+    table = per_step.groupby(["cell", "strategy", "model", "traffic"], as_index=False).agg(
+        predicted_bytes=("predicted_bytes", "first"),
+        measured_bytes=("measured_bytes", "mean"),
+        predicted_msgs=("predicted_msgs", "first"),
+        measured_msgs=("measured_msgs", "mean"),
+    )
+    exact = compare.groupby(["cell", "traffic"])["match"].all().rename("exact").reset_index()
+    return table.merge(exact, on=["cell", "traffic"])
