@@ -225,7 +225,7 @@ def test_ops_are_placed_at_their_last_issue() -> None:
     # Rank 1 issues step 0's all-reduce late, inside the window: the instance moves with it.
     late = (ops["rank"] == 1) & (ops["step"] == 0)
     ops.loc[late, "t_issue_ns"] = T0 + STEP_NS + 5
-    kept = m._ops_in_window(ops, window)
+    kept = m.ops_in_window(ops, window)
     assert sorted(kept.loc[kept["step"] == 0, "rank"]) == [0, 1]
     assert len(kept) == 8
 
@@ -410,7 +410,7 @@ def test_an_op_running_across_the_window_start_is_left_out_whole() -> None:
     assert nominal[0] == T0 + STEP_NS
     # Cut at the nominal edge, the op (last issued before it) is dropped but half of its bytes
     # are on the wire inside the window.
-    kept = m._ops_in_window(cell.ops, nominal)
+    kept = m.ops_in_window(cell.ops, nominal)
     assert sorted(kept["step"].unique()) == [1, 2, 3]
     window, steps = m.check_window(cell)
     assert steps == 3

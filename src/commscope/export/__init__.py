@@ -6,7 +6,7 @@
   mlcommons/chakra ``et_def.proto``), one file per rank, that ASTRA-sim 2.0 replays;
 * :mod:`~commscope.export.astra`: the ASTRA-sim 1.0 text workload (one layer per line);
 * :mod:`~commscope.export.flows`: a flow list (src, dst, bytes, start, dependencies) from the
-  traffic model :func:`commscope.metrics.op_destinations`;
+  traffic model :func:`commscope.collectives.traffic.op_destinations`;
 * :mod:`~commscope.export.cell`: :func:`export_cell` writes all of them for one cell.
 
 The helpers below turn one rank's ops and step phases into a single timeline of compute spans

@@ -1,7 +1,7 @@
 """The ops table → a flow list for network simulators: who sends how many bytes to whom, when,
 after which other flows.
 
-Bytes come from :func:`commscope.metrics.op_destinations`, the traffic model behind the
+Bytes come from :func:`commscope.collectives.traffic.op_destinations`, the traffic model behind the
 communication matrix, so per (src, dst) the flows of a set of steps add up to
 :func:`commscope.metrics.comm_matrix` over the same steps (times their number: the matrix is a
 per-step mean). A collective is not broken into its ring steps: each op gives one flow per
@@ -30,9 +30,9 @@ from typing import Any
 
 import pandas as pd
 
+from commscope.collectives.traffic import op_destinations
 from commscope.contracts import P2P_OPS
 from commscope.export import op_records, rank_nodes
-from commscope.metrics import op_destinations
 
 FLOW_COLUMNS = [
     "flow_id",
@@ -66,7 +66,7 @@ def to_flows(
     """The flow list of ``ops`` (one cell); see the module docstring. ``ranks_per_node``
     places ranks that issued no op (default: the table's ``ranks_per_node`` column);
     ``backend`` picks the algorithms the bytes follow (gloo's differ from NCCL's rings, see
-    :func:`commscope.metrics.op_destinations`)."""
+    :func:`commscope.collectives.traffic.op_destinations`)."""
     if ops.empty:
         return pd.DataFrame(columns=FLOW_COLUMNS)
     if ranks_per_node is None and "ranks_per_node" in ops.columns:

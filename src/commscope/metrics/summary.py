@@ -1,0 +1,130 @@
+"""The one-row headline summary of a cell."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from commscope.cell.load import CellTraces
+from commscope.contracts import P2P_OPS
+from commscope.metrics._common import _NS_PER_S
+from commscope.metrics.counters import traffic_shape, wire_bytes
+from commscope.metrics.framework import wire_vs_framework
+from commscope.metrics.matrix import comm_matrix, node_matrix, node_traffic_split
+from commscope.metrics.steps import step_times, training_window
+
+# Bin width at which cell_summary() reports burstiness: fine enough for the micro-bursts that
+# live below 10 ms to show, coarse enough for a 100 Hz sampler to resolve.
+SUMMARY_BIN_MS = 10
+
+
+SUMMARY_COLUMNS = [
+    "world_size",
+    "bw_bps",
+    "measured_steps",
+    "step_time_mean_s",
+    "step_time_std_s",
+    "framework_bytes_per_step",
+    "framework_bytes_per_step_per_rank",
+    "messages_per_step",
+    "p2p_byte_share",
+    "internode_bytes_per_step",
+    "intranode_bytes_per_step",
+    "wire_tx_bytes_per_step_per_node",
+    "throughput_mean_bps",
+    "bw_utilization",
+    "peak_to_mean_10ms",
+    "cov_10ms",
+    "shape_resolved_10ms",
+    "wire_over_framework",
+]
+
+
+def cell_summary(traces: CellTraces, node_mat: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The headline numbers of one cell, one row, over its measured (non-warm-up) steps.
+
+    * step_time_mean_s / step_time_std_s: step duration across ranks (sample std, ddof=1).
+    * framework_bytes_per_step (all ranks) and ..._per_rank (divided by world_size),
+      messages_per_step: ops issued by all ranks; steps without any op count as zero.
+    * p2p_byte_share: share of framework bytes in send/recv.
+    * internode_bytes_per_step / intranode_bytes_per_step: bytes per measured step the
+      ranks send, under :func:`op_destinations`, to ranks on other nodes (the off-diagonal
+      of :func:`node_matrix`: what the network carries) and on their own node (the
+      diagonal: loopback). ``node_mat`` is this cell's node matrix when the caller already
+      has it; otherwise it is computed over the measured steps of ``traces.steps``.
+    * wire_tx_bytes_per_step_per_node: interface tx bytes inside the measured window divided
+      by the measured steps, averaged over nodes.
+    * throughput_mean_bps: tx rate over the window, averaged over nodes; bw_utilization
+      divides it by the cap (NaN when uncapped).
+    * peak_to_mean_10ms, cov_10ms: tx burstiness at 10 ms bins averaged over nodes (NaN when
+      the counters were sampled too coarsely; shape_resolved_10ms says so).
+    * wire_over_framework: total wire tx over total modelled inter-node framework tx for the
+      whole run (see :func:`wire_vs_framework`).
+
+    Columns: cell params, then SUMMARY_COLUMNS.
+    """
+    params = traces.params
+    st = step_times(traces.steps, traces.warmup_steps)
+    measured = st[~st["warmup"].astype(bool)] if not st.empty else st
+    n_measured = len(measured)
+    nan = float("nan")
+    row: dict[str, Any] = dict(params)
+    world_size = traces.meta.get("world_size")
+    bw_bps = traces.meta.get("bw_bps")
+    row["world_size"] = world_size
+    row["bw_bps"] = float(bw_bps) if bw_bps else nan
+    row["measured_steps"] = n_measured
+    durations = measured["duration_s"].astype("float64") if n_measured else pd.Series([nan])
+    row["step_time_mean_s"] = float(durations.mean())
+    row["step_time_std_s"] = float(durations.std(ddof=1)) if n_measured > 1 else nan
+
+    measured_ops = (
+        traces.ops[traces.ops["step"].isin(measured["step"])]
+        if not traces.ops.empty and n_measured
+        else traces.ops.iloc[0:0]
+    )
+    total_bytes = float(measured_ops["bytes"].sum()) if not measured_ops.empty else 0.0
+    per_step = total_bytes / n_measured if n_measured else nan
+    row["framework_bytes_per_step"] = per_step
+    row["framework_bytes_per_step_per_rank"] = per_step / world_size if world_size else nan
+    row["messages_per_step"] = len(measured_ops) / n_measured if n_measured else nan
+    p2p = measured_ops["bytes"][measured_ops["op"].isin(P2P_OPS)].sum() if total_bytes else 0
+    row["p2p_byte_share"] = float(p2p) / total_bytes if total_bytes else nan
+    if node_mat is None:
+        node_mat = node_matrix(
+            comm_matrix(traces.ops, measured_steps=measured["step"], backend=traces.backend)
+        )
+    inter, intra = node_traffic_split(node_mat)
+    row["internode_bytes_per_step"] = inter if n_measured else nan
+    row["intranode_bytes_per_step"] = intra if n_measured else nan
+
+    for col in (
+        "wire_tx_bytes_per_step_per_node",
+        "throughput_mean_bps",
+        "bw_utilization",
+        "peak_to_mean_10ms",
+        "cov_10ms",
+        "wire_over_framework",
+    ):
+        row[col] = nan
+    row["shape_resolved_10ms"] = False
+    if n_measured and not traces.counters.empty:
+        window = training_window(st)
+        wire = wire_bytes(traces.counters, window)
+        duration_s = (window[1] - window[0]) / _NS_PER_S
+        row["wire_tx_bytes_per_step_per_node"] = float(wire["wire_tx_bytes"].mean()) / n_measured
+        row["throughput_mean_bps"] = float(wire["wire_tx_bytes"].mean()) * 8 / duration_s
+        if bw_bps:
+            row["bw_utilization"] = row["throughput_mean_bps"] / float(bw_bps)
+        shape = traffic_shape(traces.counters, window, (SUMMARY_BIN_MS,))
+        tx = shape[shape["direction"] == "tx"]
+        row["peak_to_mean_10ms"] = float(tx["peak_to_mean"].mean())
+        row["cov_10ms"] = float(tx["cov"].mean())
+        row["shape_resolved_10ms"] = bool(tx["resolved"].all()) if len(tx) else False
+    if not traces.ops.empty and not traces.counters.empty:
+        wf = wire_vs_framework(traces.ops, traces.counters, traces.meta)
+        fw_total = float(wf["framework_tx_bytes"].sum())
+        if fw_total > 0:
+            row["wire_over_framework"] = float(wf["wire_tx_bytes"].sum()) / fw_total
+    return pd.DataFrame([row], columns=[*params, *SUMMARY_COLUMNS])
