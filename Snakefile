@@ -1,6 +1,7 @@
 # commscope: what each parallelism strategy of distributed training does to the network.
 # Orchestration only; every stage's logic lives in src/commscope/. Run: snakemake --cores 8 report
 
+from pathlib import Path
 
 from snakemake.utils import min_version
 
@@ -13,7 +14,10 @@ configfile: "config/config.yaml"
 
 
 # Snakemake's schema validation (defaults filled in), with errors that name the key and value.
-validate_config(config)
+# The schema is found next to this Snakefile, whatever the working directory.
+validate_config(
+    config, Path(workflow.basedir) / "workflow" / "schemas" / "config.schema.yaml"
+)
 
 
 include: "workflow/rules/common.smk"

@@ -16,54 +16,73 @@ from typing import Any
 import pandas as pd
 import yaml
 
-SWEEP_AXES: tuple[str, ...] = (
-    "strategy",
-    "model",
-    "nodes",
-    "ranks_per_node",
-    "bw",
-    "delay",
-    "jitter",
-    "loss",
-    "steps",
-    "repeat",
-)
-SCHEMA_PATH = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
+# SWEEP_AXES and loss_pct stay importable from here (runner, predict, tests import them so).
+from commscope.contracts import SWEEP_AXES
+from commscope.spec.link import LinkShape, loss_pct
+from commscope.spec.plan import BUILTIN_STRATEGIES, validate_cell
+
+__all__ = [
+    "AXIS_DEFAULTS",
+    "SCHEMA_PATH",
+    "SWEEP_AXES",
+    "ConfigError",
+    "cell_id",
+    "cells_frame",
+    "check_study",
+    "load_config",
+    "loss_pct",
+    "strategy_names",
+    "strategy_spec",
+    "sweep_blocks",
+    "validate_config",
+]
+
+# The schema is the workflow's, not the package's: the Snakefile passes its own path
+# (relative to itself). This default, relative to the working directory like the CLI's
+# default config/config.yaml, serves `commscope check` and tests run from the repository root.
+SCHEMA_PATH = Path("workflow") / "schemas" / "config.schema.yaml"
 
 
 class ConfigError(ValueError):
     """A configuration problem, with the key that causes it and how to fix it."""
 
 
-def validate_config(config: dict[str, Any], schema_path: Path = SCHEMA_PATH) -> dict[str, Any]:
+def validate_config(
+    config: dict[str, Any], schema_path: str | Path = SCHEMA_PATH
+) -> dict[str, Any]:
     """Validate against the schema with Snakemake's validator (fills defaults in place).
 
-    On failure the message names the key path and the offending value: under ``oneOf`` (the
-    sweep is one block or a list of blocks) jsonschema's top-level error names neither, so we
-    report its ``best_match`` instead.
+    ``schema_path`` is the workflow's schema; the Snakefile passes its own, the default is
+    relative to the working directory (the repository root). On failure the message names the
+    key path and the offending value: under ``oneOf`` (the sweep is one block or a list of
+    blocks) jsonschema's top-level error names neither, so we report its ``best_match`` instead.
     """
     import jsonschema
     from snakemake.exceptions import WorkflowError
     from snakemake.utils import validate
 
+    schema_path = Path(schema_path)
     try:
         validate(config, str(schema_path), set_default=True)
     except WorkflowError as err:
-        schema = yaml.safe_load(Path(schema_path).read_text())
+        schema = yaml.safe_load(schema_path.read_text())
         validator = jsonschema.Draft202012Validator(schema)
         best = jsonschema.exceptions.best_match(validator.iter_errors(config))
         if best is None:
             raise ConfigError(str(err)) from None
         where = best.json_path.removeprefix("$.") if best.json_path != "$" else "(top level)"
-        raise ConfigError(
-            f"config key {where}: {best.message} (schema: {schema_path.name})"
-        ) from None
+        # Shapes shared through $defs close their objects with unevaluatedProperties (plain
+        # additionalProperties would not see the keys the $ref brings): same rule, same words.
+        message = best.message.replace(
+            "Unevaluated properties are not allowed", "Additional properties are not allowed"
+        )
+        raise ConfigError(f"config key {where}: {message} (schema: {schema_path.name})") from None
     return config
 
 
-def load_config(path: Path) -> dict[str, Any]:
+def load_config(path: Path, schema_path: str | Path = SCHEMA_PATH) -> dict[str, Any]:
     """Read a YAML config and validate it; semantic checks are separate (:func:`check_study`)."""
-    return validate_config(yaml.safe_load(Path(path).read_text()) or {})
+    return validate_config(yaml.safe_load(Path(path).read_text()) or {}, schema_path)
 
 
 # Axes a sweep block may leave out (the schema's defaults, also inside a list of blocks).
@@ -98,11 +117,6 @@ def cells_frame(config: dict[str, Any]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True).drop_duplicates(ignore_index=True)
 
 
-def loss_pct(loss: str) -> float:
-    """'0.5pct' -> 0.5 (the config writes loss path-safely, without '%')."""
-    return float(loss.removesuffix("pct"))
-
-
 def check_study(
     config: dict[str, Any],
     max_nodes: int | None = None,
@@ -113,9 +127,6 @@ def check_study(
     ``max_nodes`` is how many nodes the cluster can have (the inventory size for ssh);
     ``has_netem`` is asked only if some cell needs delay, jitter or loss.
     """
-    from commscope.shaping import LinkShape
-    from commscope.workload.strategies import validate_cell
-
     cells = cells_frame(config)
     problems: list[str] = []
     models = config["models"]
@@ -169,15 +180,11 @@ def check_study(
 
 def strategy_names(config: dict[str, Any]) -> set[str]:
     """Strategy names a sweep may use: the built-ins plus the config's own."""
-    from commscope.workload.strategies import BUILTIN_STRATEGIES
-
     return set(BUILTIN_STRATEGIES) | set(config.get("strategies") or {})
 
 
 def strategy_spec(config: dict[str, Any], name: str) -> dict[str, Any]:
     """The definition of strategy ``name``: the config's entry, else the built-in."""
-    from commscope.workload.strategies import BUILTIN_STRATEGIES
-
     own = (config.get("strategies") or {}).get(name)
     return dict(own if own is not None else BUILTIN_STRATEGIES[name])
 

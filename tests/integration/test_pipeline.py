@@ -21,47 +21,11 @@ from commscope.cluster.netns import list_netns
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-NAME = "cspt"  # test-only cluster name and subnets: a real study may run concurrently
-CONFIG = {
-    "cluster": {
-        "backend": "netns",
-        "name": NAME,
-        "mgmt_subnet": "198.18.210.0/24",
-        "exp_subnet": "198.19.210.0/24",
-    },
-    "run": {"timeout_s": 120, "sample_hz": 1000, "warmup_steps": 2},
-    "strategies": {
-        "pp": {"pp": -1, "microbatches": 2},
-        "tp-inside": {"dp": -1, "tp": 2, "mapping": "dp-tp"},
-        "tp-across": {"dp": -1, "tp": 2, "mapping": "tp-dp"},
-    },
-    "models": {
-        "tiny": {"layers": 2, "hidden": 64, "heads": 2, "seq": 32, "vocab": 256, "batch": 4}
-    },
-    # Every collective on each link setting, up to 1 MiB: enough to fit alpha and beta.
-    "microbench": {"max_bytes": 1 << 20, "budget_s": 0.1, "max_iters": 5},
-    # One large job beyond the cluster, predicted only.
-    "predictions": {"gpt-1.5b-16": {"preset": "gpt-1.5b", "pp": 4, "tp": 2, "dp": 2}},
-    "sweep": [
-        {
-            "strategy": ["ddp", "pp"],
-            "model": ["tiny"],
-            "nodes": [2],
-            "ranks_per_node": [1],
-            "bw": ["20mbit", "none"],
-            "steps": [4],
-        },
-        # The same dp x tp degrees, TP groups placed inside vs across the 2 nodes.
-        {
-            "strategy": ["tp-inside", "tp-across"],
-            "model": ["tiny"],
-            "nodes": [2],
-            "ranks_per_node": [2],
-            "bw": ["none"],
-            "steps": [3],
-        },
-    ],
-}
+# The tiny study, with comments, as a config file: what `snakemake --configfile` reads. Its
+# cluster name and subnets are test-only: a real study may run concurrently.
+TINY = REPO / "tests" / "config" / "tiny.yaml"
+CONFIG = yaml.safe_load(TINY.read_text())
+NAME = CONFIG["cluster"]["name"]
 BASE = CONFIG["sweep"][0]
 
 
@@ -82,10 +46,10 @@ def job_counts(dry_run_output: str) -> dict[str, int]:
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # No config/config.yaml in the study directory: the Snakefile's default config would be
+    # merged under --configfile's, so the tiny study is all there is.
     workdir = tmp_path_factory.mktemp("study")
-    (workdir / "config").mkdir()
-    (workdir / "config" / "config.yaml").write_text(yaml.safe_dump(CONFIG))
-    result = snakemake(workdir, "--cores", "2", "report")
+    result = snakemake(workdir, "--cores", "2", "report", "--configfile", str(TINY))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     return workdir
 
@@ -168,7 +132,7 @@ def test_counters_sampled_fast_enough(study: Path) -> None:
 
 
 def test_nothing_to_do_after_a_full_run(study: Path) -> None:
-    result = snakemake(study, "-n", "report")
+    result = snakemake(study, "-n", "report", "--configfile", str(TINY))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Nothing to be done" in result.stdout + result.stderr
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,8 @@ from commscope.config import (
     sweep_blocks,
     validate_config,
 )
-from commscope.workload.strategies import BUILTIN_STRATEGIES, ParallelPlan, model_config
+from commscope.spec.models import model_config
+from commscope.spec.plan import BUILTIN_STRATEGIES, ParallelPlan
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = ROOT / "config" / "config.yaml"
@@ -387,9 +389,66 @@ def test_cell_id_one_level_per_axis() -> None:
     )
 
 
-def test_schema_path_exists() -> None:
-    assert cfgmod.SCHEMA_PATH.is_file()
-    assert cfgmod.SCHEMA_PATH == ROOT / "workflow" / "schemas" / "config.schema.yaml"
+def test_schema_path_is_the_workflows_relative_to_the_working_directory() -> None:
+    # The package does not locate the repository from its own file: the Snakefile passes the
+    # schema next to it, and the default (for `commscope check` in the repository root) is
+    # relative to the working directory, like the CLI's default config/config.yaml.
+    assert not cfgmod.SCHEMA_PATH.is_absolute()
+    assert Path("workflow") / "schemas" / "config.schema.yaml" == cfgmod.SCHEMA_PATH
+    assert (ROOT / cfgmod.SCHEMA_PATH).is_file()
+
+
+def test_an_explicit_schema_path_works_from_any_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    schema = ROOT / cfgmod.SCHEMA_PATH
+    assert validate_config(study(), schema)["run"]["sample_hz"] == 1000
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({**study(), "sweeps": {}}))
+    with pytest.raises(ConfigError, match="'sweeps' was unexpected"):
+        load_config(path, schema)
+
+
+def _schema_properties(node: Any, path: str, defs: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    """Every (path, subschema) under a ``properties:`` of the schema, $defs included once."""
+    if not isinstance(node, dict):
+        return
+    for name, sub in (node.get("properties") or {}).items():
+        yield f"{path}.{name}", sub
+        yield from _schema_properties(sub, f"{path}.{name}", defs)
+    for key in ("additionalProperties", "items"):
+        yield from _schema_properties(node.get(key), f"{path}.{key}", defs)
+    for key in ("oneOf", "anyOf", "allOf"):
+        for i, sub in enumerate(node.get(key) or []):
+            yield from _schema_properties(sub, f"{path}.{key}[{i}]", defs)
+
+
+def test_every_schema_property_is_described() -> None:
+    # As in snakemake-workflow-template: a description on every property. A property that only
+    # refers to a $defs shape may take the shape's description.
+    schema = yaml.safe_load((ROOT / cfgmod.SCHEMA_PATH).read_text())
+    defs = schema["$defs"]
+    props = list(_schema_properties(schema, "$", defs))
+    for name, shape in defs.items():
+        props += list(_schema_properties(shape, f"$defs/{name}", defs))
+    assert len(props) > 90
+
+    def described(sub: dict[str, Any]) -> bool:
+        if "description" in sub:
+            return True
+        ref = sub.get("$ref", "")
+        return ref.startswith("#/$defs/") and "description" in defs[ref.removeprefix("#/$defs/")]
+
+    assert [path for path, sub in props if not described(sub)] == []
+
+
+def test_example_configs_validate_and_expand() -> None:
+    # The tiny study of the integration test and any other config under tests/config/.
+    paths = sorted((ROOT / "tests" / "config").glob("*.yaml"))
+    assert paths
+    for path in paths:
+        assert len(check_study(load_config(path), has_netem=lambda: True)) > 0, path
 
 
 def test_validate_fills_in_place_and_returns_the_same_dict() -> None:
