@@ -34,7 +34,8 @@ from commscope.predict.timing import (
     predict_step_time,
     wire_bytes,
 )
-from commscope.workload.strategies import ParallelPlan
+from commscope.spec.models import model_config
+from commscope.spec.plan import ParallelPlan
 
 FP32 = 4
 TINY = {"layers": 4, "hidden": 32, "heads": 2, "seq": 16, "vocab": 64, "batch": 4}
@@ -176,8 +177,6 @@ def test_resnet50_ddp_buckets_and_buffer_broadcasts() -> None:
 
 
 def _moe_cfg(spec: dict[str, Any]) -> Any:
-    from commscope.workload.strategies import model_config
-
     return model_config(spec)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from commscope.config import SWEEP_AXES
+from commscope.contracts import SWEEP_AXES
 from commscope.predict.compare import compare_measured
 from commscope.predict.ops import predict_ops
 from commscope.predict.timing import effective_bandwidth, predict_step_time

@@ -1,7 +1,7 @@
 """The per-rank emulator: every communication op one training step issues, op by op and rank
 by rank (:func:`predict_ops`).
 
-From a model config, a :class:`~commscope.workload.strategies.ParallelPlan` (degrees, mapping to
+From a model config, a :class:`~commscope.spec.plan.ParallelPlan` (degrees, mapping to
 nodes, pipeline schedule and micro-batches, DDP bucket cap, FSDP resharding), the dtype and a few
 framework options, :func:`predict_ops` lists every communication op each rank issues in one
 *steady-state* step (step >= 2: DDP has rebuilt its buckets and the pipeline has inferred its
@@ -36,6 +36,7 @@ from typing import Any
 
 import pandas as pd
 
+from commscope.contracts import DTYPE_SIZES
 from commscope.predict.frameworks import (
     DDP_BUFFER_BUCKET_BYTES,
     bucket_assignment,
@@ -46,8 +47,8 @@ from commscope.predict.frameworks import (
 from commscope.predict.options import PredictOptions
 from commscope.predict.schedule import schedule_actions
 from commscope.predict.shapes import Param, gpt_params, grad_ready_order, moe_params, vision_model
-from commscope.workload.models import split_layers
-from commscope.workload.strategies import VISION_KINDS, ParallelPlan, model_config
+from commscope.spec.models import VISION_KINDS, expert_capacity, is_moe_block, model_config
+from commscope.spec.plan import ParallelPlan, split_layers, validate_cell
 
 TRAFFIC_TYPES = ("tp", "pp", "dp", "ep", "emb")
 # Element type of the MoE per-expert token counts (torch.bincount) and of the CE statistics.
@@ -55,7 +56,6 @@ INT64_BYTES = 8
 FP32_BYTES = 4
 # Element type of the training dtype by its size (bf16 shows as float16: same bytes).
 DTYPE_NAMES = {1: "uint8", 2: "float16", 4: "float32", 8: "float64"}
-DTYPE_SIZES = {"int64": 8, "float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "uint8": 1}
 
 PRED_COLUMNS = [
     "rank",
@@ -444,8 +444,6 @@ def _moe_rank(ctx: _Ctx, rank: int) -> tuple[list[tuple], float]:
     counts, tokens, combine) and 2 backward, then DDP over the dense parameters (all of them when
     ep == 1). Token all-to-alls assume balanced routing: every expert gets ``tokens * top_k /
     experts`` assignments, capped at its capacity; the measured ones vary with the router."""
-    from commscope.workload.moe import expert_capacity, is_moe_block
-
     plan, cfg, db = ctx.plan, ctx.cfg, ctx.dtype_bytes
     ops = _Ops(ctx, rank)
     ep_g = plan.group_of("ep", rank)
@@ -534,8 +532,6 @@ def resolve_plan(
     model_spec: dict[str, Any], plan_spec: dict[str, Any] | ParallelPlan, world: int
 ) -> ParallelPlan:
     """The plan with its -1 degree filled; raises ValueError naming every problem."""
-    from commscope.workload.strategies import validate_cell
-
     spec = asdict(plan_spec) if isinstance(plan_spec, ParallelPlan) else dict(plan_spec)
     problems = validate_cell(model_spec, spec, world)
     if problems:

@@ -41,7 +41,7 @@ from commscope.predict.compare import summarize
 from commscope.predict.matrix import node_matrix, rank_matrix
 from commscope.predict.ops import TRAFFIC_TYPES, predict_ops
 from commscope.predict.options import PredictOptions
-from commscope.workload.strategies import ParallelPlan
+from commscope.spec.plan import ParallelPlan
 
 # Seed 002 §4 (GPT under PTD-P): (l, h, s) = (48, 1600, 1024) and (54, 2000, 1024), micro-batch
 # b = 32, m = 8 micro-batches per replica (gb = 512 on d = 2, gb = 1024 on d = 4), so the

@@ -3,7 +3,7 @@ on one pipeline rank (GPipe, 1F1B, interleaved 1F1B)."""
 
 from __future__ import annotations
 
-from commscope.workload.strategies import ParallelPlan
+from commscope.spec.plan import ParallelPlan
 
 
 def schedule_actions(plan: ParallelPlan, pp_rank: int) -> list[tuple[str, int, int]]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from commscope.predict.options import PredictOptions
+from commscope.spec.models import is_moe_block
 
 
 @dataclass(frozen=True)
@@ -127,8 +128,6 @@ def gpt_params(
 
 def moe_params(cfg: Any, ep: int = 1, ep_rank: int = 0) -> list[Param]:
     """Parameters of ``moe.MoEGPT`` on one EP rank (its ``experts/ep`` experts per MoE layer)."""
-    from commscope.workload.moe import is_moe_block
-
     per = cfg.experts // ep
     local = range(ep_rank * per, (ep_rank + 1) * per)
     out = [
@@ -176,6 +175,8 @@ class VisionModel:
 def vision_model(arch: str, num_classes: int, image: int) -> VisionModel:
     """Build ResNet-50/VGG16 on the meta device (no memory, no compute) and run one backward so
     autograd itself gives the gradient-ready order; count FLOPs with FlopCounterMode."""
+    # Local: torch (and workload.vision, which needs it) load only when a vision model is
+    # predicted, so the predictor of GPT and MoE models stays torch-free.
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
