@@ -26,7 +26,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from commscope.workload.strategies import BUILTIN_STRATEGIES, ParallelPlan
+from commscope.spec.plan import BUILTIN_STRATEGIES, ParallelPlan
 
 WORLD = 2
 STEPS = 3  # DDP rebuilds its buckets at the start of step 1; step 2 is a plain step

@@ -4,18 +4,22 @@ strategy/degree checks (no processes)."""
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 from typing import Any
 
 import pytest
 import torch
 
-from commscope.workload.models import GPT, GPTConfig, lm_loss, split_layers, synthetic_batch
-from commscope.workload.strategies import (
+from commscope.spec.models import GPTConfig
+from commscope.spec.plan import (
     BUILTIN_STRATEGIES,
     ParallelPlan,
+    split_layers,
     validate_cell,
     validate_plan,
 )
+from commscope.workload.models import GPT, lm_loss, synthetic_batch
 
 CFG = GPTConfig(layers=5, hidden=32, heads=2, seq=16, vocab=64, batch=4)
 
@@ -159,6 +163,26 @@ def test_resolve_rejects_degrees_that_do_not_fit(
         ParallelPlan.from_dict(spec).resolve(world)
     for fragment in fragments:
         assert fragment in str(info.value)
+
+
+def test_the_plan_checks_its_degrees_on_construction() -> None:
+    # Like torchtitan's ParallelDims: an impossible degree fails before any world size is known.
+    with pytest.raises(ValueError, match="only one degree may be -1"):
+        ParallelPlan(dp=-1, pp=-1)
+    with pytest.raises(ValueError, match="degree tp=0 must be >= 1 or -1"):
+        ParallelPlan(tp=0)
+    # Usable without a mesh: group and coordinates come from the degrees alone.
+    plan = ParallelPlan(dp=2, pp=2, stages_per_rank=2, pp_schedule="interleaved-1f1b")
+    assert plan.n_stages() == 4
+    assert plan.stage_ids(1) == [1, 3]
+    assert plan.group_of("pp", 1) == [1, 3]
+
+
+def test_spec_imports_no_torch() -> None:
+    # Snakemake's DAG evaluation and the predictor read plans and model configs without torch.
+    code = "import sys, commscope.spec.plan; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
 
 
 def test_from_dict_rejects_unknown_keys() -> None:

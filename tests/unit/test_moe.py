@@ -17,18 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from commscope.spec.models import MoEConfig, expert_capacity, validate_moe
 from commscope.workload.corpus import CharDataset, load_stdlib_corpus, stdlib_source_files
 from commscope.workload.models import MLP, Block, lm_loss, synthetic_batch
-from commscope.workload.moe import (
-    MoEBlock,
-    MoEConfig,
-    MoEGPT,
-    MoELayer,
-    expert_capacity,
-    moe_layers,
-    route,
-    validate_moe,
-)
+from commscope.workload.moe import MoEBlock, MoEGPT, MoELayer, moe_layers, route
 
 CFG = MoEConfig(
     layers=2, hidden=16, heads=2, seq=8, vocab=32, batch=4, experts=4, top_k=1, capacity_factor=1.0

@@ -14,13 +14,8 @@ import pytest
 import torch
 from torch import nn
 
-from commscope.workload.vision import (
-    VisionConfig,
-    build_vision_model,
-    resnet50,
-    synthetic_images,
-    vgg16,
-)
+from commscope.spec.models import VisionConfig
+from commscope.workload.vision import build_vision_model, resnet50, synthetic_images, vgg16
 
 Shape = tuple[int, ...]
 

@@ -7,24 +7,14 @@ proj and fc2 row-wise), and so pipeline stages can take a contiguous slice of bl
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from commscope.spec.models import GPTConfig
 
-@dataclass(frozen=True)
-class GPTConfig:
-    """Shape of a GPT-style decoder; ``batch`` is the per-replica batch of one step."""
-
-    layers: int = 2
-    hidden: int = 128
-    heads: int = 4
-    seq: int = 64
-    vocab: int = 512
-    batch: int = 8
-    ffn_mult: int = 4
+# TRANSITIONAL SHIM (issue 9): remove after imports are updated
+from commscope.spec.plan import split_layers  # noqa: F401
 
 
 class Attention(nn.Module):
@@ -110,14 +100,3 @@ def synthetic_batch(cfg: GPTConfig, batch: int, seed: int) -> tuple[torch.Tensor
     gen = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, cfg.vocab, (batch, cfg.seq + 1), generator=gen)
     return tokens[:, :-1], tokens[:, 1:]
-
-
-def split_layers(n_layers: int, n_stages: int) -> list[range]:
-    """Contiguous layer ranges per pipeline stage; the first stages take the remainder."""
-    base, extra = divmod(n_layers, n_stages)
-    out, start = [], 0
-    for s in range(n_stages):
-        size = base + (1 if s < extra else 0)
-        out.append(range(start, start + size))
-        start += size
-    return out

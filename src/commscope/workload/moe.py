@@ -16,7 +16,6 @@ the project measures.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,35 +24,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from commscope.workload.models import MLP, Attention, Block, GPTConfig
-
-
-@dataclass(frozen=True)
-class MoEConfig(GPTConfig):
-    """GPT shape plus the MoE knobs.
-
-    ``capacity_factor`` scales each expert's slot count (``ceil(cf * tokens * top_k / experts)``
-    per forward and rank); ``aux_loss_coef`` weighs the load-balancing loss that
-    :class:`MoEGPT` returns; block ``i`` is an MoE block when ``i % moe_every == moe_every - 1``
-    (every block for 1, the odd ones for 2 as in GShard/Switch).
-    """
-
-    experts: int = 4
-    top_k: int = 1
-    capacity_factor: float = 1.25
-    aux_loss_coef: float = 0.01
-    moe_every: int = 1
-
-
-def is_moe_block(cfg: MoEConfig, index: int) -> bool:
-    """Whether block ``index`` carries an MoE layer instead of a dense MLP."""
-    return index % cfg.moe_every == cfg.moe_every - 1
-
-
-def expert_capacity(cfg: MoEConfig, tokens: int) -> int:
-    """Slots per expert for ``tokens`` local tokens: ``ceil(capacity_factor * tokens * top_k /
-    experts)``."""
-    return math.ceil(cfg.capacity_factor * tokens * cfg.top_k / cfg.experts)
+from commscope.spec.models import MoEConfig, expert_capacity, is_moe_block
+from commscope.workload.models import MLP, Attention, Block
 
 
 @dataclass
@@ -303,35 +275,3 @@ def apply_expert_parallel(model: nn.Module, group: dist.ProcessGroup) -> list[st
         layer.set_expert_parallel(group)
         names += [f"{prefix}.experts.{n}" for n, _ in layer.experts.named_parameters()]
     return names
-
-
-def validate_moe(cfg: MoEConfig, ep_size: int) -> list[str]:
-    """Problems that make this MoE model impossible with ``ep_size`` EP ranks (empty = ok)."""
-    problems = []
-    if cfg.hidden % cfg.heads:
-        problems.append(f"model.hidden={cfg.hidden} must be divisible by model.heads={cfg.heads}")
-    if cfg.experts < 1:
-        problems.append(f"model.experts ({cfg.experts}) must be >= 1")
-    if cfg.top_k not in (1, 2):
-        problems.append(f"model.top_k ({cfg.top_k}) must be 1 (Switch) or 2 (GShard)")
-    elif cfg.top_k > cfg.experts:
-        problems.append(f"model.top_k ({cfg.top_k}) exceeds model.experts ({cfg.experts})")
-    if ep_size < 1:
-        problems.append(f"expert-parallel size ({ep_size}) must be >= 1")
-    elif cfg.experts >= 1 and cfg.experts % ep_size:
-        problems.append(
-            f"model.experts ({cfg.experts}) must be divisible by the expert-parallel size "
-            f"({ep_size}) so every rank holds the same number of experts"
-        )
-    if cfg.capacity_factor <= 0:
-        problems.append(f"model.capacity_factor ({cfg.capacity_factor}) must be > 0")
-    if cfg.aux_loss_coef < 0:
-        problems.append(f"model.aux_loss_coef ({cfg.aux_loss_coef}) must be >= 0")
-    if cfg.moe_every < 1:
-        problems.append(f"model.moe_every ({cfg.moe_every}) must be >= 1")
-    elif cfg.moe_every > cfg.layers:
-        problems.append(
-            f"model.moe_every ({cfg.moe_every}) exceeds model.layers ({cfg.layers}): "
-            "no block would be an MoE block"
-        )
-    return problems

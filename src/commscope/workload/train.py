@@ -19,9 +19,10 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
+from commscope.spec.plan import ParallelPlan
 from commscope.workload import capture
 from commscope.workload.entry import main, rank_device
-from commscope.workload.strategies import ParallelPlan, StepLog, Trainer
+from commscope.workload.trainer import StepLog, Trainer
 
 
 def run(spec: dict) -> Path:

@@ -10,22 +10,10 @@ BatchNorm, N(0, 0.01) VGG classifier).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
-VISION_ARCHS = ("resnet50", "vgg16")
-
-
-@dataclass(frozen=True)
-class VisionConfig:
-    """An image-classification workload; ``batch`` is the per-replica batch of one step."""
-
-    arch: str = "resnet50"
-    image: int = 224
-    batch: int = 32
-    num_classes: int = 1000
+from commscope.spec.models import VISION_ARCHS, VisionConfig
 
 
 def _conv3x3(in_planes: int, out_planes: int, stride: int = 1) -> nn.Conv2d:
