@@ -516,7 +516,7 @@ def frame() -> pd.DataFrame:
     """The recorded ops as a table: the columns of :class:`OpRecord` in order, integers as
     int64 and ``t_end_ns`` as nullable Int64 (built directly: via float64, epoch ns would
     round to 256 ns)."""
-    import pandas as pd
+    import pandas as pd  # only here: recording ranks import this module before pandas is needed
 
     table = _STATE.table
     n = len(table.rows)
