@@ -23,10 +23,13 @@ from commscope.bench.analysis import (
     load_raw,
     message_sizes,
     op_wire_bytes,
+    ring_steps,
     summarize,
 )
 from commscope.bench.figures import bench_figures
 from commscope.bench.run import bench_spec
+from commscope.collectives.ring import wire_bytes
+from commscope.collectives.traffic import ring_send_bytes
 from commscope.workload.microbench import OPS, iterations, sendrecv_pair, size_numel
 
 LINK = {"bw": "50mbit", "delay": "0ms", "jitter": "0ms", "loss": "0pct"}
@@ -41,6 +44,33 @@ def test_busbw_factors_are_nccl_tests() -> None:
     assert busbw_factor("broadcast", 8) == busbw_factor("sendrecv", 2) == 1.0
     with pytest.raises(ValueError, match="gather"):
         busbw_factor("gather", 2)
+
+
+def test_gloo_factors_follow_the_algorithms_gloo_runs() -> None:
+    # gloo's reduce_scatter is a full all-reduce of the input, its broadcast a binomial tree:
+    # busbw, wire bytes and latency steps follow them, so a fitted beta is the link's rate.
+    assert busbw_factor("reduce_scatter", 4, "gloo") == busbw_factor("allreduce", 4) == 1.5
+    assert busbw_factor("broadcast", 8, "gloo") == 3.0
+    assert busbw_factor("broadcast", 2, "gloo") == busbw_factor("broadcast", 2) == 1.0
+    s = 1 << 20
+    assert op_wire_bytes("reduce_scatter", s, 4, "gloo") == 1.5 * s
+    assert ring_steps("reduce_scatter", 4, "gloo") == ring_steps("allreduce", 4) == 6
+    assert ring_steps("broadcast", 8, "gloo") == 3 and ring_steps("broadcast", 8) == 7
+    for op in OPS:
+        n = 2 if op == "sendrecv" else 4
+        assert op_wire_bytes(op, s, n, "gloo") == pytest.approx(s * busbw_factor(op, n, "gloo"))
+
+
+@pytest.mark.parametrize("backend", ["nccl", "gloo"])
+def test_alpha_beta_wire_bytes_match_the_traffic_model(backend: str) -> None:
+    # The alpha-beta view and the per-destination traffic model are one model: a rank's
+    # total under op_destinations is the wire bytes the timing divides by beta.
+    s, n = 64 << 20, 4
+    for op in ("allreduce", "reduce_scatter", "allgather", "alltoall"):
+        total = ring_send_bytes(op, s, n, backend=backend)
+        assert total == pytest.approx(wire_bytes(op, s, n, backend), rel=1e-3), op
+    root = ring_send_bytes("broadcast", s, n, is_root=True, backend=backend)
+    assert root == pytest.approx(wire_bytes("broadcast", s, n, backend))
 
 
 def test_sizes_and_size_conventions() -> None:

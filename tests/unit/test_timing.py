@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from commscope.predict.model import predict_ops
-from commscope.predict.pipeline import rank_step_split
+from commscope.predict.cell import rank_step_split
+from commscope.predict.ops import predict_ops
 from commscope.predict.timing import predict_step_time, wire_bytes
 
 TINY = {"layers": 2, "hidden": 64, "heads": 2, "seq": 32, "vocab": 256, "batch": 4}
@@ -43,3 +43,15 @@ def test_rank_step_split_unions_overlapping_ops() -> None:
     assert split.loc[1, "comm_s"] == 0 and split.loc[1, "compute_s"] == pytest.approx(1e-6)
     assert split.loc[2, "comm_s"] == pytest.approx(500e-9)  # 400 + 100 clipped at the end
     assert split.loc[2, "compute_s"] == pytest.approx(500e-9)
+
+
+def test_gloo_reduce_scatter_is_timed_as_the_all_reduce_gloo_runs() -> None:
+    # ZeRO-style reduce-scatters: NCCL's ring sends (n-1)/n S, gloo a full all-reduce of S.
+    pred = predict_ops(TINY, {"dp": -1}, 4, 1)
+    pred = pred.assign(op="reduce_scatter")
+    nccl = predict_step_time(pred, 1e12, 1e-3, 1e6, 1e6)
+    gloo = predict_step_time(pred, 1e12, 1e-3, 1e6, 1e6, backend="gloo")
+    as_allreduce = predict_step_time(pred.assign(op="allreduce"), 1e12, 1e-3, 1e6, 1e6)
+    assert gloo["comm_s"] == pytest.approx(as_allreduce["comm_s"])
+    assert nccl["comm_s"] < gloo["comm_s"]
+    assert wire_bytes("reduce_scatter", 100.0, 4, "gloo") == wire_bytes("allreduce", 100.0, 4)

@@ -6,7 +6,10 @@ Definitions (nccl-tests, ``doc/PERFORMANCE.md``), with S the op's size in nccl-t
 * ``algbw = S / t``;
 * ``busbw = algbw * factor``: allreduce ``2(n-1)/n``; allgather, reduce_scatter, alltoall
   ``(n-1)/n``; broadcast and sendrecv ``1``. busbw is what each rank's link carries per second
-  under the bandwidth-optimal algorithm, comparable across ops and with the link rate;
+  under the bandwidth-optimal algorithm, comparable across ops and with the link rate. On gloo
+  the factor is that of the algorithm gloo runs (reduce_scatter a full all-reduce,
+  ``2(n-1)/n``; broadcast a binomial tree, ``ceil(log2 n)``), so busbw stays the link's load
+  (:func:`commscope.collectives.ring.busbw_factor`);
 * ``utilization = busbw / cap`` with the configured cap in bytes/s (tbf counts L2 frames, so a
   TCP stream tops out near 0.96 of it); NaN on an unshaped link.
 
@@ -14,8 +17,9 @@ An iteration's time is the maximum over the ranks that took part (the collective
 its slowest rank is), each rank having started together after a barrier.
 
 The alpha-beta fit per (link, op) is ``t = alpha + wire / beta`` with ``wire`` from
-:func:`commscope.predict.timing.wire_bytes` (ring bytes per rank), so ``beta`` is directly
-comparable with the link rate and is the value the predictor needs. Sizes span five decades, so
+:func:`commscope.collectives.ring.wire_bytes` (bytes per rank under the backend's algorithm,
+the same function the predictor's timing uses), so ``beta`` is directly comparable with the
+link rate and is the value the predictor needs. Sizes span five decades, so
 the fit minimises the squared *relative* error (an ordinary least squares on absolute time
 would fit the largest size only), with alpha, 1/beta >= 0.
 """
@@ -31,16 +35,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from commscope.collectives.ring import bench_steps as ring_steps
+from commscope.collectives.ring import bench_wire_bytes as op_wire_bytes
+from commscope.collectives.ring import busbw_factor
 from commscope.config import AXIS_DEFAULTS
-from commscope.predict.timing import RING_STEPS, wire_bytes
+from commscope.spec.link import LinkShape
 
 LINK_AXES: tuple[str, ...] = ("bw", "delay", "jitter", "loss")
 UNSHAPED = {"bw": "none", "delay": "0ms", "jitter": "0ms", "loss": "0pct"}
 # tbf's bucket (64 KB, shaping.TBF_MIN_BURST_BYTES) passes a smaller message at line rate, so
 # on a capped link the fit uses sizes from 4x that up, where the cap governs the time.
 FIT_MIN_BYTES_CAPPED = 256 * 1024
-# The predictor's op names for the benchmark's ops.
-PREDICT_OP = {"sendrecv": "send"}
 TIDY_COLUMNS = [*LINK_AXES, "link", "nodes", "ranks_per_node", "backend", "op", "bytes",
                 "group_size", "iteration", "time_s", "ranks"]  # fmt: skip
 SUMMARY_COLUMNS = [*LINK_AXES, "link", "nodes", "ranks_per_node", "backend", "op", "bytes",
@@ -83,8 +88,6 @@ def link_settings(links: str | Sequence[Mapping[str, Any]], cells: pd.DataFrame)
 
 def cap_bytes_per_s(bw: str) -> float:
     """The configured rate cap in bytes/s (``50mbit`` -> 6.25e6); NaN when unshaped."""
-    from commscope.shaping import LinkShape
-
     rate = LinkShape.parse(bw).rate_bps
     return float("nan") if rate is None else rate / 8
 
@@ -106,33 +109,6 @@ def message_sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
         sizes.append(size)
         size *= int(factor)
     return sizes
-
-
-def busbw_factor(op: str, n: int) -> float:
-    """nccl-tests' bus bandwidth factor for ``op`` on a group of ``n`` ranks."""
-    if op == "allreduce":
-        return 2 * (n - 1) / n
-    if op in ("allgather", "reduce_scatter", "alltoall"):
-        return (n - 1) / n
-    if op in ("broadcast", "sendrecv", "reduce", "send", "recv"):
-        return 1.0
-    raise ValueError(f"no busbw definition for op {op!r}")
-
-
-def predict_bytes(op: str, size: float, n: int) -> float:
-    """The benchmark's size in the predictor's convention (what a rank contributes):
-    an all-gather's shard is ``S / n``; every other op's is ``S``."""
-    return size / n if op == "allgather" else float(size)
-
-
-def op_wire_bytes(op: str, size: float, n: int) -> float:
-    """Ring bytes per rank of one benchmark op of nccl-tests size ``size`` (predictor model)."""
-    return wire_bytes(PREDICT_OP.get(op, op), predict_bytes(op, size, n), n)
-
-
-def ring_steps(op: str, n: int) -> int:
-    """Latency terms of the ring algorithm (the predictor's ``steps``) for a benchmark op."""
-    return int(RING_STEPS[PREDICT_OP.get(op, op)](n))
 
 
 # ─────────────────────────────────────────────────────────── tables
@@ -176,7 +152,10 @@ def summarize(tidy: pd.DataFrame) -> pd.DataFrame:
         .reset_index()
     )
     out["algbw_Bps"] = out["bytes"] / out["time_s"]
-    factors = [busbw_factor(o, int(n)) for o, n in zip(out["op"], out["group_size"], strict=True)]
+    factors = [
+        busbw_factor(o, int(n), b)
+        for o, n, b in zip(out["op"], out["group_size"], out["backend"], strict=True)
+    ]
     out["busbw_Bps"] = out["algbw_Bps"] * np.asarray(factors, dtype=float)
     out["cap_Bps"] = [cap_bytes_per_s(b) for b in out["bw"]]
     out["utilization"] = out["busbw_Bps"] / out["cap_Bps"]
@@ -219,20 +198,21 @@ def fit_table(summary: pd.DataFrame) -> pd.DataFrame:
     """Alpha-beta fit per (link, op) over the sizes' median times (on a capped link only sizes
     from :data:`FIT_MIN_BYTES_CAPPED` up: below tbf's bucket the cap does not apply, and
     ``fit_min_bytes`` says what was used). Columns: :data:`FIT_COLUMNS`;
-    ``alpha_step_s`` = alpha / the ring's latency terms at the benchmark's group size (what the
-    predictor multiplies by a group's own number of steps), ``r2_log`` the R² of log time."""
+    ``alpha_step_s`` = alpha / the algorithm's latency terms at the benchmark's group size (what
+    the predictor multiplies by a group's own number of steps), ``r2_log`` the R² of log time;
+    wire bytes and steps follow the run's ``backend`` (:mod:`commscope.collectives.ring`)."""
     keys = [*LINK_AXES, "link", "nodes", "ranks_per_node", "backend", "op", "group_size"]
     rows = []
     for key, g in summary.groupby(keys, sort=True):
         rec = dict(zip(keys, key, strict=True))
-        op, n = rec["op"], int(rec["group_size"])
+        op, n, backend = rec["op"], int(rec["group_size"]), rec["backend"]
         cap = cap_bytes_per_s(rec["bw"])
         min_bytes = FIT_MIN_BYTES_CAPPED if math.isfinite(cap) else 0
         if (g["bytes"] >= min_bytes).sum() >= 2:
             g = g[g["bytes"] >= min_bytes]
         else:
             min_bytes = int(g["bytes"].min())
-        wire = np.array([op_wire_bytes(op, s, n) for s in g["bytes"]])
+        wire = np.array([op_wire_bytes(op, s, n, backend) for s in g["bytes"]])
         t = g["time_s"].to_numpy(dtype=float)
         alpha, beta = fit_alpha_beta(wire, t)
         fitted = alpha + wire / beta
@@ -243,7 +223,7 @@ def fit_table(summary: pd.DataFrame) -> pd.DataFrame:
             points=len(g),
             fit_min_bytes=int(min_bytes),
             alpha_s=alpha,
-            alpha_step_s=alpha / max(ring_steps(op, n), 1),
+            alpha_step_s=alpha / max(ring_steps(op, n, backend), 1),
             beta_Bps=beta,
             cap_Bps=cap,
             beta_over_cap=beta / cap,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -55,43 +54,6 @@ def _as_int_ns(values: pd.Series | np.ndarray) -> np.ndarray:
 def _groupby(df: pd.DataFrame, keys: list[str]):
     # dropna=False: a null parameter (e.g. a cap recorded as None) must not drop rows.
     return df.groupby(keys, sort=True, dropna=False, observed=True)
-
-
-@dataclass
-class _Placement:
-    """Which node each rank runs on.
-
-    ``recorded`` is what the trace says (every rank that issued an op); a rank that issued none
-    (only ever a peer or a root) is placed by ``ranks_per_node``, as ranks on a node are
-    contiguous, and at node -1 when that is unknown too.
-    """
-
-    recorded: dict[int, int]
-    ranks_per_node: int = 0
-
-    @classmethod
-    def from_ops(cls, ops: pd.DataFrame, ranks_per_node: Any = None) -> _Placement:
-        recorded: dict[int, int] = {}
-        if not ops.empty and {"rank", "node"} <= set(ops.columns):
-            pairs = ops[["rank", "node"]].drop_duplicates("rank")
-            recorded = {int(r): int(n) for r, n in pairs.itertuples(index=False, name=None)}
-        return cls(recorded, _positive_int(ranks_per_node))
-
-    def node(self, rank: int) -> int:
-        """The node of global rank ``rank`` (-1 when it cannot be placed)."""
-        rank = int(rank)
-        if rank in self.recorded:
-            return self.recorded[rank]
-        return rank // self.ranks_per_node if self.ranks_per_node and rank >= 0 else -1
-
-
-def _positive_int(value: Any) -> int:
-    """``value`` as a non-negative int; 0 when absent, null or not a number."""
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        return 0
-    return max(number, 0)
 
 
 def _params_from(meta: dict[str, Any], *frames: pd.DataFrame) -> dict[str, Any]:

@@ -10,13 +10,14 @@ import numpy as np
 import pandas as pd
 
 from commscope.cell.load import CellTraces
+from commscope.collectives.matrix import Placement, positive_int
 from commscope.collectives.traffic import (
     DEFAULT_BACKEND,
     HEADER_BYTES_PER_PACKET,
     op_sends,
     protocol_bytes,
 )
-from commscope.metrics._common import _Placement, _positive_int, _with_params
+from commscope.metrics._common import _with_params
 from commscope.metrics.counters import wire_counts
 from commscope.metrics.sockets import retransmitted_bytes
 from commscope.metrics.window import check_window, ops_in_window
@@ -77,7 +78,7 @@ def framework_node_bytes(
     ]
     if ops.empty:
         return pd.DataFrame(columns=cols)
-    place = _Placement.from_ops(ops, ranks_per_node)
+    place = Placement.from_ops(ops, ranks_per_node)
     sends = op_sends(ops, backend=backend, with_messages=True)
     src = sends["rank"].map(place.node)
     dst = sends["dst_rank"].map(place.node)
@@ -280,7 +281,7 @@ def matrix_check(
     )
     ops = ops_in_window(traces.ops, window)
     framework = protocol = pd.Series(dtype="float64")
-    place = _Placement.from_ops(traces.ops, params.get("ranks_per_node"))
+    place = Placement.from_ops(traces.ops, params.get("ranks_per_node"))
     if not ops.empty:
         sends = op_sends(ops, backend=backend, with_messages=True)
         sends["src_node"] = sends["rank"].map(place.node)
@@ -301,7 +302,7 @@ def matrix_check(
             ),
         )
         protocol = protocol_bytes(messages, reverse)
-    nodes = set(range(_positive_int(params.get("nodes")))) | set(place.recorded.values())
+    nodes = set(range(positive_int(params.get("nodes")))) | set(place.recorded.values())
     nodes |= {int(v) for v in wire.index.get_level_values(0)}
     nodes |= {int(v) for v in wire.index.get_level_values(1)}
     pairs = [(a, b) for a in sorted(nodes) for b in sorted(nodes) if a != b and a >= 0 and b >= 0]

@@ -10,8 +10,9 @@ import numpy as np
 import pandas as pd
 
 from commscope.cell.load import _backend_of
+from commscope.collectives.matrix import Placement
 from commscope.collectives.traffic import op_sends
-from commscope.metrics._common import _as_int_ns, _params_from, _Placement, _with_params
+from commscope.metrics._common import _as_int_ns, _params_from, _with_params
 from commscope.metrics.counters import wire_bytes
 
 WIRE_COLUMNS = [
@@ -88,7 +89,7 @@ def _framework_tx_per_node(ops: pd.DataFrame, meta: dict[str, Any]) -> pd.DataFr
     cols = ["node", "framework_tx_bytes", "framework_tx_bytes_with_local", "estimated_tx_bytes"]
     if ops.empty:
         return pd.DataFrame(columns=cols)
-    place = _Placement.from_ops(ops, meta.get("params", {}).get("ranks_per_node"))
+    place = Placement.from_ops(ops, meta.get("params", {}).get("ranks_per_node"))
     sends = op_sends(ops, backend=_backend_of(meta))
     src = sends["rank"].map(place.node)
     # A destination that cannot be placed (-1) counts as remote, like any other node.

@@ -6,22 +6,19 @@ from collections.abc import Iterable
 
 import pandas as pd
 
-from commscope.collectives.traffic import DEFAULT_BACKEND, op_sends
+from commscope.collectives.matrix import Placement, positive_int, rank_matrix
+from commscope.collectives.matrix import node_matrix as build_node_matrix
+from commscope.collectives.traffic import DEFAULT_BACKEND
 from commscope.contracts import GROUP_KIND_COLUMN
 from commscope.metrics._common import (
     _concat,
-    _groupby,
     _param_cols,
     _per_cell,
-    _Placement,
-    _positive_int,
     _with_params,
 )
 
 COMM_MATRIX_COLUMNS = ["src_rank", "dst_rank", "src_node", "dst_node", "op", "bytes"]
 NODE_MATRIX_COLUMNS = ["src_node", "dst_node", "bytes"]
-# Optional ops.parquet column naming the parallel dimension of an op's group (dp, tp, pp, ...);
-# when present the rank matrix keeps it, so traffic can be split by dimension.
 
 
 def comm_matrix(
@@ -32,7 +29,9 @@ def comm_matrix(
 ) -> pd.DataFrame:
     """Rank x rank communication matrix: bytes each rank sends to each other rank per step.
 
-    Transfers come from :func:`op_destinations` applied to every op record (each record counts
+    Built by :func:`commscope.collectives.matrix.rank_matrix` (the one matrix builder, also
+    behind the predictor's matrices). Transfers come from :func:`op_destinations` applied to
+    every op record (each record counts
     once, as its own rank's sends), so each sender's row total equals its modelled send volume
     (:func:`ring_send_bytes` where the place in a ring or chain does not matter). ``bytes`` is
     the mean per measured step: the total over the measured steps divided by their number, so
@@ -50,6 +49,7 @@ def comm_matrix(
     (group_kind only when ``ops`` has that column).
     """
     params = _param_cols(ops)
+    # The parallel dimension of an op's group (dp, tp, ...), kept when the trace records it.
     extra = [GROUP_KIND_COLUMN] if GROUP_KIND_COLUMN in ops.columns else []
     cols = [*COMM_MATRIX_COLUMNS[:-1], *extra, "bytes"]
     fixed_steps = None if measured_steps is None else {int(s) for s in measured_steps}
@@ -61,17 +61,12 @@ def comm_matrix(
             steps = {s for s in fixed_steps if s >= 0}
         if not steps:
             continue
-        sends = op_sends(cell_ops[cell_ops["step"].isin(steps)], extra, backend)
-        if sends.empty:
-            continue
         # Placed from the whole cell, so a rank only seen outside measured steps still maps.
-        place = _Placement.from_ops(cell_ops, cell_params.get("ranks_per_node"))
-        sends = sends.rename(columns={"rank": "src_rank"})
-        sends["src_node"] = sends["src_rank"].map(place.node).astype("int64")
-        sends["dst_node"] = sends["dst_rank"].map(place.node).astype("int64")
-        keys = cols[:-1]
-        per_step = _groupby(sends, keys)["bytes"].sum().div(len(steps)).reset_index()
-        frames.append(_with_params(cell_params, per_step[cols]))
+        place = Placement.from_ops(cell_ops, cell_params.get("ranks_per_node"))
+        in_steps = cell_ops[cell_ops["step"].isin(steps)]
+        per_step = rank_matrix(in_steps, ["op", *extra], backend, place, divide_by=len(steps))
+        if not per_step.empty:
+            frames.append(_with_params(cell_params, per_step))
     return _concat(frames, [*params, *cols])
 
 
@@ -89,16 +84,7 @@ def node_matrix(rank_matrix: pd.DataFrame) -> pd.DataFrame:
     params = _param_cols(rank_matrix)
     frames = []
     for cell_params, sub in _per_cell(rank_matrix):
-        nodes = set(sub["src_node"].astype(int)) | set(sub["dst_node"].astype(int))
-        nodes |= set(range(_positive_int(cell_params.get("nodes"))))
-        order = sorted(nodes)
-        grid = pd.MultiIndex.from_product([order, order], names=["src_node", "dst_node"])
-        summed = (
-            sub.groupby(["src_node", "dst_node"])["bytes"]
-            .sum()
-            .reindex(grid, fill_value=0.0)
-            .reset_index()
-        )
+        summed = build_node_matrix(sub, positive_int(cell_params.get("nodes")))
         frames.append(_with_params(cell_params, summed[NODE_MATRIX_COLUMNS]))
     return _concat(frames, [*params, *NODE_MATRIX_COLUMNS])
 

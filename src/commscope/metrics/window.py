@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 
 from commscope.cell.load import CellTraces
+from commscope.collectives.matrix import Placement
 from commscope.contracts import P2P_OPS, parse_ranks
-from commscope.metrics._common import _Placement
 from commscope.metrics.steps import step_times, training_window
 
 
@@ -78,7 +78,7 @@ def quiet_window(
         return window
     issued = pd.to_numeric(ops["t_issue_ns"], errors="coerce")
     ended = pd.to_numeric(ops["t_end_ns"], errors="coerce").fillna(issued)
-    place = _Placement.from_ops(ops, ranks_per_node)
+    place = Placement.from_ops(ops, ranks_per_node)
     p2p = ops["op"].isin(P2P_OPS)
     group_ranks = ops["group_ranks"].astype(str)
     spans_nodes = {

@@ -2,19 +2,21 @@
 pipeline bubble, after seed 002 §5 (Eq. 1-9) generalised to any plan.
 
 Per op, on its rank: ``time = steps * alpha + wire_bytes / beta``. ``wire_bytes`` and ``steps``
-are those of the bandwidth-optimal ring algorithms gloo and NCCL use for large messages (the same
-traffic model as :func:`commscope.metrics.op_destinations`):
+are those of the algorithm the cell's backend runs, from :mod:`commscope.collectives.ring` (the
+same traffic model as :func:`commscope.collectives.traffic.op_destinations`): the
+bandwidth-optimal rings NCCL uses for large messages, and for gloo what gloo really runs
+(reduce_scatter as a full all-reduce, broadcast as a binomial tree):
 
-============== ===================== =========
-op             wire bytes per rank   steps
-============== ===================== =========
+============== ===================== ========= ===========================
+op             wire bytes per rank   steps     gloo
+============== ===================== ========= ===========================
 allreduce      2(n-1)/n S            2(n-1)
-reduce_scatter (n-1)/n S (S = input) n-1
+reduce_scatter (n-1)/n S (S = input) n-1       2(n-1)/n S, 2(n-1) steps
 allgather      (n-1) S (S = shard)   n-1
 alltoall       (n-1)/n S             n-1
-broadcast      S                     n-1
+broadcast      S                     n-1       ceil(log2 n) S and steps
 send, recv     S                     1
-============== ===================== =========
+============== ===================== ========= ===========================
 
 ``beta`` is the inter-node bandwidth when the group (or the P2P pair) spans nodes, else the
 intra-node one; ``beta_by_traffic`` overrides it per traffic type, as seed 002's C_TP, C_PP and
@@ -46,36 +48,28 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-RING_STEPS = {
-    "allreduce": lambda n: 2 * (n - 1),
-    "reduce_scatter": lambda n: n - 1,
-    "allgather": lambda n: n - 1,
-    "alltoall": lambda n: n - 1,
-    "broadcast": lambda n: n - 1,
-    "send": lambda n: 1,
-    "recv": lambda n: 1,
-    "barrier": lambda n: 1,
-}
+from commscope.collectives.ring import RING_STEPS, latency_steps, wire_bytes
+from commscope.collectives.traffic import DEFAULT_BACKEND
+from commscope.contracts import P2P_OPS, parse_ranks
 
-
-def wire_bytes(op: str, nbytes: float, n: int) -> float:
-    """Bytes one rank moves for one op under the ring algorithms (see the module table)."""
-    if n <= 1 and op not in ("send", "recv"):
-        return 0.0
-    return {
-        "allreduce": 2 * (n - 1) / n * nbytes,
-        "reduce_scatter": (n - 1) / n * nbytes,
-        "allgather": (n - 1) * nbytes,
-        "alltoall": (n - 1) / n * nbytes,
-        "broadcast": float(nbytes),
-        "send": float(nbytes),
-        "recv": float(nbytes),
-    }.get(op, 0.0)
+__all__ = [
+    "RING_STEPS",
+    "bubble_fraction",
+    "effective_bandwidth",
+    "op_times",
+    "predict_step_time",
+    "wire_bytes",
+]
 
 
 def _crosses_nodes(group_ranks: str, rank: int, peer: int, rpn: int) -> bool:
-    members = [peer] if peer >= 0 else [int(x) for x in str(group_ranks).split(",") if x]
+    members = [peer] if peer >= 0 else parse_ranks(group_ranks)
     return any(m // rpn != rank // rpn for m in members)
+
+
+def _backend(pred: pd.DataFrame, backend: str | None) -> str:
+    """The backend whose algorithms time the ops: the argument, else the prediction's own."""
+    return str(backend or pred.attrs.get("predict", {}).get("backend") or DEFAULT_BACKEND)
 
 
 AlphaBetaByOp = dict[str, tuple[float, float]]
@@ -91,10 +85,13 @@ def op_times(
     beta_by_traffic: dict[str, float] | None = None,
     ab_internode: AlphaBetaByOp | None = None,
     ab_intranode: AlphaBetaByOp | None = None,
+    backend: str | None = None,
 ) -> pd.Series:
-    """Seconds each predicted op takes on its rank under the alpha-beta ring model
-    (per-op ``ab_*`` fits where given, see the module docstring)."""
+    """Seconds each predicted op takes on its rank under the alpha-beta model of ``backend``'s
+    algorithms (per-op ``ab_*`` fits where given, see the module docstring). ``backend``
+    defaults to ``pred.attrs["predict"]["backend"]``, else NCCL's rings."""
     rpn = int(pred.attrs["predict"]["ranks_per_node"])
+    backend = _backend(pred, backend)
     keys = ["op", "bytes", "group_ranks", "group_size", "rank", "peer", "traffic"]
     uniq = pred[keys].drop_duplicates()
     times = {}
@@ -108,8 +105,8 @@ def op_times(
             alpha, beta = fit
         if beta_by_traffic and traffic in beta_by_traffic:
             beta = beta_by_traffic[traffic]
-        steps = RING_STEPS.get(op, lambda n: 1)(int(n))
-        times[key] = steps * alpha + wire_bytes(op, nbytes, int(n)) / beta
+        steps = latency_steps(op, int(n), backend)
+        times[key] = steps * alpha + wire_bytes(op, nbytes, int(n), backend) / beta
     return pd.Series(
         [times[k] for k in pred[keys].itertuples(index=False, name=None)], index=pred.index
     )
@@ -133,11 +130,13 @@ def predict_step_time(
     beta_by_traffic: dict[str, float] | None = None,
     ab_internode: AlphaBetaByOp | None = None,
     ab_intranode: AlphaBetaByOp | None = None,
+    backend: str | None = None,
 ) -> dict[str, Any]:
     """Step time, communication ratio and bubble ratio of a :func:`predict_ops` result.
 
     ``ab_internode`` / ``ab_intranode``: per-op (alpha per ring step, beta) fits that take
-    precedence over the scalar ``alpha_s`` and betas (see :func:`op_times`).
+    precedence over the scalar ``alpha_s`` and betas (see :func:`op_times`); ``backend`` picks
+    the algorithms (gloo's differ from NCCL's rings, :mod:`commscope.collectives.ring`).
 
     ``compute_flops_per_s`` is the achieved rate (seed 002: mu x peak, mu = 0.3-0.4).
     Returns ``step_time_s`` (slowest rank), ``critical_rank``, ``compute_s``, ``comm_s`` and
@@ -159,6 +158,7 @@ def predict_step_time(
             beta_by_traffic,
             ab_internode,
             ab_intranode,
+            backend,
         )
     )
     comm = df.pivot_table(index="rank", columns="traffic", values="time_s", aggfunc="sum")
@@ -191,9 +191,13 @@ def predict_step_time(
 
 
 def effective_bandwidth(
-    ops: pd.DataFrame, ranks_per_node: int, min_bytes: int = 1 << 20, include_p2p: bool = False
+    ops: pd.DataFrame,
+    ranks_per_node: int,
+    min_bytes: int = 1 << 20,
+    include_p2p: bool = False,
+    backend: str = DEFAULT_BACKEND,
 ) -> dict[str, float]:
-    """Median effective bandwidth (ring wire bytes / op duration, B/s) of measured ops of at
+    """Median effective bandwidth (wire bytes / op duration, B/s) of measured ops of at
     least ``min_bytes``, split into ``internode`` and ``intranode`` by whether the op's group
     spans nodes; NaN where no op qualifies. Feeds :func:`predict_step_time` with what the
     cluster actually achieved (seed 002's C values), not the link's nominal rate.
@@ -202,13 +206,13 @@ def effective_bandwidth(
     includes waiting for the peer's compute, which seed 002 counts as bubble, not transfer."""
     done = ops[ops["t_end_ns"].notna() & (ops["bytes"] >= min_bytes) & (ops["step"] >= 0)]
     if not include_p2p:
-        done = done[~done["op"].isin(["send", "recv"])]
+        done = done[~done["op"].isin(P2P_OPS)]
     out = {"internode": float("nan"), "intranode": float("nan")}
     if done.empty:
         return out
     dur = (done["t_end_ns"].astype("float64") - done["t_issue_ns"].astype("float64")) / 1e9
     wire = [
-        wire_bytes(o, b, int(n))
+        wire_bytes(o, b, int(n), backend)
         for o, b, n in zip(done["op"], done["bytes"], done["group_size"], strict=True)
     ]
     cross = [
