@@ -21,6 +21,7 @@ import pandas as pd
 import pytest
 
 from commscope.predict import cli
+from commscope.predict.cell import predict_cell
 from commscope.predict.compare import compare_measured, summarize
 from commscope.predict.frameworks import bucket_assignment
 from commscope.predict.matrix import node_matrix, rank_matrix
@@ -424,3 +425,25 @@ def test_matches_measured_2_ranks(tmp_path: Path) -> None:
 def test_matches_measured_4_ranks(tmp_path: Path) -> None:
     _train(4, 2, RUNS_4, tmp_path)
     _check(tmp_path, 4, 2, RUNS_4)
+
+
+def test_predict_cell_reads_and_writes_the_declared_files(tmp_path: Path) -> None:
+    # The workflow passes each file it declares; the package chooses no file names.
+    cell = Path(__file__).resolve().parents[1] / "data" / "cells" / "ddp-2rank"
+    gpt_tiny = {"layers": 4, "hidden": 128, "heads": 4, "seq": 64, "vocab": 1024, "batch": 8}
+    outs = {k: tmp_path / k / f"{k}.out" for k in ("ops", "compare", "timing")}
+    compare = predict_cell(
+        cell_json=cell / "cell.json",
+        ops=cell / "ops.parquet",
+        steps=cell / "steps.parquet",
+        model_spec=gpt_tiny,
+        plan_spec={"dp": -1},
+        warmup_steps=2,
+        out_ops=outs["ops"],
+        out_compare=outs["compare"],
+        out_timing=outs["timing"],
+    )
+    assert compare["match"].all()
+    assert sorted(p for p in tmp_path.rglob("*") if p.is_file()) == sorted(outs.values())
+    timing = pd.read_parquet(outs["timing"])
+    assert timing["bandwidth_source"].tolist() == ["trace effective bandwidth"]

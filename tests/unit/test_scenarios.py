@@ -23,10 +23,13 @@ from commscope.predict.scenarios import (
     SCENARIO_DEFAULTS,
     TABLE_COLUMNS,
     TRAFFIC_COLUMNS,
+    ScenarioFiles,
     predict_scenario,
     resolve_scenario,
+    scenario_files_table,
     scenario_tables,
     write_scenario,
+    write_scenario_table,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -254,6 +257,34 @@ def test_scenario_tables_concatenate_written_scenarios(tmp_path: Path) -> None:
     tp = table[table["traffic"] == "tp"].set_index("scenario")["inter_node_share"]
     assert tp.to_dict() == {"tiny-default": 0.0, "tiny-tp-across": 1.0}
     assert scenario_tables([]).columns.tolist() == TABLE_COLUMNS
+
+
+def test_scenario_files_are_the_callers_paths(tmp_path: Path) -> None:
+    # The workflow declares every file; the package writes and reads exactly those paths.
+    pred = predict_scenario(TINY_SCENARIO, "tiny")
+    files = ScenarioFiles(
+        traffic=tmp_path / "t" / "a.parquet",
+        node_matrix=tmp_path / "n" / "b.parquet",
+        rank_matrix=tmp_path / "r" / "c.parquet",
+        meta=tmp_path / "m" / "d.json",
+    )
+    assert write_scenario(pred, files) == files.paths()
+    assert all(p.is_file() for p in files.paths())
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == [
+        "a.parquet",
+        "b.parquet",
+        "c.parquet",
+        "d.json",
+    ]
+    table = scenario_files_table([files.traffic], [files.meta])
+    write_scenario(pred, tmp_path / "dir")
+    expected = scenario_tables([tmp_path / "dir"])
+    pd.testing.assert_frame_equal(
+        table.drop(columns="predict_seconds"), expected.drop(columns="predict_seconds")
+    )
+    out = tmp_path / "table.parquet"
+    write_scenario_table([files.traffic], [tmp_path / "missing.json"], out)
+    assert pd.read_parquet(out)["predict_seconds"].isna().all()
 
 
 def test_cli_writes_the_scenario_tables(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

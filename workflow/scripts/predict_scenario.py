@@ -3,11 +3,16 @@
 from pathlib import Path
 
 from commscope.logs import log_to
-from commscope.predict.scenarios import run_scenario
+from commscope.predict.scenarios import ScenarioFiles, run_scenario
 
 with log_to(snakemake.log[0]):
     run_scenario(
         snakemake.wildcards.name,
         dict(snakemake.params.scenario),
-        Path(snakemake.output.traffic).parent,
+        ScenarioFiles(
+            traffic=Path(snakemake.output.traffic),
+            node_matrix=Path(snakemake.output.node_matrix),
+            rank_matrix=Path(snakemake.output.rank_matrix),
+            meta=Path(snakemake.output.meta),
+        ),
     )

@@ -7,5 +7,7 @@ from commscope.predict.scenarios import write_scenario_table
 
 with log_to(snakemake.log[0]):
     write_scenario_table(
-        [Path(p).parent for p in snakemake.input.traffic], Path(snakemake.output[0])
+        [Path(p) for p in snakemake.input.traffic],
+        [Path(p) for p in snakemake.input.meta],
+        Path(snakemake.output[0]),
     )

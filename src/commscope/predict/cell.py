@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from commscope.contracts import SWEEP_AXES
+from commscope.metrics import step_times
 from commscope.predict.compare import compare_measured
 from commscope.predict.ops import predict_ops
 from commscope.predict.timing import effective_bandwidth, predict_step_time
@@ -28,37 +30,44 @@ TIMING_COLUMNS = [
 
 
 def predict_cell(
-    trace_dir: Path,
+    *,
+    cell_json: Path,
+    ops: Path,
+    steps: Path,
     model_spec: dict[str, Any],
     plan_spec: dict[str, Any],
     warmup_steps: int,
-    out_dir: Path,
+    out_ops: Path,
+    out_compare: Path,
+    out_timing: Path,
     fit_paths: Sequence[Path] = (),
 ) -> pd.DataFrame:
     """Predict the cell's ops per rank for one steady step; compare with the measured ops.
 
-    Writes ``ops.parquet`` (the prediction) and ``compare.parquet`` (per rank, measured step
-    and traffic type: predicted vs measured bytes and messages, ``match``), both carrying the
-    cell's parameters, and ``timing.parquet`` (:func:`predict_timing`, fed by the
-    microbenchmark fits in ``fit_paths`` when given); returns the comparison.
+    Reads the parsed cell (``cell_json``, the ``ops`` and ``steps`` tables). Writes ``out_ops``
+    (the prediction) and ``out_compare`` (per rank, measured step and traffic type: predicted vs
+    measured bytes and messages, ``match``), both carrying the cell's parameters, and
+    ``out_timing`` (:func:`predict_timing`, fed by the microbenchmark fits in ``fit_paths`` when
+    given); returns the comparison.
     """
-    meta = json.loads((Path(trace_dir) / "cell.json").read_text())
+    meta = json.loads(Path(cell_json).read_text())
     params = meta["params"]
     pred = predict_ops(model_spec, plan_spec, int(params["nodes"]), int(params["ranks_per_node"]))
-    measured = pd.read_parquet(Path(trace_dir) / "ops.parquet")
+    measured = pd.read_parquet(ops)
     compare = compare_measured(pred, measured, model_spec, plan_spec, warmup_steps=warmup_steps)
-    steps = pd.read_parquet(Path(trace_dir) / "steps.parquet")
+    step_rows = pd.read_parquet(steps)
     fits = pd.concat([pd.read_parquet(p) for p in fit_paths]) if fit_paths else None
-    timing = predict_timing(pred, measured, steps, params, warmup_steps, fits)
+    timing = predict_timing(pred, measured, step_rows, params, warmup_steps, fits)
     timing.insert(0, "cell", meta["cell"])
-    out_dir.mkdir(parents=True, exist_ok=True)
     for frame in (pred, compare):
         frame.insert(0, "cell", meta["cell"])
         for axis in SWEEP_AXES:
             frame[axis] = params[axis]
-    pd.DataFrame(pred).to_parquet(out_dir / "ops.parquet", index=False)
-    compare.to_parquet(out_dir / "compare.parquet", index=False)
-    timing[TIMING_COLUMNS].to_parquet(out_dir / "timing.parquet", index=False)
+    for path in (out_ops, out_compare, out_timing):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(pred).to_parquet(out_ops, index=False)
+    compare.to_parquet(out_compare, index=False)
+    timing[TIMING_COLUMNS].to_parquet(out_timing, index=False)
     return compare
 
 
@@ -103,10 +112,55 @@ def rank_step_split(ops: pd.DataFrame, steps: pd.DataFrame, warmup_steps: int) -
     return split
 
 
-def _fit_rows(fits: pd.DataFrame, link: dict[str, Any]) -> dict[str, tuple[float, float]]:
-    from commscope.bench.analysis import link_alpha_beta
+AlphaBeta = dict[str, tuple[float, float]]  # op -> (alpha per ring step in s, beta in B/s)
 
-    return link_alpha_beta(fits, link)
+
+@dataclass(frozen=True)
+class CellLinks:
+    """What the alpha-beta model knows of one cell's links, and where each value came from.
+
+    ``ab_internode``/``ab_intranode`` are the microbenchmark's per-op fits (None without fits;
+    empty when no fit matches the link), ``beta_internode``/``beta_intranode`` the scalar
+    bandwidths (B/s) for ops the fits do not name.
+    """
+
+    bandwidth_source: str
+    intranode_source: str
+    beta_internode: float
+    beta_intranode: float
+    ab_internode: AlphaBeta | None = None
+    ab_intranode: AlphaBeta | None = None
+
+
+def cell_links(ops: pd.DataFrame, params: dict[str, Any], fits: pd.DataFrame | None) -> CellLinks:
+    """The cell's link model (see :func:`predict_timing`): the microbenchmark fits of its link
+    setting and of the unshaped one when ``fits`` has rows, else the trace's effective
+    bandwidth, else the configured cap."""
+    from commscope.bench.analysis import (
+        LINK_AXES,
+        UNSHAPED,
+        cap_bytes_per_s,
+        link_alpha_beta,
+        link_id,
+    )
+
+    link = {axis: str(params[axis]) for axis in LINK_AXES}
+    rpn = int(params["ranks_per_node"])
+    inter = intra = None
+    if fits is not None and not fits.empty:
+        inter = link_alpha_beta(fits, link)
+        intra = link_alpha_beta(fits, UNSHAPED)
+        bw_source = f"microbench {link_id(link)}" if inter else "microbench (no fit for link)"
+        intra_source = f"microbench {link_id(UNSHAPED)}" if intra else "same as internode"
+        intra = intra or inter
+    else:
+        bw_source, intra_source = "trace effective bandwidth", "trace effective bandwidth"
+    eff = effective_bandwidth(ops, rpn)
+    cap = cap_bytes_per_s(link["bw"])
+    fallback = math.inf if math.isnan(cap) else cap
+    beta_inter = eff["internode"] if math.isfinite(eff["internode"]) else fallback
+    beta_intra = eff["intranode"] if math.isfinite(eff["intranode"]) else beta_inter
+    return CellLinks(bw_source, intra_source, beta_inter, beta_intra, inter, intra)
 
 
 def predict_timing(
@@ -120,57 +174,37 @@ def predict_timing(
     """Predicted vs measured step time of one cell (one row, :data:`TIMING_COLUMNS` but
     ``cell``).
 
-    Bandwidth: with ``fits`` (microbenchmark ``fit.parquet`` rows), per-op alpha and beta of
-    the cell's link setting for ops that cross nodes, and of the unshaped setting for ops inside
-    a node (ranks of one node talk over loopback, at least as fast as an unshaped veth; the
-    cell's own link when no unshaped fit exists). Without fits: the cell's own effective
-    bandwidth from its trace (:func:`effective_bandwidth`, alpha 0), else the cap.
+    Bandwidth (:func:`cell_links`): with ``fits`` (microbenchmark ``fit.parquet`` rows), per-op
+    alpha and beta of the cell's link setting for ops that cross nodes, and of the unshaped
+    setting for ops inside a node (ranks of one node talk over loopback, at least as fast as an
+    unshaped veth; the cell's own link when no unshaped fit exists). Without fits: the cell's
+    own effective bandwidth from its trace (:func:`effective_bandwidth`, alpha 0), else the cap.
     Compute: the achieved FLOP rate of this run, the predicted FLOPs of all ranks over their
     measured time outside communication ops (:func:`rank_step_split`; medians over steady
     steps), so the time error measures the communication and bubble model, not a guessed rate.
     Measured step: median over steady steps of first rank in to last rank out.
     """
-    from commscope.bench.analysis import LINK_AXES, UNSHAPED, cap_bytes_per_s, link_id
-    from commscope.metrics import step_times
-
-    link = {axis: str(params[axis]) for axis in LINK_AXES}
-    rpn = int(params["ranks_per_node"])
-    inter = intra = None
-    if fits is not None and not fits.empty:
-        inter = _fit_rows(fits, link)
-        intra = _fit_rows(fits, UNSHAPED)
-        bw_source = f"microbench {link_id(link)}" if inter else "microbench (no fit for link)"
-        intra_source = f"microbench {link_id(UNSHAPED)}" if intra else "same as internode"
-        intra = intra or inter
-    else:
-        bw_source, intra_source = "trace effective bandwidth", "trace effective bandwidth"
-    eff = effective_bandwidth(ops, rpn)
-    cap = cap_bytes_per_s(link["bw"])
-    fallback = math.inf if math.isnan(cap) else cap
-    beta_inter = eff["internode"] if math.isfinite(eff["internode"]) else fallback
-    beta_intra = eff["intranode"] if math.isfinite(eff["intranode"]) else beta_inter
-
+    links = cell_links(ops, params, fits)
     split = rank_step_split(ops, steps, warmup_steps)
     per_rank = split.groupby("rank")[["compute_s", "comm_s", "step_s"]].median()
     flops = pred.attrs["predict"]["flops"]
     total_flops = sum(flops.values())
     compute_time = float(per_rank["compute_s"].clip(lower=0).sum())
     rate = total_flops / compute_time if compute_time > 0 else math.inf
-    t = predict_step_time(pred, rate, 0.0, beta_inter, beta_intra, None, inter, intra)
-
-    table = step_times(steps, warmup_steps)
-    steady = table[~table["warmup"]]
-    measured = float(steady["duration_s"].median()) if len(steady) else math.nan
-    crit = per_rank["step_s"].idxmax() if len(per_rank) else None
-    comm_ratio = (
-        float(per_rank.loc[crit, "comm_s"] / per_rank.loc[crit, "step_s"])
-        if crit is not None
-        else math.nan
+    t = predict_step_time(
+        pred,
+        rate,
+        0.0,
+        links.beta_internode,
+        links.beta_intranode,
+        None,
+        links.ab_internode,
+        links.ab_intranode,
     )
     row = {axis: params[axis] for axis in SWEEP_AXES}
     row.update(
-        bandwidth_source=bw_source,
-        intranode_source=intra_source,
+        bandwidth_source=links.bandwidth_source,
+        intranode_source=links.intranode_source,
         compute_source="trace: step time outside communication ops",
         compute_flops_per_s=rate,
         critical_rank=t["critical_rank"],
@@ -182,12 +216,31 @@ def predict_timing(
         predicted_bubble_ratio=t["bubble_ratio"],
         bubble_ratio_analytical=t["bubble_ratio_analytical"],
         **{f"predicted_{k}_s": v for k, v in t["comm_by_traffic_s"].items()},
-        measured_step_s=measured,
-        measured_steps=len(steady),
-        measured_comm_ratio=comm_ratio,
-        time_error=(t["step_time_s"] - measured) / measured if measured > 0 else math.nan,
+        **_measured_step(steps, warmup_steps, per_rank, t["step_time_s"]),
     )
     return pd.DataFrame([row])
+
+
+def _measured_step(
+    steps: pd.DataFrame, warmup_steps: int, per_rank: pd.DataFrame, predicted_s: float
+) -> dict[str, Any]:
+    """The measured columns of the timing row: median steady step (first rank in to last rank
+    out), how many steps, the slowest rank's communication ratio and the prediction's error."""
+    table = step_times(steps, warmup_steps)
+    steady = table[~table["warmup"]]
+    measured = float(steady["duration_s"].median()) if len(steady) else math.nan
+    crit = per_rank["step_s"].idxmax() if len(per_rank) else None
+    comm_ratio = (
+        float(per_rank.loc[crit, "comm_s"] / per_rank.loc[crit, "step_s"])
+        if crit is not None
+        else math.nan
+    )
+    return {
+        "measured_step_s": measured,
+        "measured_steps": len(steady),
+        "measured_comm_ratio": comm_ratio,
+        "time_error": (predicted_s - measured) / measured if measured > 0 else math.nan,
+    }
 
 
 def timing_table(timing_paths: Sequence[Path]) -> pd.DataFrame:

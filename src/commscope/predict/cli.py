@@ -31,7 +31,12 @@ import pandas as pd
 import yaml
 
 from commscope.config import cells_frame, load_config, strategy_spec
-from commscope.predict.scenarios import PRESETS, predict_scenario, write_scenario
+from commscope.predict.scenarios import (
+    PRESETS,
+    ScenarioPrediction,
+    predict_scenario,
+    write_scenario,
+)
 from commscope.predict.timing import predict_step_time
 
 MODEL_KEYS = ("kind", "layers", "hidden", "heads", "seq", "vocab", "batch", "ffn_mult")
@@ -162,42 +167,41 @@ def _scaled(top: float) -> tuple[str, float]:
     return next(((u, s) for u, s in units if top >= s), ("B", 1.0))
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    name, spec = scenario_spec(args)
-    try:
-        result = predict_scenario(spec, name)
-    except ValueError as err:
-        print(f"commscope predict: {err}", file=sys.stderr)
-        return 2
-    sc, pred = result.scenario, result.ops
-    meta = pred.attrs["predict"]
-    plan = sc.plan
-    rpn = sc.gpus_per_node
+def _print_header(result: ScenarioPrediction) -> None:
+    sc, plan = result.scenario, result.scenario.plan
+    meta = result.ops.attrs["predict"]
     print(
         f"model {json.dumps(sc.model)}\n"
         f"plan pp={plan.pp} tp={plan.tp} dp={plan.dp} ep={plan.ep} ({plan.dp_kind}) "
         f"mapping={plan.mapping} schedule={plan.pp_schedule} m={meta['microbatches']} on "
-        f"{sc.world_size} ranks = {sc.nodes} nodes x {rpn}; framework "
+        f"{sc.world_size} ranks = {sc.nodes} nodes x {sc.gpus_per_node}; framework "
         f"{sc.options.framework}, {sc.dtype_bytes}-byte dtype; predicted in "
         f"{result.seconds:.2f} s"
     )
-    mine = result.traffic[result.traffic["rank"] == args.rank]
+
+
+def _print_rank(result: ScenarioPrediction, rank: int) -> None:
+    """One rank's traffic per type: volume, messages, ring-model bytes sent, message sizes."""
+    mine = result.traffic[result.traffic["rank"] == rank]
     if mine.empty:
-        print(f"rank {args.rank}: no communication")
-    else:
-        print(f"\nrank {args.rank} (node {args.rank // rpn}), one step:")
-        table = pd.DataFrame(
-            {
-                "traffic": mine["traffic"],
-                "volume": [_bytes_text(b) for b in mine["bytes"]],
-                "messages": mine["messages"],
-                "sent (ring)": [_bytes_text(b) for b in mine["sent_bytes"]],
-                "of which inter-node": [_bytes_text(b) for b in mine["inter_node_bytes"]],
-                "message sizes (B x count)": mine["sizes"],
-            }
-        )
-        print(table.to_string(index=False))
+        print(f"rank {rank}: no communication")
+        return
+    print(f"\nrank {rank} (node {rank // result.scenario.gpus_per_node}), one step:")
+    table = pd.DataFrame(
+        {
+            "traffic": mine["traffic"],
+            "volume": [_bytes_text(b) for b in mine["bytes"]],
+            "messages": mine["messages"],
+            "sent (ring)": [_bytes_text(b) for b in mine["sent_bytes"]],
+            "of which inter-node": [_bytes_text(b) for b in mine["inter_node_bytes"]],
+            "message sizes (B x count)": mine["sizes"],
+        }
+    )
+    print(table.to_string(index=False))
+
+
+def _print_job(result: ScenarioPrediction) -> None:
+    """The whole job per traffic type, then the node x node matrix."""
     job = result.table()
     print("\nwhole job, one step (sent = ring-model bytes on the links):")
     print(
@@ -219,29 +223,50 @@ def main(argv: list[str] | None = None) -> int:
     unit, scale = _scaled(float(mat.to_numpy().max()) if mat.size else 0.0)
     print(f"\nnode x node bytes sent per step, {unit} (row = source; diagonal: inside a node):")
     print(mat.div(scale).round(3).to_string())
-    if args.flops_per_s:
-        t = predict_step_time(
-            pred, args.flops_per_s, args.alpha_s, args.beta_inter, args.beta_intra
-        )
-        comm = ", ".join(f"{k} {v:.4g}" for k, v in t["comm_by_traffic_s"].items() if v)
-        print(
-            f"\nstep time {t['step_time_s']:.4g} s (slowest rank {t['critical_rank']}): "
-            f"compute {t['compute_s']:.4g} s, communication {t['comm_s']:.4g} s ({comm}), "
-            f"bubble {t['bubble_s']:.4g} s\ncommunication ratio {t['comm_ratio']:.3f}, "
-            f"bubble ratio {t['bubble_ratio']:.3f} (analytical "
-            f"{t['bubble_ratio_analytical']:.3f})"
-        )
-    if args.out is not None:
-        # TODO(issue 9): an upward import (plots sit above predict), kept local until the
-        # heatmap moves out of predict's CLI; matplotlib is also heavy to import.
-        from commscope.figures import plot_scenario_heatmap
 
-        write_scenario(result, args.out)
-        ops = pred.copy()
-        ops.attrs = {}  # parquet stores attrs as JSON, and the FLOPs dict has int keys
-        ops.to_parquet(args.out / "ops.parquet", index=False)
-        plot_scenario_heatmap(result.node_matrix, args.out / "heatmap.png")
-        print(f"\nwrote {args.out}/: tables, ops, scenario.json and heatmap.png")
+
+def _print_step_time(pred: pd.DataFrame, args: argparse.Namespace) -> None:
+    """The alpha-beta step time at the flags' compute rate and bandwidths."""
+    t = predict_step_time(pred, args.flops_per_s, args.alpha_s, args.beta_inter, args.beta_intra)
+    comm = ", ".join(f"{k} {v:.4g}" for k, v in t["comm_by_traffic_s"].items() if v)
+    print(
+        f"\nstep time {t['step_time_s']:.4g} s (slowest rank {t['critical_rank']}): "
+        f"compute {t['compute_s']:.4g} s, communication {t['comm_s']:.4g} s ({comm}), "
+        f"bubble {t['bubble_s']:.4g} s\ncommunication ratio {t['comm_ratio']:.3f}, "
+        f"bubble ratio {t['bubble_ratio']:.3f} (analytical "
+        f"{t['bubble_ratio_analytical']:.3f})"
+    )
+
+
+def _write_out(result: ScenarioPrediction, out: Path) -> None:
+    """The scenario's tables, its ops and the node x node heatmap, into ``out``."""
+    # TODO(issue 9): an upward import (plots sit above predict), kept local until the
+    # heatmap moves out of predict's CLI; matplotlib is also heavy to import.
+    from commscope.figures import plot_scenario_heatmap
+
+    write_scenario(result, out)
+    ops = result.ops.copy()
+    ops.attrs = {}  # parquet stores attrs as JSON, and the FLOPs dict has int keys
+    ops.to_parquet(out / "ops.parquet", index=False)
+    plot_scenario_heatmap(result.node_matrix, out / "heatmap.png")
+    print(f"\nwrote {out}/: tables, ops, scenario.json and heatmap.png")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    name, spec = scenario_spec(args)
+    try:
+        result = predict_scenario(spec, name)
+    except ValueError as err:
+        print(f"commscope predict: {err}", file=sys.stderr)
+        return 2
+    _print_header(result)
+    _print_rank(result, args.rank)
+    _print_job(result)
+    if args.flops_per_s:
+        _print_step_time(result.ops, args)
+    if args.out is not None:
+        _write_out(result, args.out)
     return 0
 
 

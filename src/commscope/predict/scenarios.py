@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -354,26 +355,48 @@ def traffic_table(traffic: pd.DataFrame, seconds: float | None = None) -> pd.Dat
     return job[[c for c in TABLE_COLUMNS if c in job.columns]]
 
 
+# File names of a scenario written into a directory (``commscope predict --out``); the workflow
+# declares its own paths and passes them as :class:`ScenarioFiles`.
 SCENARIO_FILES = ("traffic.parquet", "node_matrix.parquet", "rank_matrix.parquet", "scenario.json")
 
 
-def write_scenario(pred: ScenarioPrediction, out_dir: Path) -> list[Path]:
-    """Write ``traffic.parquet``, ``node_matrix.parquet``, ``rank_matrix.parquet`` and
-    ``scenario.json`` (the resolved spec and the prediction time) into ``out_dir``."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / f for f in SCENARIO_FILES]
-    pred.traffic.to_parquet(paths[0], index=False)
-    pred.node_matrix.to_parquet(paths[1], index=False)
-    pred.rank_matrix.to_parquet(paths[2], index=False)
-    paths[3].write_text(json.dumps(pred.meta, indent=1, sort_keys=True, default=str) + "\n")
-    return paths
+@dataclass(frozen=True)
+class ScenarioFiles:
+    """Where one scenario's tables go: the traffic table, the node and rank matrices (parquet)
+    and ``meta``, the resolved spec and the prediction time (JSON)."""
+
+    traffic: Path
+    node_matrix: Path
+    rank_matrix: Path
+    meta: Path
+
+    @classmethod
+    def in_dir(cls, out_dir: Path) -> ScenarioFiles:
+        """The files of :data:`SCENARIO_FILES` inside ``out_dir``."""
+        return cls(*(Path(out_dir) / f for f in SCENARIO_FILES))
+
+    def paths(self) -> list[Path]:
+        return [self.traffic, self.node_matrix, self.rank_matrix, self.meta]
 
 
-def run_scenario(name: str, spec: dict[str, Any], out_dir: Path) -> ScenarioPrediction:
+def write_scenario(pred: ScenarioPrediction, out: Path | ScenarioFiles) -> list[Path]:
+    """Write the traffic table, node and rank matrices and the scenario's JSON (the resolved
+    spec and the prediction time) to ``out``: its files, or :data:`SCENARIO_FILES` in a
+    directory."""
+    files = out if isinstance(out, ScenarioFiles) else ScenarioFiles.in_dir(out)
+    for path in files.paths():
+        path.parent.mkdir(parents=True, exist_ok=True)
+    pred.traffic.to_parquet(files.traffic, index=False)
+    pred.node_matrix.to_parquet(files.node_matrix, index=False)
+    pred.rank_matrix.to_parquet(files.rank_matrix, index=False)
+    files.meta.write_text(json.dumps(pred.meta, indent=1, sort_keys=True, default=str) + "\n")
+    return files.paths()
+
+
+def run_scenario(name: str, spec: dict[str, Any], out: Path | ScenarioFiles) -> ScenarioPrediction:
     """Predict scenario ``name`` and write its tables (:func:`write_scenario`); logs the time."""
     pred = predict_scenario(spec, name)
-    write_scenario(pred, out_dir)
+    write_scenario(pred, out)
     sc = pred.scenario
     logging.getLogger("commscope").info(
         "scenario %s: %s (p, t, d) = (%d, %d, %d) mapping %s on %d nodes x %d GPUs: %d ops "
@@ -392,26 +415,35 @@ def run_scenario(name: str, spec: dict[str, Any], out_dir: Path) -> ScenarioPred
     return pred
 
 
-def scenario_tables(dirs: list[Path]) -> pd.DataFrame:
-    """The compact report table of written scenarios (directories of :func:`write_scenario`):
-    one row per scenario and traffic type (plus ``all``), columns :data:`TABLE_COLUMNS`, in the
-    order the directories are given."""
+def scenario_tables(dirs: Sequence[Path]) -> pd.DataFrame:
+    """The compact report table of scenarios written into directories (:func:`write_scenario`
+    with a directory), in the order the directories are given (:func:`scenario_files_table`)."""
+    files = [ScenarioFiles.in_dir(d) for d in dirs]
+    return scenario_files_table([f.traffic for f in files], [f.meta for f in files])
+
+
+def scenario_files_table(traffic: Sequence[Path], meta: Sequence[Path]) -> pd.DataFrame:
+    """The compact report table of written scenarios, from each one's traffic table and JSON
+    (``meta[i]`` belongs to ``traffic[i]``; a missing one leaves ``predict_seconds`` NaN): one
+    row per scenario and traffic type (plus ``all``), columns :data:`TABLE_COLUMNS`, in the
+    order given."""
     frames = []
-    for d in map(Path, dirs):
-        traffic = pd.read_parquet(d / "traffic.parquet")
-        if traffic.empty:
+    for traffic_path, meta_path in zip(map(Path, traffic), map(Path, meta), strict=True):
+        table = pd.read_parquet(traffic_path)
+        if table.empty:
             continue
-        meta_path = d / "scenario.json"
-        meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-        frames.append(traffic_table(traffic, meta.get("predict_seconds")))
+        info = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+        frames.append(traffic_table(table, info.get("predict_seconds")))
     if not frames:
         return pd.DataFrame(columns=TABLE_COLUMNS)
     return pd.concat(frames, ignore_index=True)
 
 
-def write_scenario_table(dirs: list[Path], out_parquet: Path) -> pd.DataFrame:
-    """:func:`scenario_tables` written to ``out_parquet``."""
-    table = scenario_tables(dirs)
+def write_scenario_table(
+    traffic: Sequence[Path], meta: Sequence[Path], out_parquet: Path
+) -> pd.DataFrame:
+    """:func:`scenario_files_table` written to ``out_parquet``."""
+    table = scenario_files_table(traffic, meta)
     Path(out_parquet).parent.mkdir(parents=True, exist_ok=True)
     table.to_parquet(out_parquet, index=False)
     return table
