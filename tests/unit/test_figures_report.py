@@ -10,9 +10,19 @@ import pandas as pd
 import pytest
 from synthetic import make_ddp_cell, make_hybrid_cell
 
-from commscope import figures, metrics, report
+import commscope
+from commscope import metrics, units
+from commscope.metrics.study import bytes_per_step_by_op
+from commscope.plots import matrices, scenarios
+from commscope.plots.cell import plot_cell_throughput
+from commscope.plots.study import STUDY_FIGURES, plot_study, study_figure_paths, study_table_paths
+from commscope.report import render_report, software_versions, strategy_table
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+# The report's template and captions live in the repository, passed in as the rule does.
+REPORT_DIR = Path(__file__).resolve().parents[2] / "report"
+TEMPLATE = REPORT_DIR / "templates" / "report.html.j2"
+CAPTIONS = REPORT_DIR / "captions.yaml"
 STRATEGY_BUCKETS = {"ddp": (600_000, 400_000), "fsdp": (50_000, 20_000, 5_000)}
 CONFIG = {
     "sweep": {"strategy": ["ddp", "fsdp"], "bw": ["10mbit", "none"], "repeats": 2},
@@ -47,6 +57,32 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return {"root": root, "agg": root / "agg", "cells": cells}
 
 
+def _study_figures(agg: Path, out_dir: Path) -> list[Path]:
+    return plot_study(study_table_paths(agg), study_figure_paths(out_dir))
+
+
+def _cell_figure(metrics_dir: Path, out_png: Path) -> Path:
+    """The cell figure from the metric tables the rule declares."""
+    return plot_cell_throughput(
+        metrics_dir / "throughput.parquet",
+        metrics_dir / "step_times.parquet",
+        metrics_dir / "summary.parquet",
+        out_png,
+    )
+
+
+def _render(agg: Path, study_figs: list[Path], cell_figs: dict[str, Path], out: Path) -> None:
+    render_report(
+        agg / "summary.parquet",
+        study_figs,
+        cell_figs,
+        CONFIG,
+        out,
+        template=TEMPLATE,
+        captions=CAPTIONS,
+    )
+
+
 def _assert_png(path: Path) -> None:
     data = path.read_bytes()
     assert data[:8] == PNG_MAGIC, path
@@ -54,21 +90,17 @@ def _assert_png(path: Path) -> None:
 
 
 def test_plot_cell_throughput_writes_png_deterministically(study: dict, tmp_path: Path) -> None:
-    cell_dir, metrics_dir = next(iter(study["cells"].values()))
-    first = figures.plot_cell_throughput(
-        metrics_dir, cell_dir / "steps.parquet", tmp_path / "a.png"
-    )
-    second = figures.plot_cell_throughput(
-        metrics_dir, cell_dir / "steps.parquet", tmp_path / "b.png"
-    )
+    _cell_dir, metrics_dir = next(iter(study["cells"].values()))
+    first = _cell_figure(metrics_dir, tmp_path / "a.png")
+    second = _cell_figure(metrics_dir, tmp_path / "b.png")
     assert first == tmp_path / "a.png"
     _assert_png(first)
     assert first.read_bytes() == second.read_bytes()
 
 
 def test_plot_study_writes_every_figure(study: dict, tmp_path: Path) -> None:
-    paths = figures.plot_study(study["agg"], tmp_path / "fig")
-    assert [p.name for p in paths] == [f"{name}.png" for name in figures.STUDY_FIGURES]
+    paths = _study_figures(study["agg"], tmp_path / "fig")
+    assert [p.name for p in paths] == [f"{name}.png" for name in STUDY_FIGURES]
     for path in paths:
         _assert_png(path)
 
@@ -79,7 +111,7 @@ def test_plot_study_survives_empty_tables(study: dict, tmp_path: Path) -> None:
     for name in metrics.METRIC_TABLES:
         table = pd.read_parquet(study["agg"] / f"{name}.parquet")
         table.iloc[0:0].to_parquet(agg / f"{name}.parquet")
-    for path in figures.plot_study(agg, tmp_path / "fig"):
+    for path in _study_figures(agg, tmp_path / "fig"):
         assert path.read_bytes()[:8] == PNG_MAGIC
 
 
@@ -89,8 +121,8 @@ def test_plot_study_survives_an_aggregate_without_matrices(study: dict, tmp_path
     agg.mkdir()
     for name in set(metrics.METRIC_TABLES) - {"comm_matrix", "node_matrix"}:
         (agg / f"{name}.parquet").write_bytes((study["agg"] / f"{name}.parquet").read_bytes())
-    paths = figures.plot_study(agg, tmp_path / "fig")
-    assert [p.name for p in paths] == [f"{name}.png" for name in figures.STUDY_FIGURES]
+    paths = _study_figures(agg, tmp_path / "fig")
+    assert [p.name for p in paths] == [f"{name}.png" for name in STUDY_FIGURES]
     for path in paths:
         assert path.read_bytes()[:8] == PNG_MAGIC
 
@@ -118,20 +150,29 @@ def hybrid_study(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_representative_cells(hybrid_study: Path) -> None:
     node_mat = pd.read_parquet(hybrid_study / "node_matrix.parquet")
     summary = pd.read_parquet(hybrid_study / "summary.parquet")
-    chosen = figures.representative_cells(node_mat, summary)
+    chosen = matrices.representative_cells(node_mat, summary)
     # One per strategy: the most nodes, no cap before any cap, the first repeat.
     assert chosen["strategy"].tolist() == ["ddp", "dpxtp-tp-across", "dpxtp-tp-inside"]
     assert chosen["nodes"].tolist() == [3, 2, 2]
     assert chosen["bw"].tolist() == ["1gbit", "none", "none"]
     assert chosen["repeat"].tolist() == [0, 0, 0]
     # Without the summary the caps are unknown: still one deterministic cell per strategy.
-    assert len(figures.representative_cells(node_mat)) == 3
-    assert figures.representative_cells(pd.DataFrame()).empty
+    assert len(matrices.representative_cells(node_mat)) == 3
+    assert matrices.representative_cells(pd.DataFrame()).empty
 
 
 def test_plot_comm_matrices(hybrid_study: Path, tmp_path: Path) -> None:
-    first = figures.plot_comm_matrices(hybrid_study, tmp_path / "a")
-    second = figures.plot_comm_matrices(hybrid_study, tmp_path / "b")
+    summary = pd.read_parquet(hybrid_study / "summary.parquet")
+    first, second = (
+        matrices.plot_comm_matrices(
+            hybrid_study / "node_matrix.parquet",
+            hybrid_study / "comm_matrix.parquet",
+            summary,
+            out / "comm_matrix_nodes.png",
+            out / "comm_matrix_ranks.png",
+        )
+        for out in (tmp_path / "a", tmp_path / "b")
+    )
     assert [p.name for p in first] == ["comm_matrix_nodes.png", "comm_matrix_ranks.png"]
     for a, b in zip(first, second, strict=True):
         _assert_png(a)
@@ -140,7 +181,7 @@ def test_plot_comm_matrices(hybrid_study: Path, tmp_path: Path) -> None:
 
 def test_bytes_per_step_by_op_means_over_measured_steps(study: dict) -> None:
     agg = study["agg"]
-    table = figures.bytes_per_step_by_op(
+    table = bytes_per_step_by_op(
         pd.read_parquet(agg / "op_volume.parquet"), pd.read_parquet(agg / "step_times.parquet")
     ).set_index(["strategy", "op"])
     # Two ranks each send the whole gradient in every measured step; the step -1 broadcast
@@ -154,7 +195,7 @@ def test_bytes_per_step_by_op_means_over_measured_steps(study: dict) -> None:
 
 def test_strategy_table(study: dict) -> None:
     summary = pd.read_parquet(study["agg"] / "summary.parquet")
-    table = report.strategy_table(summary).set_index("strategy")
+    table = strategy_table(summary).set_index("strategy")
     assert table.loc["ddp", "cells"] == 4
     assert table.loc["ddp", "framework_bytes_per_step"] == 2_000_000
     assert table.loc["fsdp", "messages_per_step"] == 8  # 2 ranks x (3 buckets + barrier)
@@ -164,34 +205,34 @@ def test_strategy_table(study: dict) -> None:
 
 
 def test_formatters() -> None:
-    assert report.fmt_bytes(2_000_000) == "2.00 MB"
-    assert report.fmt_bytes(150_000) == "150.00 kB"
-    assert report.fmt_bytes(512) == "512 B"
-    assert report.fmt_bytes(float("nan")) == "n/a"
-    assert report.fmt_bps(84e6) == "84.0 Mbit/s"
-    assert report.fmt_bps(1.5e9) == "1.5 Gbit/s"
-    assert report.fmt_ms(0.1) == "100.0 ms"
-    assert report.fmt_ratio(1.05) == "1.05"
-    assert report.fmt_ratio(None) == "n/a"
-    assert report.fmt_count(6.0) == "6"
+    assert units.fmt_bytes(2_000_000) == "2.00 MB"
+    assert units.fmt_bytes(150_000) == "150.00 kB"
+    assert units.fmt_bytes(512) == "512 B"
+    assert units.fmt_bytes(float("nan")) == "n/a"
+    assert units.fmt_bps(84e6) == "84.0 Mbit/s"
+    assert units.fmt_bps(1.5e9) == "1.5 Gbit/s"
+    assert units.fmt_ms(0.1) == "100.0 ms"
+    assert units.fmt_ratio(1.05) == "1.05"
+    assert units.fmt_ratio(None) == "n/a"
+    assert units.fmt_count(6.0) == "6"
 
 
 def test_software_versions() -> None:
-    versions = report.software_versions()
+    versions = software_versions()
     for key in ("python", "torch", "commscope", "snakemake", "pandas", "kernel"):
         assert versions[key], key
     assert versions["pandas"] == pd.__version__
-    assert versions["commscope"] == report.commscope.__version__
+    assert versions["commscope"] == commscope.__version__
 
 
 def test_render_report_is_self_contained(study: dict, tmp_path: Path) -> None:
-    study_figs = figures.plot_study(study["agg"], tmp_path / "fig")
+    study_figs = _study_figures(study["agg"], tmp_path / "fig")
     cell_figs = {
-        cell: figures.plot_cell_throughput(m_dir, c_dir / "steps.parquet", tmp_path / f"{i}.png")
-        for i, (cell, (c_dir, m_dir)) in enumerate(sorted(study["cells"].items())[:2])
+        cell: _cell_figure(m_dir, tmp_path / f"{i}.png")
+        for i, (cell, (_c_dir, m_dir)) in enumerate(sorted(study["cells"].items())[:2])
     }
     out = tmp_path / "report" / "index.html"
-    report.render_report(study["agg"], study_figs, cell_figs, CONFIG, out)
+    _render(study["agg"], study_figs, cell_figs, out)
     html = out.read_text()
 
     assert html.startswith("<!DOCTYPE html>")
@@ -219,9 +260,9 @@ def test_render_report_is_self_contained(study: dict, tmp_path: Path) -> None:
 
 
 def test_report_embeds_the_communication_matrices(hybrid_study: Path, tmp_path: Path) -> None:
-    study_figs = figures.plot_study(hybrid_study, tmp_path / "fig")
+    study_figs = _study_figures(hybrid_study, tmp_path / "fig")
     out = tmp_path / "index.html"
-    report.render_report(hybrid_study, study_figs, {}, CONFIG, out)
+    _render(hybrid_study, study_figs, {}, out)
     html = out.read_text()
     assert html.count('<img src="data:image/png;base64,') == len(study_figs)
     for title in ("Communication matrix between nodes", "Communication matrix between ranks"):
@@ -252,21 +293,21 @@ def test_scenario_heatmaps(tmp_path: Path) -> None:
     inside = predict_scenario(tiny | {"mapping": "pp-dp-tp"}, "tp-inside")
     across = predict_scenario(tiny | {"mapping": "tp-dp-pp"}, "tp-across")
     write_scenario(inside, tmp_path / "inside")
-    first = figures.plot_scenario_heatmap(inside.node_matrix, tmp_path / "a.png")
-    again = figures.plot_scenario_heatmap(
+    first = scenarios.plot_scenario_heatmap(inside.node_matrix, tmp_path / "a.png")
+    again = scenarios.plot_scenario_heatmap(
         tmp_path / "inside" / "node_matrix.parquet", tmp_path / "b.png"
     )
     _assert_png(first)
     assert first.read_bytes() == again.read_bytes()
-    both = figures.plot_scenario_heatmaps(
+    both = scenarios.plot_scenario_heatmaps(
         [inside.node_matrix, across.node_matrix], tmp_path / "c.png"
     )
     _assert_png(both)
     # The panel is the node matrix summed over traffic types, titled with the inter-node share.
-    title, grid, nodes = figures._scenario_panel(across.node_matrix)
+    title, grid, nodes = scenarios._scenario_panel(across.node_matrix)
     assert nodes == [0, 1] and grid.shape == (2, 2)
     job = across.table().set_index("traffic").loc["all"]
     assert grid.to_numpy().trace() == pytest.approx(job["intra_node_bytes"])
     assert grid.to_numpy().sum() == pytest.approx(job["sent_bytes"])
     assert title.startswith("tp-across\n") and f"{job['inter_node_share']:.1%} of bytes" in title
-    _assert_png(figures.plot_scenario_heatmaps([], tmp_path / "empty.png"))
+    _assert_png(scenarios.plot_scenario_heatmaps([], tmp_path / "empty.png"))

@@ -8,7 +8,7 @@ import pandas as pd
 from synthetic import make_ddp_cell
 
 from commscope import metrics
-from commscope.report_sections import crosscheck_cells, crosscheck_strategies
+from commscope.report.sections import crosscheck_cells, crosscheck_strategies
 
 
 def _study(root: Path, wire_flows: bool) -> Path:
@@ -34,7 +34,7 @@ def _study(root: Path, wire_flows: bool) -> Path:
 
 def test_crosscheck_sections_one_row_per_cell_and_strategy(tmp_path: Path) -> None:
     agg = _study(tmp_path, wire_flows=False)
-    cells = crosscheck_cells(agg)
+    cells = crosscheck_cells(agg / "crosscheck.parquet", agg / "matrix_check.parquet")
     check = pd.read_parquet(agg / "crosscheck.parquet")
     assert len(cells) == check["cell"].nunique() == 2
     tx = check[check.direction == "tx"]
@@ -42,14 +42,14 @@ def test_crosscheck_sections_one_row_per_cell_and_strategy(tmp_path: Path) -> No
         mine = tx[tx.bw == row.bw]
         assert row["wire/ops"] == mine.wire_bytes.sum() / mine.framework_bytes.sum()
         assert row["agree"] == bool(check[check.bw == row.bw].passed.all())
-    per_strategy = crosscheck_strategies(agg)
+    per_strategy = crosscheck_strategies(agg / "crosscheck.parquet")
     assert per_strategy["cells"].tolist() == [2]
     assert per_strategy["cells_passed"].tolist() == [int(cells["agree"].sum())]
 
 
 def test_crosscheck_cells_counts_matrix_pairs_from_the_capture(tmp_path: Path) -> None:
     agg = _study(tmp_path, wire_flows=True)
-    cells = crosscheck_cells(agg)
+    cells = crosscheck_cells(agg / "crosscheck.parquet", agg / "matrix_check.parquet")
     matrix = pd.read_parquet(agg / "matrix_check.parquet")
     assert not matrix.empty
     assert cells["pairs"].tolist() == matrix.groupby("cell").size().tolist()
@@ -58,4 +58,5 @@ def test_crosscheck_cells_counts_matrix_pairs_from_the_capture(tmp_path: Path) -
 
 
 def test_sections_are_empty_without_inputs(tmp_path: Path) -> None:
-    assert crosscheck_cells(tmp_path).empty and crosscheck_strategies(tmp_path).empty
+    missing = tmp_path / "crosscheck.parquet", tmp_path / "matrix_check.parquet"
+    assert crosscheck_cells(*missing).empty and crosscheck_strategies(missing[0]).empty

@@ -1,9 +1,12 @@
 # The final self-contained HTML report.
+from commscope.contracts import table_file
 
 
 rule report:
     input:
-        aggregate=rules.aggregate.output,
+        summary=f"results/aggregate/{table_file('summary')}",
+        crosscheck=f"results/aggregate/{table_file('crosscheck')}",
+        matrix_check=f"results/aggregate/{table_file('matrix_check')}",
         figures=rules.study_figures.output,
         learning=rules.learning.output.figures,
         learning_tables=[rules.learning.output.loss, rules.learning.output.routing],
@@ -37,6 +40,9 @@ rule report:
         cell_figures=expand(
             f"{RUNS}/{{cell}}/figures/throughput.png", cell=cellspace.instance_patterns
         ),
+        # The page's template and the figure captions (editing either remakes the report).
+        template="report/templates/report.html.j2",
+        captions="report/captions.yaml",
     output:
         "results/report/index.html",
     log:

@@ -2,10 +2,13 @@
 
 from pathlib import Path
 
-from commscope.figures import plot_cell_throughput
 from commscope.logs import log_to
+from commscope.plots.cell import plot_cell_throughput
 
 with log_to(snakemake.log[0]):
     plot_cell_throughput(
-        Path(snakemake.input.summary).parent, Path(snakemake.input.steps), Path(snakemake.output[0])
+        throughput=Path(snakemake.input.throughput),
+        step_times=Path(snakemake.input.step_times),
+        summary=Path(snakemake.input.summary),
+        out_png=Path(snakemake.output[0]),
     )

@@ -2,12 +2,13 @@
 
 from pathlib import Path
 
-from commscope.learning import aggregate_learning, plot_learning
 from commscope.logs import log_to
+from commscope.metrics.learning import aggregate_learning
+from commscope.plots.learning import plot_learning
 
 with log_to(snakemake.log[0]):
-    out = Path(snakemake.output.loss).parent
+    loss, routing = Path(snakemake.output.loss), Path(snakemake.output.routing)
     aggregate_learning(
-        list(map(Path, snakemake.input.train)), list(map(Path, snakemake.input.moe)), out
+        list(map(Path, snakemake.input.train)), list(map(Path, snakemake.input.moe)), loss, routing
     )
-    plot_learning(out, Path(snakemake.output.figures))
+    plot_learning(loss, routing, Path(snakemake.output.figures))

@@ -2,11 +2,12 @@
 
 from pathlib import Path
 
-from commscope.bench.figures import bench_figures_from
 from commscope.logs import log_to
+from commscope.plots.bench import bench_figures_from
 
 with log_to(snakemake.log[0]):
     bench_figures_from(
-        table_dir=Path(snakemake.input.fit).parent,
+        summary=Path(snakemake.input.summary),
+        fit=Path(snakemake.input.fit),
         out_dir=Path(snakemake.output[0]),
     )

@@ -3,14 +3,13 @@
 from pathlib import Path
 
 from commscope.logs import log_to
-from commscope.report import render_report
-from commscope.report_sections import study_tables
+from commscope.report import render_report, study_tables
 
 with log_to(snakemake.log[0]):
-    aggregate_dir = Path(snakemake.input.aggregate[0]).parent
     render_report(
-        aggregate_dir=aggregate_dir,
-        study_figures=sorted(Path(snakemake.input.figures[0]).glob("*.png"))
+        summary=Path(snakemake.input.summary),
+        # Study figures in name order, then those of the stages whose figures depend on the data.
+        study_figures=sorted(map(Path, snakemake.input.figures))
         + sorted(Path(snakemake.input.learning).glob("*.png"))
         + [p for d in snakemake.input.microbench_figures for p in sorted(Path(d).glob("*.png"))]
         + [Path(snakemake.input.prediction_heatmaps[0])],
@@ -19,8 +18,11 @@ with log_to(snakemake.log[0]):
         ),
         config=snakemake.params.config,
         out_html=Path(snakemake.output[0]),
+        template=Path(snakemake.input.template),
+        captions=Path(snakemake.input.captions),
         tables=study_tables(
-            aggregate_dir,
+            crosscheck=Path(snakemake.input.crosscheck),
+            matrix_check=Path(snakemake.input.matrix_check),
             compare=list(map(Path, snakemake.input.compare)),
             learning=tuple(map(Path, snakemake.input.learning_tables)),
             imports=list(map(Path, snakemake.input.imports)),

@@ -2,8 +2,11 @@
 
 from pathlib import Path
 
-from commscope.figures import plot_study
 from commscope.logs import log_to
+from commscope.plots.study import plot_study
 
 with log_to(snakemake.log[0]):
-    plot_study(Path(snakemake.input[0]).parent, Path(snakemake.output[0]))
+    plot_study(
+        tables={name: Path(path) for name, path in snakemake.input.items()},
+        figures={name: Path(path) for name, path in snakemake.output.items()},
+    )

@@ -1,4 +1,5 @@
-"""Training progress and MoE routing over steps (learning runs).
+"""Training progress and MoE routing over steps (learning runs), as tables (their figures:
+:mod:`commscope.plots.learning`).
 
 Tables come from every cell's ``trace/train.parquet`` (per rank and step: ``train_loss``) and
 ``trace/moe.parquet`` (per rank, step, MoE layer and destination EP rank: tokens sent and
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from commscope.metrics import PARAM_COLUMNS
+from commscope.contracts import PARAM_COLUMNS
 
 PARAMS = list(PARAM_COLUMNS)
 
@@ -49,59 +50,15 @@ def routing(moe: pd.DataFrame) -> pd.DataFrame:
     return out.merge(dropped.rename("dropped").reset_index(), on=keys)
 
 
-def aggregate_learning(train_paths: list[Path], moe_paths: list[Path], out_dir: Path) -> None:
-    """Write loss.parquet and routing.parquet for all cells into ``out_dir``."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    loss_curve(_concat(train_paths)).to_parquet(out_dir / "loss.parquet", index=False)
-    routing(_concat(moe_paths)).to_parquet(out_dir / "routing.parquet", index=False)
-
-
-def plot_learning(learning_dir: Path, out_dir: Path) -> list[Path]:
-    """Loss over steps per cell, and for MoE cells the routing of every iteration."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import seaborn as sns
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    loss = pd.read_parquet(learning_dir / "loss.parquet")
-    route = pd.read_parquet(learning_dir / "routing.parquet")
-    written = []
-    if not loss.empty:
-        fig, ax = plt.subplots(figsize=(8, 4))
-        for _cell, frame in loss.groupby("cell"):
-            label = f"{frame.strategy.iloc[0]} / {frame.model.iloc[0]} / {frame.bw.iloc[0]}"
-            ax.plot(frame.step, frame.train_loss, label=label, lw=1)
-        ax.set(xlabel="step", ylabel="training loss (mean over ranks)", title="training loss")
-        if loss.cell.nunique() <= 12:
-            ax.legend(fontsize=7)
-        path = out_dir / "learning_loss.png"
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
-    if not route.empty:
-        longest = route.groupby("cell").step.max().idxmax()
-        cell = route[route.cell == longest]
-        layer = sorted(cell.layer.unique())[0]
-        frame = cell[cell.layer == layer]
-        fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
-        share = frame.pivot_table(index="step", columns="dst_rank", values="tokens")
-        share = share.div(share.sum(axis=1), axis=0)
-        share.plot.area(ax=top, colormap="viridis", lw=0)
-        title = f"MoE routing, {layer}: {frame.strategy.iloc[0]} / {frame.model.iloc[0]}"
-        top.set(ylabel="share of dispatched tokens", title=title)
-        top.legend(title="EP rank", fontsize=7)
-        nonuni = frame.drop_duplicates("step")
-        sns.lineplot(data=nonuni, x="step", y="nonuniform", ax=bottom, label="non-uniform factor")
-        bottom.set(ylabel="(max - min) / mean received")
-        fig.tight_layout()
-        path = out_dir / "learning_moe_routing.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
-    return written
+def aggregate_learning(
+    train_paths: list[Path], moe_paths: list[Path], loss_out: Path, routing_out: Path
+) -> None:
+    """Write :func:`loss_curve` of every cell's ``train.parquet`` to ``loss_out`` and
+    :func:`routing` of every cell's ``moe.parquet`` to ``routing_out``."""
+    for out in (loss_out, routing_out):
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+    loss_curve(_concat(train_paths)).to_parquet(loss_out, index=False)
+    routing(_concat(moe_paths)).to_parquet(routing_out, index=False)
 
 
 LEARNING_MIN_STEPS = 20  # shorter dense runs measure traffic, not learning

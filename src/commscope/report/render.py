@@ -1,0 +1,169 @@
+"""The study's HTML report: one self-contained file (inline CSS, base64 images, no links out).
+
+Self-contained because the report is the artifact people mail around and archive next to the
+data: it must render offline, years later, without the results tree next to it. The Jinja2
+template and the figure captions live in the repository's ``report/`` directory; the rule passes
+them in (the package never looks for them).
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib.metadata
+import json
+import platform
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import pandas as pd
+import yaml
+
+import commscope
+from commscope.report.sections import cells_rows, strategy_rows
+
+DEFAULT_TITLE = "commscope: what parallelism strategies do to the network"
+
+_VERSION_PACKAGES = ("torch", "snakemake", "pandas", "numpy", "pyarrow", "matplotlib", "seaborn")
+
+
+def software_versions() -> dict[str, str]:
+    """Versions of what produced the results: python, torch, commscope, snakemake, the
+    analysis libraries, and the kernel (``uname``), as strings.
+
+    Package versions come from the installed metadata, so torch is never imported just to
+    print its version (seconds of import time).
+    """
+    versions = {"python": platform.python_version(), "commscope": commscope.__version__}
+    for package in _VERSION_PACKAGES:
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = "not installed"
+    uname = platform.uname()
+    versions["kernel"] = f"{uname.system} {uname.release} {uname.version} {uname.machine}"
+    return versions
+
+
+def _config_yaml(config: dict) -> str:
+    """The config as YAML in its own key order; values YAML cannot represent (paths, sets from
+    Snakemake's config object) are shown as their string form rather than failing the report.
+    """
+    plain = json.loads(json.dumps(config, default=str))
+    return yaml.safe_dump(plain, sort_keys=False, default_flow_style=False)
+
+
+def _data_uri(png: Path) -> str:
+    return "data:image/png;base64," + base64.b64encode(Path(png).read_bytes()).decode("ascii")
+
+
+def _load_captions(path: Path | None) -> dict[str, dict[str, str]]:
+    if path is None or not Path(path).exists():
+        return {}
+    return yaml.safe_load(Path(path).read_text()) or {}
+
+
+def _cell_text(value: Any) -> str:
+    """A table value for humans: big integers with thousands separators, floats to 4 digits."""
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    if isinstance(value, int) or (hasattr(value, "dtype") and str(value.dtype).startswith("int")):
+        return f"{int(value):,}"
+    if isinstance(value, float):
+        return f"{value:,.4g}" if abs(value) < 1e6 else f"{value:,.0f}"
+    return str(value)
+
+
+def _unresolved_cells(summary: pd.DataFrame) -> int:
+    """Cells whose counters could not resolve 10 ms bins (their burstiness is n/a)."""
+    if "shape_resolved_10ms" not in summary:
+        return 0
+    return int((~summary["shape_resolved_10ms"].astype(bool)).sum())
+
+
+def _figure_entries(study_figures: Sequence[Path], captions: dict) -> list[dict[str, str]]:
+    """Title, caption (by the figure's file stem) and data URI of each study figure."""
+    figures = []
+    for png in study_figures:
+        meta = captions.get(Path(png).stem, {})
+        figures.append(
+            {
+                "title": meta.get("title", Path(png).stem.replace("_", " ")),
+                "caption": meta.get("caption", ""),
+                "uri": _data_uri(png),
+            }
+        )
+    return figures
+
+
+def _extra_tables(tables: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ``tables`` sections as title, intro, header and rows of text."""
+    return [
+        {
+            "title": t["title"],
+            "intro": t.get("intro", ""),
+            "header": list(map(str, t["frame"].columns)),
+            "rows": [[_cell_text(v) for v in row] for row in t["frame"].itertuples(index=False)],
+        }
+        for t in tables
+    ]
+
+
+def render_report(
+    summary: Path,
+    study_figures: list[Path],
+    cell_figures: dict[str, Path],
+    config: dict,
+    out_html: Path,
+    *,
+    template: Path,
+    captions: Path | None = None,
+    title: str = DEFAULT_TITLE,
+    tables: list[dict[str, Any]] | None = None,
+) -> None:
+    """Write the study report to ``out_html`` as one self-contained HTML file.
+
+    ``summary`` is the study's aggregated ``summary.parquet``, ``template`` the Jinja2 template
+    file (``report/templates/report.html.j2``; it may include others next to it), ``captions``
+    the figure captions (``report/captions.yaml``, keyed by figure file stem).
+    Sections: what was run (one row per cell), a summary per strategy, the study figures with
+    captions saying how to read them, per-cell throughput figures (``cell_figures`` maps cell id
+    to PNG; collapsible), the full config as YAML, and the software versions. ``tables`` adds
+    sections after the summary, each a dict with ``title``, ``intro`` (text) and ``frame`` (a
+    DataFrame shown as is). Images are embedded as base64 data URIs and the CSS is inline, so
+    the file references nothing outside itself.
+    """
+    template = Path(template)
+    if not template.is_file():
+        raise FileNotFoundError(f"report template {template.name} not found in {template.parent}")
+    caption_map = _load_captions(captions)
+    summary_table = pd.read_parquet(summary)
+    cells_header, cell_rows = cells_rows(summary_table)
+    strategy_header, strat_rows = strategy_rows(summary_table)
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(template.parent)),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+    )
+    html = env.get_template(template.name).render(
+        title=title,
+        n_cells=len(summary_table),
+        cells_header=cells_header,
+        cells_rows=cell_rows,
+        strategy_header=strategy_header,
+        strategy_rows=strat_rows,
+        unresolved_cells=_unresolved_cells(summary_table),
+        figures=_figure_entries(study_figures, caption_map),
+        cell_figures=[
+            {"cell": cell, "uri": _data_uri(png)} for cell, png in sorted(cell_figures.items())
+        ],
+        cell_figure_caption=caption_map.get("cell_throughput", {}).get("caption", ""),
+        extra_tables=_extra_tables(tables or []),
+        config_yaml=_config_yaml(config),
+        versions=software_versions(),
+    )
+    out_html = Path(out_html)
+    out_html.parent.mkdir(parents=True, exist_ok=True)
+    out_html.write_text(html, encoding="utf-8")

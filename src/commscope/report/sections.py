@@ -1,0 +1,346 @@
+"""The report's tables, each computed from the study's result files.
+
+:func:`cells_rows` and :func:`strategy_rows` are the fixed tables at the top of the report (from
+the aggregated summary); every other function returns a tidy DataFrame for
+:func:`commscope.report.render_report`'s ``tables``, none holding a number of its own. Missing
+inputs (a stage turned off) give empty frames, which the report shows as "no rows".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from commscope.contracts import PARAM_COLUMNS
+from commscope.metrics import crosscheck_by_strategy
+from commscope.metrics.learning import learning_table
+from commscope.predict.cell import comparison_table, timing_table
+from commscope.units import fmt_bps, fmt_bytes, fmt_count, fmt_ms, fmt_ratio
+
+# Per-strategy table: (summary column, header, formatter name); means over the strategy's cells.
+STRATEGY_COLUMNS: list[tuple[str, str, str]] = [
+    ("step_time_mean_s", "mean step time", "ms"),
+    ("framework_bytes_per_step", "framework bytes / step", "bytes"),
+    ("messages_per_step", "messages / step", "count"),
+    ("internode_bytes_per_step", "inter-node bytes / step (model)", "bytes"),
+    ("intranode_bytes_per_step", "intra-node bytes / step (model)", "bytes"),
+    ("wire_tx_bytes_per_step_per_node", "wire tx / step / node", "bytes"),
+    ("throughput_mean_bps", "mean tx rate / node", "bps"),
+    ("peak_to_mean_10ms", "peak / mean (10 ms)", "ratio"),
+    ("cov_10ms", "CoV (10 ms)", "ratio"),
+    ("wire_over_framework", "wire / framework", "ratio"),
+]
+
+FORMATTERS = {
+    "bytes": fmt_bytes,
+    "bps": fmt_bps,
+    "ms": fmt_ms,
+    "ratio": fmt_ratio,
+    "count": fmt_count,
+}
+
+
+def strategy_table(summary: pd.DataFrame) -> pd.DataFrame:
+    """Per (strategy, model): number of cells and the mean of each headline metric over them.
+
+    Means skip NaN (a cell whose counters could not resolve 10 ms bins does not drag the
+    burstiness to NaN for the whole strategy). Columns: strategy, model, cells, then the
+    summary columns of :data:`STRATEGY_COLUMNS`.
+    """
+    metrics = [c for c, _, _ in STRATEGY_COLUMNS if c in summary]
+    keys = [c for c in ("strategy", "model") if c in summary]
+    if summary.empty or not keys:
+        return pd.DataFrame(columns=[*keys, "cells", *metrics])
+    grouped = summary.groupby(keys, sort=True, dropna=False)
+    out = grouped[metrics].mean(numeric_only=False).reset_index()
+    out.insert(len(keys), "cells", grouped.size().to_numpy())
+    return out
+
+
+def cells_rows(summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    """Header and text rows of the "what was run" table: one row per cell of ``summary``."""
+    params = [c for c in PARAM_COLUMNS if c in summary and c != "cell"]
+    header = [*params, "world size", "measured steps", "mean step time"]
+    # Caps sort by rate, not as strings ("100mbit" < "10mbit"), uncapped last.
+    order = [("bw_bps" if c == "bw" and "bw_bps" in summary else c) for c in params] or ["cell"]
+    rows = []
+    for rec in summary.sort_values(order, na_position="last").to_dict("records"):
+        rows.append(
+            [
+                *(str(rec[c]) for c in params),
+                fmt_count(rec.get("world_size")),
+                fmt_count(rec.get("measured_steps")),
+                fmt_ms(rec.get("step_time_mean_s")),
+            ]
+        )
+    return header, rows
+
+
+def strategy_rows(summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    """Header and text rows of the per-strategy summary (:func:`strategy_table`), formatted."""
+    table = strategy_table(summary)
+    keys = [c for c in ("strategy", "model") if c in table]
+    present = [(c, h, f) for c, h, f in STRATEGY_COLUMNS if c in table]
+    header = [*keys, "cells", *(h for _, h, _ in present)]
+    rows = [
+        [
+            *(str(rec[k]) for k in keys),
+            fmt_count(rec["cells"]),
+            *(FORMATTERS[f](rec[c]) for c, _, f in present),
+        ]
+        for rec in table.to_dict("records")
+    ]
+    return header, rows
+
+
+def _read(path: Path) -> pd.DataFrame:
+    path = Path(path)
+    return pd.read_parquet(path) if path.exists() else pd.DataFrame()
+
+
+def crosscheck_cells(crosscheck: Path, matrix_check: Path) -> pd.DataFrame:
+    """One row per cell: does the wire agree with the recorded ops?
+
+    From the aggregated ``crosscheck`` table (per node and direction) and ``matrix_check``
+    table (per node pair, from packet headers): the wire/framework ratio of the cell's tx
+    bytes (headers included), the largest unexplained share on any node and direction, how
+    many node pairs of the wire matrix agree with the framework matrix, and whether everything
+    passed."""
+    check = _read(crosscheck)
+    if check.empty:
+        return pd.DataFrame()
+    keys = ["cell", "strategy", "model", "nodes", "ranks_per_node", "bw"]
+    tx = check[check["direction"] == "tx"]
+    per_cell = tx.groupby(keys, as_index=False).agg(
+        wire_bytes=("wire_bytes", "sum"), framework_bytes=("framework_bytes", "sum")
+    )
+    per_cell["wire/ops"] = per_cell["wire_bytes"] / per_cell["framework_bytes"]
+    check = check.assign(edge_share=check["edge_bytes"] / check["framework_bytes"])
+    worst = check.groupby("cell", as_index=False).agg(
+        unexplained_max_pct=("unexplained_fraction", lambda s: 100 * s.abs().max()),
+        unresolved_max_pct=("edge_share", lambda s: 100 * s.max()),
+        nodes_passed=("passed", "all"),
+    )
+    table = per_cell.merge(worst, on="cell")
+    matrix = _read(matrix_check)
+    if not matrix.empty:
+        pairs = matrix.groupby("cell", as_index=False).agg(
+            pairs=("passed", "size"),
+            pairs_passed=("passed", "sum"),
+            matrix_ratio_min=("ratio", "min"),
+            matrix_ratio_max=("ratio", "max"),
+        )
+        table = table.merge(pairs, on="cell", how="left")
+        table["matrix_passed"] = table["pairs"].notna() & (table["pairs_passed"] == table["pairs"])
+    else:
+        table["matrix_passed"] = True  # no packet capture: nothing to compare
+    table["agree"] = table["nodes_passed"] & table["matrix_passed"]
+    table = table.drop(columns=["cell"]).sort_values(keys[1:]).reset_index(drop=True)
+    return table
+
+
+def crosscheck_strategies(crosscheck: Path) -> pd.DataFrame:
+    """Per strategy: cells that passed the cross-validation and the spread of their ratios
+    (from the aggregated ``crosscheck`` table)."""
+    path = Path(crosscheck)
+    return crosscheck_by_strategy(path) if path.exists() else pd.DataFrame()
+
+
+def predictions_section(table_path: Path) -> pd.DataFrame:
+    """Beyond the cluster: per scenario and traffic type, rank 0's messages and bytes and the
+    whole job's bytes with the share that crosses nodes (``results/predictions/table.parquet``
+    of :func:`commscope.predict.scenarios.scenario_tables`)."""
+    table = _read(table_path)
+    if table.empty:
+        return table
+    table = table.assign(
+        ptd=lambda t: (
+            "(" + t.pp.astype(str) + "," + t.tp.astype(str) + "," + t.dp.astype(str) + ")"
+        ),
+        gpus=lambda t: t.world_size.astype(str) + " (" + t.gpus_per_node.astype(str) + "/node)",
+        rank0_GB=lambda t: t.rank0_bytes / 1e9,
+        job_GB=lambda t: t.bytes / 1e9,
+        inter_node_pct=lambda t: 100 * t.inter_node_share,
+    )
+    cols = ["scenario", "model", "gpus", "ptd", "mapping", "traffic", "rank0_messages"]
+    return table[[*cols, "rank0_GB", "job_GB", "inter_node_pct", "predict_seconds"]]
+
+
+def timing_section(timing: Sequence[Path]) -> pd.DataFrame:
+    """Predicted vs measured step time per cell (``predict/timing.parquet`` of every cell)."""
+    table = timing_table(timing)
+    if table.empty:
+        return table
+    cols = ["strategy", "model", "nodes", "ranks_per_node", "bw", "bandwidth_source"]
+    cols += ["predicted_step_s", "measured_step_s", "time_error", "predicted_comm_ratio"]
+    cols += ["measured_comm_ratio", "predicted_bubble_ratio"]
+    return table[cols].sort_values(cols[:5]).reset_index(drop=True)
+
+
+def microbench_utilization(summary_path: Path) -> pd.DataFrame:
+    """Bus bandwidth at the largest size measured per link and op, and its share of the cap."""
+    summary = _read(summary_path)
+    if summary.empty:
+        return summary
+    largest = summary.loc[summary.groupby(["link", "op"])["bytes"].idxmax()]
+    table = largest.assign(
+        size_MiB=lambda t: t.bytes / 2**20,
+        busbw_Mbit_s=lambda t: t.busbw_Bps * 8 / 1e6,
+        cap_Mbit_s=lambda t: t.cap_Bps * 8 / 1e6,
+    )
+    cols = ["bw", "delay", "loss", "op", "group_size", "size_MiB", "iterations"]
+    cols += ["busbw_Mbit_s", "cap_Mbit_s", "utilization"]
+    return table[cols].sort_values(["bw", "op"]).reset_index(drop=True)
+
+
+def microbench_fits(fit_path: Path) -> pd.DataFrame:
+    """The alpha-beta fit per link and op (``t = alpha + wire bytes / beta``)."""
+    fit = _read(fit_path)
+    if fit.empty:
+        return fit
+    table = fit.assign(
+        alpha_ms=lambda t: t.alpha_s * 1e3,
+        beta_Mbit_s=lambda t: t.beta_Bps * 8 / 1e6,
+    )
+    cols = ["bw", "delay", "loss", "op", "points", "fit_min_bytes", "alpha_ms", "beta_Mbit_s"]
+    cols += ["beta_over_cap", "median_rel_error"]
+    return table[cols].sort_values(["bw", "op"]).reset_index(drop=True)
+
+
+# How to read each section, shown under its title (texts, not numbers: these never change with
+# the data).
+_BENCH_UTILIZATION_INTRO = (
+    "Each collective alone between 2 nodes (1 rank each) on every link "
+    "setting of the study, message sizes from 1 KiB upward by x4 (docs/microbench.md)."
+    " busbw uses nccl-tests' definitions (allreduce algbw x 2(n-1)/n; allgather, "
+    "reduce_scatter, alltoall x (n-1)/n; broadcast, sendrecv x 1); utilization = "
+    "busbw / cap. A size whose one iteration would exceed run time limits is "
+    "skipped, so the largest size can be below 64 MiB on slow links. gloo runs "
+    "reduce_scatter as a full all-reduce (half the rate) and moves the two directions "
+    "of allgather/alltoall one after the other; sendrecv is one-way with a 4-byte "
+    "acknowledgement (as osu_bw)."
+)
+_BENCH_FIT_INTRO = (
+    "t = alpha + wire bytes / beta per op and link, wire bytes per rank as "
+    "the traffic model counts them, least squares on relative error; on capped links "
+    "only sizes >= fit_min_bytes (tbf's 64 KB bucket lets smaller messages pass at "
+    "line rate). These alphas and betas feed the predicted step times below."
+)
+_CROSSCHECK_STRATEGY_INTRO = (
+    "Cross-validation of the two measurement levels (docs/crossvalidation.md). "
+    "For every cell, the bytes each node's interface counted during the training window "
+    "against the bytes its recorded ops imply under the algorithms the backend really "
+    "runs (gloo: all-reduce rings, reduce-scatter as a full all-reduce, binomial "
+    "broadcast, pairwise all-to-all), plus 66 B of headers per counted packet and gloo's "
+    "48 B message preambles. A cell passes when the unexplained rest is at most 2 % of "
+    "the ops' bytes (or 4 KB per step) on every node and direction. ratio = wire / ops, "
+    "headers included."
+)
+_CROSSCHECK_CELL_INTRO = (
+    "wire/ops: the cell's transmitted bytes on the wire over the bytes its ops "
+    "imply (headers included, so slightly above 1). unexplained_max_pct: the largest "
+    "share left unexplained on any node and direction. unresolved_max_pct: the largest "
+    "share the 1 kHz counters saw inside a sample interval straddling a window edge, "
+    "which counts on either side (large only where the sampler was descheduled across "
+    "a burst). pairs_passed: node pairs whose "
+    "bytes in the packet-header capture (the wire node x node matrix) agree with the "
+    "framework node x node matrix within the same tolerance. agree = both checks pass."
+)
+_COMPARE_INTRO = (
+    "The analytical model (commscope predict) against the trace: bytes and "
+    "messages of one steady step summed over ranks, per traffic type. exact = every "
+    "rank and measured step matched in bytes and message count. MoE token all-to-alls "
+    "depend on routing: the model predicts balanced experts."
+)
+_TIMING_INTRO = (
+    "The alpha-beta model per op (bandwidth_source: the microbenchmark fit of "
+    "the cell's link, or the trace's own rate) on the predicted ops, compute time from "
+    "the cell's trace (time outside communication), the pipeline bubble from the "
+    "schedule; time_error = predicted / measured - 1 on the median steady step. DDP "
+    "overlaps its all-reduce with backward, which the model does not, so it predicts "
+    "an upper bound there."
+)
+_PREDICTIONS_INTRO = (
+    "Seed 002's settings (config predictions:), predicted analytically in "
+    "seconds: per scenario and traffic type, rank 0's messages and volume per step, the "
+    "whole job's volume, and the share of it that crosses nodes. Default mapping "
+    "pp-dp-tp (stages across nodes) vs customized dp-pp-tp (DP across nodes): the same "
+    "bytes on other links. Node x node heatmaps are among the figures."
+)
+_LEARNING_INTRO = (
+    "Training loss at the first and last step (mean over ranks) and, for MoE "
+    "cells, the all-to-all non-uniform factor ((max - min) / mean tokens received per "
+    "EP rank) at the first and last step."
+)
+_IMPORTS_INTRO = (
+    "Traces recorded by others on GPU clusters (config imports:), loaded into "
+    "the same ops table: per-step volume and op mix. Their op tables, message sizes "
+    "and communication matrices are under results/imports/."
+)
+
+
+def _section(title: str, intro: str, frame: pd.DataFrame) -> dict[str, Any]:
+    return {"title": title, "intro": intro, "frame": frame}
+
+
+def _microbench_sections(microbench: tuple[Path, Path] | None) -> list[dict[str, Any]]:
+    if not microbench:
+        return []
+    return [
+        _section(
+            "Collective microbenchmarks: bandwidth at the largest size",
+            _BENCH_UTILIZATION_INTRO,
+            microbench_utilization(microbench[0]),
+        ),
+        _section(
+            "Collective microbenchmarks: alpha-beta fits",
+            _BENCH_FIT_INTRO,
+            microbench_fits(microbench[1]),
+        ),
+    ]
+
+
+def study_tables(
+    crosscheck: Path,
+    matrix_check: Path,
+    compare: Sequence[Path],
+    learning: tuple[Path, Path],
+    imports: Sequence[Path],
+    timing: Sequence[Path] = (),
+    microbench: tuple[Path, Path] | None = None,
+    predictions: Path | None = None,
+) -> list[dict[str, Any]]:
+    """The report's table sections in order: title, intro (how to read it), frame.
+
+    ``crosscheck`` and ``matrix_check`` are the aggregated cross-validation tables,
+    ``compare`` and ``timing`` every cell's ``predict/compare.parquet`` and
+    ``predict/timing.parquet``, ``learning`` the (loss, routing) tables of the learning runs,
+    ``imports`` the imported traces' summaries. ``microbench`` is the (summary, fit) pair of
+    the microbenchmark stage, ``predictions`` the scenario table; either may be absent (stage
+    turned off)."""
+    imported = pd.concat(map(pd.read_parquet, imports)) if imports else pd.DataFrame()
+    return [
+        _section(
+            "Wire vs recorded ops, per strategy",
+            _CROSSCHECK_STRATEGY_INTRO,
+            crosscheck_strategies(crosscheck),
+        ),
+        _section(
+            "Wire vs recorded ops, per cell",
+            _CROSSCHECK_CELL_INTRO,
+            crosscheck_cells(crosscheck, matrix_check),
+        ),
+        _section("Predicted vs measured traffic", _COMPARE_INTRO, comparison_table(list(compare))),
+        *_microbench_sections(microbench),
+        _section("Predicted vs measured step time", _TIMING_INTRO, timing_section(list(timing))),
+        _section(
+            "Beyond the cluster: predicted traffic of large GPT jobs",
+            _PREDICTIONS_INTRO,
+            predictions_section(predictions) if predictions else pd.DataFrame(),
+        ),
+        _section("Learning runs", _LEARNING_INTRO, learning_table(*learning)),
+        _section("Imported traces", _IMPORTS_INTRO, imported),
+    ]
