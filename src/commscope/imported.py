@@ -8,11 +8,13 @@ and step times need our own runs, so those metrics stay with the sweep cells.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import pandas as pd
 
 from commscope import metrics
+from commscope.contracts import table_file
 from commscope.importers import load_trace
 
 
@@ -29,20 +31,44 @@ def load_import(paths: list[Path], name: str) -> pd.DataFrame:
     return ops
 
 
-def analyze_import(paths: list[Path], name: str, out_dir: Path) -> pd.DataFrame:
-    """Write ops, op_volume, msg_sizes and comm_matrix parquet for one import; return its
-    one-row summary (also written as summary.parquet)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+IMPORT_TABLES = ("ops", "op_volume", "msg_sizes", "comm_matrix", "summary")
+
+
+def analyze_import_files(paths: list[Path], name: str, outputs: Mapping[str, Path]) -> pd.DataFrame:
+    """Write the ops table and its op-level metrics of one import to the given files, one per
+    name of :data:`IMPORT_TABLES` (``ops``, ``op_volume``, ``msg_sizes``, ``comm_matrix``,
+    ``summary``); return its one-row summary."""
+    missing = [t for t in IMPORT_TABLES if t not in outputs]
+    if missing:
+        raise ValueError(f"imports.{name}: no output path for tables {missing}")
     ops = load_import(paths, name)
-    ops.to_parquet(out_dir / "ops.parquet", index=False)
-    volume = metrics.op_volume(ops, per_rank=True)
-    volume.to_parquet(out_dir / "op_volume.parquet", index=False)
-    metrics.message_sizes(ops).to_parquet(out_dir / "msg_sizes.parquet", index=False)
-    metrics.comm_matrix(ops).to_parquet(out_dir / "comm_matrix.parquet", index=False)
+    tables = {
+        "ops": ops,
+        "op_volume": metrics.op_volume(ops, per_rank=True),
+        "msg_sizes": metrics.message_sizes(ops),
+        "comm_matrix": metrics.comm_matrix(ops),
+        "summary": import_summary(ops, name),
+    }
+    for table in IMPORT_TABLES:
+        Path(outputs[table]).parent.mkdir(parents=True, exist_ok=True)
+        tables[table].to_parquet(outputs[table], index=False)
+    return tables["summary"]
+
+
+def analyze_import(paths: list[Path], name: str, out_dir: Path) -> pd.DataFrame:
+    """:func:`analyze_import_files` into ``out_dir`` as ``<table>.parquet``."""
+    out_dir = Path(out_dir)
+    outputs = {t: out_dir / table_file(t) for t in IMPORT_TABLES}
+    return analyze_import_files(paths, name, outputs)
+
+
+def import_summary(ops: pd.DataFrame, name: str) -> pd.DataFrame:
+    """One row: the import's format(s), ranks, steps, messages and bytes per step, and its op
+    mix (bytes per step by op, largest first, in MB)."""
     steps = ops[ops["step"] >= 0]
     n_steps = max(steps["step"].nunique(), 1)
     per_op = steps.groupby("op")["bytes"].sum() / n_steps
-    summary = pd.DataFrame(
+    return pd.DataFrame(
         [
             {
                 "import": name,
@@ -58,5 +84,3 @@ def analyze_import(paths: list[Path], name: str, out_dir: Path) -> pd.DataFrame:
             }
         ]
     )
-    summary.to_parquet(out_dir / "summary.parquet", index=False)
-    return summary

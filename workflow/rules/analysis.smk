@@ -1,30 +1,22 @@
-# Metrics per cell, aggregation across cells, figures.
-
-METRIC_TABLES = [
-    "summary",
-    "op_volume",
-    "msg_sizes",
-    "throughput",
-    "shape",
-    "step_times",
-    "wire",
-    "comm_matrix",
-    "node_matrix",
-    "crosscheck",
-    "matrix_check",
-    "sockets",
-]
+# Metrics per cell and their aggregation across cells. Every table a job reads or writes is
+# declared by name; the table names come from the data contract.
+from commscope.contracts import METRIC_TABLES, table_file
 
 
 rule cell_metrics:
     input:
-        rules.parse_cell.output,
+        cell=rules.parse_cell.output.cell,
+        ops=rules.parse_cell.output.ops,
+        steps=rules.parse_cell.output.steps,
+        counters=rules.parse_cell.output.counters,
+        moe=rules.parse_cell.output.moe,
+        sockets=rules.parse_cell.output.sockets,
+        wire_flows=rules.parse_cell.output.wire_flows,
     output:
-        expand(
-            f"{RUNS}/{CELL}/metrics/{{table}}.parquet",
-            table=METRIC_TABLES,
-            allow_missing=True,
-        ),
+        **{
+            table: f"{RUNS}/{CELL}/metrics/{table_file(table)}"
+            for table in METRIC_TABLES
+        },
     log:
         f"results/logs/cell_metrics/{CELL}.log",
     conda:
@@ -35,12 +27,15 @@ rule cell_metrics:
 
 rule aggregate:
     input:
-        expand(
-            f"{RUNS}/{{cell}}/metrics/summary.parquet",
-            cell=cellspace.instance_patterns,
-        ),
+        **{
+            table: expand(
+                f"{RUNS}/{{cell}}/metrics/{table_file(table)}",
+                cell=cellspace.instance_patterns,
+            )
+            for table in METRIC_TABLES
+        },
     output:
-        expand("results/aggregate/{table}.parquet", table=METRIC_TABLES),
+        **{table: f"results/aggregate/{table_file(table)}" for table in METRIC_TABLES},
     log:
         "results/logs/aggregate.log",
     conda:

@@ -7,7 +7,9 @@ rule import_trace:
     output:
         ops="results/imports/{name}/ops.parquet",
         summary="results/imports/{name}/summary.parquet",
-        matrix="results/imports/{name}/comm_matrix.parquet",
+        op_volume="results/imports/{name}/op_volume.parquet",
+        msg_sizes="results/imports/{name}/msg_sizes.parquet",
+        comm_matrix="results/imports/{name}/comm_matrix.parquet",
     log:
         "results/logs/import_trace/{name}.log",
     conda:

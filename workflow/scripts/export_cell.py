@@ -2,8 +2,16 @@
 
 from pathlib import Path
 
-from commscope.export.cell import export_cell
+from commscope.export.cell import export_cell_files
 from commscope.logs import log_to
 
 with log_to(snakemake.log[0]):
-    export_cell(Path(snakemake.input.cell).parent, Path(snakemake.output.perfetto).parent)
+    export_cell_files(
+        ops=Path(snakemake.input.ops),
+        steps=Path(snakemake.input.steps),
+        cell=Path(snakemake.input.cell),
+        perfetto=Path(snakemake.output.perfetto),
+        chakra=Path(snakemake.output.chakra),
+        astra=Path(snakemake.output.astra),
+        flows=Path(snakemake.output.flows),
+    )

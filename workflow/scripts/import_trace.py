@@ -2,12 +2,12 @@
 
 from pathlib import Path
 
-from commscope.imported import analyze_import
+from commscope.imported import IMPORT_TABLES, analyze_import_files
 from commscope.logs import log_to
 
 with log_to(snakemake.log[0]):
-    analyze_import(
+    analyze_import_files(
         list(map(Path, snakemake.input)),
         snakemake.wildcards.name,
-        Path(snakemake.output.summary).parent,
+        {table: Path(snakemake.output[table]) for table in IMPORT_TABLES},
     )

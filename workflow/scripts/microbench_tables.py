@@ -2,11 +2,13 @@
 
 from pathlib import Path
 
-from commscope.bench.analysis import combine
+from commscope.bench.analysis import combine_tables
 from commscope.logs import log_to
 
+TABLES = ("bench", "summary", "fit")
+
 with log_to(snakemake.log[0]):
-    combine(
-        link_dirs=[Path(p).parent for p in snakemake.input],
-        out_dir=Path(snakemake.output.fit).parent,
+    combine_tables(
+        {table: [Path(p) for p in snakemake.input[table]] for table in TABLES},
+        {table: Path(snakemake.output[table]) for table in TABLES},
     )

@@ -39,10 +39,13 @@ from commscope.collectives.ring import bench_steps as ring_steps
 from commscope.collectives.ring import bench_wire_bytes as op_wire_bytes
 from commscope.collectives.ring import busbw_factor
 from commscope.config import AXIS_DEFAULTS
+from commscope.contracts import SUMMARY_FILE
 from commscope.spec.link import LinkShape
 
 LINK_AXES: tuple[str, ...] = ("bw", "delay", "jitter", "loss")
 UNSHAPED = {"bw": "none", "delay": "0ms", "jitter": "0ms", "loss": "0pct"}
+# The tables of one link setting's analysis (and of all links combined), by name.
+BENCH_FILES = {"bench": "bench.parquet", "summary": SUMMARY_FILE, "fit": "fit.parquet"}
 # tbf's bucket (64 KB, shaping.TBF_MIN_BURST_BYTES) passes a smaller message at line rate, so
 # on a capped link the fit uses sizes from 4x that up, where the cap governs the time.
 FIT_MIN_BYTES_CAPPED = 256 * 1024
@@ -235,30 +238,67 @@ def fit_table(summary: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=FIT_COLUMNS)
 
 
-def analyse_link(raw_dir: Path, link: Mapping[str, Any], out_dir: Path) -> pd.DataFrame:
-    """Tidy, summary and fit tables of one link setting's run, written to ``out_dir`` as
-    ``bench.parquet``, ``summary.parquet`` and ``fit.parquet``; returns the fit."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+def analyse_link_files(
+    raw_dir: Path, link: Mapping[str, Any], bench: Path, summary: Path, fit: Path
+) -> pd.DataFrame:
+    """Tidy (``bench``), summary and fit tables of one link setting's run (``raw_dir``),
+    written to the given files; returns the fit."""
     tidy = load_raw(raw_dir, link)
-    summary = summarize(tidy)
-    fit = fit_table(summary)
-    tidy.to_parquet(out_dir / "bench.parquet", index=False)
-    summary.to_parquet(out_dir / "summary.parquet", index=False)
-    fit.to_parquet(out_dir / "fit.parquet", index=False)
-    return fit
+    summary_table = summarize(tidy)
+    fit_tab = fit_table(summary_table)
+    for path, table in ((bench, tidy), (summary, summary_table), (fit, fit_tab)):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        table.to_parquet(path, index=False)
+    return fit_tab
+
+
+def analyse_link(raw_dir: Path, link: Mapping[str, Any], out_dir: Path) -> pd.DataFrame:
+    """:func:`analyse_link_files` into ``out_dir`` as ``bench.parquet``, ``summary.parquet``
+    and ``fit.parquet``; returns the fit."""
+    out_dir = Path(out_dir)
+    return analyse_link_files(
+        raw_dir,
+        link,
+        out_dir / BENCH_FILES["bench"],
+        out_dir / BENCH_FILES["summary"],
+        out_dir / BENCH_FILES["fit"],
+    )
+
+
+def combine_tables(
+    inputs: Mapping[str, Sequence[Path]], outputs: Mapping[str, Path]
+) -> dict[str, pd.DataFrame]:
+    """Concatenate every link's table ``name`` (the files ``inputs[name]``) into
+    ``outputs[name]``, for each name in ``outputs`` (``bench``, ``summary``, ``fit``)."""
+    tables = {}
+    for name, out in outputs.items():
+        frames = [pd.read_parquet(p) for p in inputs.get(name, ())]
+        tables[name] = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        tables[name].to_parquet(out, index=False)
+    return tables
 
 
 def combine(link_dirs: Sequence[Path], out_dir: Path) -> dict[str, pd.DataFrame]:
-    """Concatenate every link's ``bench``, ``summary`` and ``fit`` tables into ``out_dir``."""
+    """:func:`combine_tables` over directories: every link's ``bench``, ``summary`` and
+    ``fit`` tables into ``out_dir``."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tables = {}
-    for name in ("bench", "summary", "fit"):
-        frames = [pd.read_parquet(Path(d) / f"{name}.parquet") for d in link_dirs]
-        tables[name] = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-        tables[name].to_parquet(out_dir / f"{name}.parquet", index=False)
-    return tables
+    return combine_tables(
+        {name: [Path(d) / file for d in link_dirs] for name, file in BENCH_FILES.items()},
+        {name: out_dir / file for name, file in BENCH_FILES.items()},
+    )
+
+
+def fit_links(link: Mapping[str, Any], bench_links: Iterable[str], enabled: bool) -> list[str]:
+    """The link settings (:func:`link_id`) whose fits a cell on ``link`` reads for its timing
+    prediction: its own and, when benchmarked anyway, the unshaped one (for intra-node ops);
+    none when the microbenchmark is disabled. The workflow turns them into file paths."""
+    if not enabled:
+        return []
+    own, unshaped = link_id(link), link_id(UNSHAPED)
+    if unshaped in set(bench_links) and own != unshaped:
+        return [own, unshaped]
+    return [own]
 
 
 def link_alpha_beta(fit: pd.DataFrame, link: Mapping[str, Any]) -> dict[str, tuple[float, float]]:
@@ -274,25 +314,3 @@ def link_alpha_beta(fit: pd.DataFrame, link: Mapping[str, Any]) -> dict[str, tup
         if rec["op"] == "sendrecv":
             out["send"] = out["recv"] = ab
     return out
-
-
-# ─────────────────────────────────────────────────────────── workflow helpers
-
-
-def link_of(wildcards: Mapping[str, Any]) -> dict[str, str]:
-    """The link setting named by a job's ``bw``/``delay``/``jitter``/``loss`` wildcards."""
-    return {axis: str(wildcards[axis]) for axis in LINK_AXES}
-
-
-def fit_inputs(
-    wildcards: Mapping[str, Any], enabled: bool, bench_links: Iterable[str], root: str
-) -> list[str]:
-    """Fits a cell's timing prediction reads: its own link setting's and, when benchmarked
-    anyway, the unshaped one's (for intra-node ops); none when microbench is disabled."""
-    if not enabled:
-        return []
-    own = link_id(link_of(wildcards))
-    fits = [f"{root}/{own}/fit.parquet"]
-    if link_id(UNSHAPED) in set(bench_links) and own != link_id(UNSHAPED):
-        fits.append(f"{root}/{link_id(UNSHAPED)}/fit.parquet")
-    return fits

@@ -11,7 +11,14 @@ import pandas as pd
 
 from commscope.collectives.moe import alltoall_splits_from_routing
 from commscope.collectives.traffic import DEFAULT_BACKEND
-from commscope.contracts import ROUTING_FILE, SOCKETS_FILE
+from commscope.contracts import (
+    CELL_FILE,
+    COUNTERS_FILE,
+    OPS_FILE,
+    ROUTING_FILE,
+    SOCKETS_FILE,
+    STEPS_FILE,
+)
 
 
 @dataclass
@@ -46,27 +53,51 @@ class CellTraces:
 
 def load_cell(cell_dir: Path) -> CellTraces:
     """Read ``cell.json``, ``ops.parquet``, ``steps.parquet``, ``counters.parquet`` and
-    ``sockets.parquet``.
-
-    A missing ``ops``, ``counters`` or ``sockets`` table (a run without communication, a node
-    without a sampler, a run from before socket statistics) loads as an empty frame so the
-    metrics degrade to NaN instead of failing; ``cell.json`` and ``steps.parquet`` are
-    required. MoE all-to-alls recorded without
-    ``split_bytes`` get them from ``moe.parquet`` where that is exact
-    (:func:`alltoall_splits_from_routing`).
-    """
+    ``sockets.parquet`` of a cell's trace directory (:func:`load_cell_files` with the
+    contract's file names, :mod:`commscope.contracts`)."""
     cell_dir = Path(cell_dir)
-    meta = json.loads((cell_dir / "cell.json").read_text())
-    steps = pd.read_parquet(cell_dir / "steps.parquet")
-    ops = _read_optional(cell_dir / "ops.parquet")
-    counters = _read_optional(cell_dir / "counters.parquet")
-    ops = alltoall_splits_from_routing(ops, _read_optional(cell_dir / ROUTING_FILE))
-    sockets = _read_optional(cell_dir / SOCKETS_FILE)
-    return CellTraces(ops=ops, steps=steps, counters=counters, meta=meta, sockets=sockets)
+    return load_cell_files(
+        cell=cell_dir / CELL_FILE,
+        ops=cell_dir / OPS_FILE,
+        steps=cell_dir / STEPS_FILE,
+        counters=cell_dir / COUNTERS_FILE,
+        routing=cell_dir / ROUTING_FILE,
+        sockets=cell_dir / SOCKETS_FILE,
+    )
 
 
-def _read_optional(path: Path) -> pd.DataFrame:
-    return pd.read_parquet(path) if path.exists() else pd.DataFrame()
+def load_cell_files(
+    cell: Path,
+    ops: Path,
+    steps: Path,
+    counters: Path | None = None,
+    routing: Path | None = None,
+    sockets: Path | None = None,
+) -> CellTraces:
+    """Read one cell's trace tables from the given files: ``cell`` (cell.json), ``ops``,
+    ``steps``, ``counters``, ``routing`` (the MoE routing table, moe.parquet) and
+    ``sockets``.
+
+    A missing (or not given) ``ops``, ``counters`` or ``sockets`` table (a run without
+    communication, a node without a sampler, a run from before socket statistics) loads as an
+    empty frame so the metrics degrade to NaN instead of failing; ``cell`` and ``steps`` are
+    required. MoE all-to-alls recorded without ``split_bytes`` get them from ``routing`` where
+    that is exact (:func:`~commscope.collectives.moe.alltoall_splits_from_routing`).
+    """
+    meta = json.loads(Path(cell).read_text())
+    step_table = pd.read_parquet(steps)
+    op_table = read_optional(ops)
+    counter_table = read_optional(counters)
+    op_table = alltoall_splits_from_routing(op_table, read_optional(routing))
+    socket_table = read_optional(sockets)
+    return CellTraces(
+        ops=op_table, steps=step_table, counters=counter_table, meta=meta, sockets=socket_table
+    )
+
+
+def read_optional(path: Path | None) -> pd.DataFrame:
+    """The table at ``path``; an empty frame when no path is given or the file is missing."""
+    return pd.read_parquet(path) if path is not None and Path(path).exists() else pd.DataFrame()
 
 
 def _backend_of(meta: dict[str, Any]) -> str:

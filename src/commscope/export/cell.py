@@ -8,6 +8,7 @@ from typing import Any
 
 import pandas as pd
 
+from commscope.contracts import CELL_FILE, OPS_FILE, STEPS_FILE
 from commscope.export.astra import write_astra_text
 from commscope.export.chakra import write_chakra
 from commscope.export.flows import write_flows_csv
@@ -27,43 +28,74 @@ def export_cell(
     astra_rank: int = 0,
     astra_compatible: bool = False,
 ) -> list[Path]:
-    """Write one cell's exports under ``out_dir`` and return their paths:
-
-    * ``trace.json``: Perfetto / Chrome trace (:mod:`commscope.export.perfetto`);
-    * ``chakra/chakra.<rank>.et`` and ``chakra/comm_group.json``: Chakra execution traces
-      (:mod:`commscope.export.chakra`; ASTRA-sim: ``--workload-configuration=<out>/chakra/chakra``,
-      ``astra_compatible`` replays the collectives it cannot simulate);
-    * ``astra_workload.txt``: ASTRA-sim text workload of rank ``astra_rank``'s median measured
-      step (:mod:`commscope.export.astra`; left out when that rank ran no step);
-    * ``flows.csv``: flow list (:mod:`commscope.export.flows`).
-
-    ``trace_dir`` holds the cell's ``ops.parquet``, ``steps.parquet`` and ``cell.json``
-    (``warmup_steps`` chooses the ASTRA-sim step, ``world_size`` goes into the metadata).
-    """
+    """:func:`export_cell_files` for a cell's trace directory (``ops.parquet``,
+    ``steps.parquet``, ``cell.json``), writing ``trace.json``, ``chakra/``,
+    ``astra_workload.txt`` and ``flows.csv`` under ``out_dir``; returns their paths."""
     trace_dir, out_dir = Path(trace_dir), Path(out_dir)
-    meta: dict[str, Any] = {}
-    if (trace_dir / "cell.json").exists():
-        meta = json.loads((trace_dir / "cell.json").read_text())
-    ops = pd.read_parquet(trace_dir / "ops.parquet")
-    steps = pd.read_parquet(trace_dir / "steps.parquet")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    return export_cell_files(
+        ops=trace_dir / OPS_FILE,
+        steps=trace_dir / STEPS_FILE,
+        cell=trace_dir / CELL_FILE,
+        perfetto=out_dir / TRACE_JSON,
+        chakra=out_dir / CHAKRA_DIR,
+        astra=out_dir / ASTRA_TXT,
+        flows=out_dir / FLOWS_CSV,
+        astra_rank=astra_rank,
+        astra_compatible=astra_compatible,
+    )
 
-    paths = [write_chrome_trace(out_dir / TRACE_JSON, ops, steps, meta=meta)]
+
+def export_cell_files(
+    ops: Path,
+    steps: Path,
+    cell: Path,
+    perfetto: Path,
+    chakra: Path,
+    astra: Path,
+    flows: Path,
+    *,
+    astra_rank: int = 0,
+    astra_compatible: bool = False,
+) -> list[Path]:
+    """Write one cell's exports to the given files and return their paths:
+
+    * ``perfetto``: Perfetto / Chrome trace (:mod:`commscope.export.perfetto`);
+    * ``chakra``: a directory of Chakra execution traces ``chakra.<rank>.et`` and
+      ``comm_group.json`` (:mod:`commscope.export.chakra`; ASTRA-sim:
+      ``--workload-configuration=<chakra>/chakra``, ``astra_compatible`` replays the
+      collectives it cannot simulate);
+    * ``astra``: ASTRA-sim text workload of rank ``astra_rank``'s median measured step
+      (:mod:`commscope.export.astra`; left out when that rank ran no step);
+    * ``flows``: flow list CSV (:mod:`commscope.export.flows`).
+
+    ``ops``, ``steps`` and ``cell`` are the cell's trace files (cell.json may be missing:
+    ``warmup_steps`` chooses the ASTRA-sim step, ``world_size`` goes into the metadata,
+    ``backend`` picks the flows' algorithms).
+    """
+    meta: dict[str, Any] = {}
+    if Path(cell).exists():
+        meta = json.loads(Path(cell).read_text())
+    op_table = pd.read_parquet(ops)
+    step_table = pd.read_parquet(steps)
+    for path in (perfetto, astra, flows):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+
+    paths = [write_chrome_trace(Path(perfetto), op_table, step_table, meta=meta)]
     paths += write_chakra(
-        out_dir / CHAKRA_DIR,
-        ops,
-        steps,
+        Path(chakra),
+        op_table,
+        step_table,
         prefix=CHAKRA_PREFIX,
         world_size=meta.get("world_size"),
         astra_compatible=astra_compatible,
     )
-    has_step = not steps[(steps["rank"] == astra_rank) & (steps["step"] >= 0)].empty
-    if has_step:
+    ran_step = step_table[(step_table["rank"] == astra_rank) & (step_table["step"] >= 0)]
+    if not ran_step.empty:
         paths.append(
             write_astra_text(
-                out_dir / ASTRA_TXT,
-                ops,
-                steps,
+                Path(astra),
+                op_table,
+                step_table,
                 rank=astra_rank,
                 warmup_steps=int(meta.get("warmup_steps", 0) or 0),
             )
@@ -71,8 +103,8 @@ def export_cell(
     ranks_per_node = (meta.get("params") or {}).get("ranks_per_node")
     paths.append(
         write_flows_csv(
-            out_dir / FLOWS_CSV,
-            ops,
+            Path(flows),
+            op_table,
             int(ranks_per_node) if ranks_per_node is not None else None,
             backend=meta.get("backend") or "nccl",
         )

@@ -46,7 +46,7 @@ for the whole metric API:
 
 from __future__ import annotations
 
-from commscope.cell.load import CellTraces, load_cell
+from commscope.cell.load import CellTraces, load_cell, load_cell_files
 from commscope.collectives.moe import alltoall_splits_from_routing
 from commscope.collectives.traffic import (
     DEFAULT_BACKEND,
@@ -95,7 +95,13 @@ from commscope.metrics.crosscheck import (
     matrix_check,
 )
 from commscope.metrics.framework import WIRE_COLUMNS, wire_vs_framework
-from commscope.metrics.io import aggregate_cells, compute_cell_metrics
+from commscope.metrics.io import (
+    aggregate_cells,
+    aggregate_tables,
+    cell_metric_tables,
+    compute_cell_metrics,
+    write_cell_metrics,
+)
 from commscope.metrics.matrix import (
     COMM_MATRIX_COLUMNS,
     NODE_MATRIX_COLUMNS,
@@ -152,8 +158,10 @@ __all__ = [
     "WIRE_FLOWS_FILE",
     "WIRE_FLOW_COLUMNS",
     "aggregate_cells",
+    "aggregate_tables",
     "alltoall_splits_from_routing",
     "bytes_per_step",
+    "cell_metric_tables",
     "cell_summary",
     "check_window",
     "comm_matrix",
@@ -163,6 +171,7 @@ __all__ = [
     "framework_node_bytes",
     "gloo_ring_chunks",
     "load_cell",
+    "load_cell_files",
     "matrix_check",
     "message_sizes",
     "op_volume",
@@ -183,4 +192,5 @@ __all__ = [
     "wire_bytes",
     "wire_counts",
     "wire_vs_framework",
+    "write_cell_metrics",
 ]
