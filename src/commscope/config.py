@@ -62,6 +62,11 @@ def validate_config(
     from snakemake.utils import validate
 
     schema_path = Path(schema_path)
+    if not schema_path.is_file():
+        raise ConfigError(
+            f"schema {schema_path} not found (from {Path.cwd()}): run in the repository root "
+            "or pass the workflow's schema, workflow/schemas/config.schema.yaml"
+        )
     try:
         validate(config, str(schema_path), set_default=True)
     except WorkflowError as err:

@@ -402,6 +402,9 @@ def test_an_explicit_schema_path_works_from_any_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
+    # The default is relative to the working directory: elsewhere it says so and what to pass.
+    with pytest.raises(ConfigError, match="schema workflow/schemas/config.schema.yaml not found"):
+        validate_config(study())
     schema = ROOT / cfgmod.SCHEMA_PATH
     assert validate_config(study(), schema)["run"]["sample_hz"] == 1000
     path = tmp_path / "c.yaml"
