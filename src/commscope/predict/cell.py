@@ -13,6 +13,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from commscope.bench.analysis import (
+    LINK_AXES,
+    UNSHAPED,
+    cap_bytes_per_s,
+    link_alpha_beta,
+    link_id,
+)
 from commscope.contracts import SWEEP_AXES
 from commscope.metrics import step_times
 from commscope.predict.compare import compare_measured
@@ -136,14 +143,6 @@ def cell_links(ops: pd.DataFrame, params: dict[str, Any], fits: pd.DataFrame | N
     """The cell's link model (see :func:`predict_timing`): the microbenchmark fits of its link
     setting and of the unshaped one when ``fits`` has rows, else the trace's effective
     bandwidth, else the configured cap."""
-    from commscope.bench.analysis import (
-        LINK_AXES,
-        UNSHAPED,
-        cap_bytes_per_s,
-        link_alpha_beta,
-        link_id,
-    )
-
     link = {axis: str(params[axis]) for axis in LINK_AXES}
     rpn = int(params["ranks_per_node"])
     inter = intra = None

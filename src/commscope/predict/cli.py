@@ -242,7 +242,7 @@ def _write_out(result: ScenarioPrediction, out: Path) -> None:
     """The scenario's tables, its ops and the node x node heatmap, into ``out``."""
     # TODO(issue 9): an upward import (plots sit above predict), kept local until the
     # heatmap moves out of predict's CLI; matplotlib is also heavy to import.
-    from commscope.figures import plot_scenario_heatmap
+    from commscope.plots.scenarios import plot_scenario_heatmap
 
     write_scenario(result, out)
     ops = result.ops.copy()

@@ -7,7 +7,7 @@ from typing import Any
 
 import pandas as pd
 
-from commscope.metrics import op_destinations
+from commscope.collectives.traffic import op_destinations
 from commscope.predict.ops import resolve_plan
 
 
@@ -105,7 +105,7 @@ def _sizes_text(sizes: pd.Series) -> str:
 
 
 def _sent_bytes(pred: pd.DataFrame) -> pd.Series:
-    """Ring-model bytes each row's rank transmits (metrics.op_destinations, summed)."""
+    """Ring-model bytes each row's rank transmits (collectives.traffic.op_destinations, summed)."""
     keys = ["op", "bytes", "group_ranks", "rank", "peer", "root"]
     uniq = pred[keys].drop_duplicates()
     sent = {

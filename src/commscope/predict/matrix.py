@@ -1,19 +1,20 @@
 """Rank x rank and node x node bytes per step of a prediction, from the ring model of
-:func:`commscope.metrics.op_destinations` (kept as two small functions so that one shared
-matrix builder can replace them)."""
+:func:`commscope.collectives.traffic.op_destinations` (kept as two small functions so that one
+shared matrix builder can replace them)."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from commscope.metrics import op_destinations
+from commscope.collectives.traffic import op_destinations
 
 
 def rank_matrix(pred: pd.DataFrame) -> pd.DataFrame:
     """Rank x rank bytes per step by traffic type (sparse: src_rank, dst_rank, src_node,
-    dst_node, traffic, bytes), from the ring model of :func:`commscope.metrics.op_destinations`:
-    all-reduce 2(n-1)/n S to the ring successor, all-gather (n-1) x shard, reduce-scatter
-    (n-1)/n S, all-to-all S/n to every other member, send S to the peer."""
+    dst_node, traffic, bytes), from the ring model of
+    :func:`commscope.collectives.traffic.op_destinations`: all-reduce 2(n-1)/n S to the ring
+    successor, all-gather (n-1) x shard, reduce-scatter (n-1)/n S, all-to-all S/n to every
+    other member, send S to the peer."""
     rpn = int(pred.attrs.get("predict", {}).get("ranks_per_node", 0)) or None
     keys = ["op", "bytes", "group_ranks", "rank", "peer", "root", "traffic"]
     counted = pred.groupby(keys).size().reset_index(name="count")

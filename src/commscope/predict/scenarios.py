@@ -11,7 +11,7 @@ framework (``megatron`` or ``torch``, recomputation, vocab-parallel embedding, d
 :func:`predict_scenario` lists the ops of one steady step on every rank
 (:func:`commscope.predict.ops.predict_ops`) and turns them into the tables a network
 researcher asks for, all from the single traffic model
-:func:`commscope.metrics.op_destinations` (ring/chain algorithms):
+:func:`commscope.collectives.traffic.op_destinations` (ring/chain algorithms):
 
 * ``traffic``: per rank and traffic type (tp, pp, dp, ep, emb): messages, payload bytes (the
   ops table's ``bytes`` summed, receives included, as seed 002's Table 3 counts them), bytes the
