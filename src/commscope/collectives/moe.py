@@ -41,38 +41,8 @@ def alltoall_splits_from_routing(ops: pd.DataFrame, routing: pd.DataFrame) -> pd
         todo &= ops[SPLIT_COLUMN].map(parse_splits).isna()
     if not todo.any():
         return ops
-    rows = routing[list(need)].copy()
-    # A layer that ran several forwards in one step (microbatches) repeats its rows in order.
-    rows["forward"] = rows.groupby(["rank", "step", "layer", "dst_rank"]).cumcount()
-    forwards: dict[tuple[int, int], list[dict[int, tuple[int, int]]]] = {}
-    for (rank, step, _layer, _fwd), sub in rows.groupby(
-        ["rank", "step", "layer", "forward"], sort=False
-    ):
-        counts = {
-            int(d): (int(t), int(r))
-            for d, t, r in sub[["dst_rank", "tokens_sent", "tokens_received"]].itertuples(
-                index=False, name=None
-            )
-        }
-        forwards.setdefault((int(rank), int(step)), []).append(counts)
-    matches: dict[Any, list[tuple[int, tuple[int, ...]]]] = {}
-    candidates = ops.loc[todo, ["rank", "step", "group_ranks", "bytes", "bytes_out"]]
-    for idx, rank, step, group_ranks, size, size_out in candidates.itertuples(name=None):
-        members = parse_ranks(group_ranks)
-        if pd.isna(step) or pd.isna(size) or pd.isna(size_out):
-            continue
-        found = []
-        for counts in forwards.get((int(rank), int(step)), []):
-            if set(counts) != set(members):
-                continue
-            sent = [counts[m][0] for m in members]
-            received = [counts[m][1] for m in members]
-            for first, (out_tokens, in_tokens) in enumerate(((sent, received), (received, sent))):
-                token_bytes = _token_bytes(int(size), int(size_out), out_tokens, in_tokens)
-                if token_bytes:
-                    found.append((token_bytes, tuple(out_tokens), first == 0))
-        if found:
-            matches[idx] = found
+    forwards = _routing_forwards(routing[list(need)])
+    matches = _record_matches(ops.loc[todo], forwards)
     if not matches:
         return ops
     votes = pd.Series([tb for found in matches.values() for tb in {f[0] for f in found}])
@@ -107,6 +77,56 @@ def alltoall_splits_from_routing(ops: pd.DataFrame, routing: pd.DataFrame) -> pd
         out[SPLIT_COLUMN] = out[SPLIT_COLUMN].astype("object")
     out.loc[list(splits), SPLIT_COLUMN] = pd.Series(splits)
     return out
+
+
+Forwards = dict[tuple[int, int], list[dict[int, tuple[int, int]]]]
+
+
+def _routing_forwards(routing: pd.DataFrame) -> Forwards:
+    """Per (rank, step), each forward's token counts ``{dst_rank: (sent, received)}``, in
+    order, from the routing table's rows."""
+    rows = routing.copy()
+    # A layer that ran several forwards in one step (microbatches) repeats its rows in order.
+    rows["forward"] = rows.groupby(["rank", "step", "layer", "dst_rank"]).cumcount()
+    forwards: Forwards = {}
+    for (rank, step, _layer, _fwd), sub in rows.groupby(
+        ["rank", "step", "layer", "forward"], sort=False
+    ):
+        counts = {
+            int(d): (int(t), int(r))
+            for d, t, r in sub[["dst_rank", "tokens_sent", "tokens_received"]].itertuples(
+                index=False, name=None
+            )
+        }
+        forwards.setdefault((int(rank), int(step)), []).append(counts)
+    return forwards
+
+
+def _record_matches(
+    candidates: pd.DataFrame, forwards: Forwards
+) -> dict[Any, list[tuple[int, tuple[int, ...], bool]]]:
+    """Per all-to-all record of ``candidates``: every (token bytes, out tokens in group
+    order, dispatch pattern?) under which a forward of its rank and step explains its input
+    and output bytes (see :func:`alltoall_splits_from_routing`)."""
+    matches: dict[Any, list[tuple[int, tuple[int, ...], bool]]] = {}
+    candidates = candidates[["rank", "step", "group_ranks", "bytes", "bytes_out"]]
+    for idx, rank, step, group_ranks, size, size_out in candidates.itertuples(name=None):
+        members = parse_ranks(group_ranks)
+        if pd.isna(step) or pd.isna(size) or pd.isna(size_out):
+            continue
+        found = []
+        for counts in forwards.get((int(rank), int(step)), []):
+            if set(counts) != set(members):
+                continue
+            sent = [counts[m][0] for m in members]
+            received = [counts[m][1] for m in members]
+            for first, (out_tokens, in_tokens) in enumerate(((sent, received), (received, sent))):
+                token_bytes = _token_bytes(int(size), int(size_out), out_tokens, in_tokens)
+                if token_bytes:
+                    found.append((token_bytes, tuple(out_tokens), first == 0))
+        if found:
+            matches[idx] = found
+    return matches
 
 
 def _phase_of(ops: pd.DataFrame, idx: Any) -> Any:

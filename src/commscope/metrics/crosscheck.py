@@ -17,6 +17,7 @@ from commscope.collectives.traffic import (
     op_sends,
     protocol_bytes,
 )
+from commscope.contracts import table_file
 from commscope.metrics._common import _with_params
 from commscope.metrics.counters import wire_counts
 from commscope.metrics.sockets import retransmitted_bytes
@@ -106,6 +107,64 @@ def _tolerance_bytes(framework: np.ndarray, steps: int, tolerance: float) -> np.
     return np.maximum(tolerance * framework, CROSSCHECK_FLOOR_BYTES_PER_STEP * max(steps, 1))
 
 
+def _direction_check(
+    merged: pd.DataFrame,
+    direction: str,
+    backend: str,
+    window: tuple[int, int],
+    n_steps: int,
+    tolerance: float,
+) -> pd.DataFrame:
+    """One direction's rows of :func:`crosscheck` from the merged per-node wire, framework,
+    protocol and retransmission bytes."""
+    wire_b = merged[f"{direction}_bytes"].astype("float64").to_numpy()
+    packets = merged[f"{direction}_packets"].astype("float64").to_numpy()
+    fw = merged[f"framework_{direction}_bytes"].astype("float64").to_numpy()
+    remainder = wire_b - fw
+    headers = HEADER_BYTES_PER_PACKET * packets
+    protocol = merged[f"protocol_{direction}_bytes"].astype("float64").to_numpy()
+    resent = merged[f"retrans_{direction}_bytes"].astype("float64").to_numpy()
+    unexplained = remainder - headers - protocol
+    allowed = _tolerance_bytes(fw, n_steps, tolerance)
+    edge = merged[f"{direction}_edge_bytes"].astype("float64").to_numpy()
+    # A retransmission is wire bytes no op asked for when its original was counted too
+    # (lost after the interface: an ingress cap, the receiver's backlog), and none when
+    # the original was dropped before it (an egress qdisc): an excess up to it is explained.
+    # Bytes the counters saw inside a sample interval straddling an edge can belong to
+    # either side: that much either way is not a disagreement, only unresolved.
+    within = (unexplained >= -allowed - edge) & (
+        unexplained <= allowed + np.nan_to_num(resent) + edge
+    )
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(fw > 0, wire_b / fw, np.nan)
+        fraction = np.where(fw > 0, unexplained / fw, np.nan)
+    return pd.DataFrame(
+        {
+            "node": merged["node"].astype("int64").to_numpy(),
+            "direction": direction,
+            "backend": backend,
+            "window_start_ns": window[0],
+            "window_end_ns": window[1],
+            "measured_steps": n_steps,
+            "wire_bytes": wire_b,
+            "wire_packets": packets,
+            "framework_bytes": fw,
+            "ratio": ratio,
+            "remainder_bytes": remainder,
+            "remainder_bytes_per_step": remainder / n_steps,
+            "header_bytes": headers,
+            "protocol_bytes": protocol,
+            "retrans_bytes": resent,
+            "edge_bytes": edge,
+            "unexplained_bytes": unexplained,
+            "unexplained_bytes_per_step": unexplained / n_steps,
+            "unexplained_fraction": fraction,
+            "tolerance_bytes": allowed,
+            "passed": within,
+        }
+    )
+
+
 def crosscheck(
     traces: CellTraces,
     tolerance: float = CROSSCHECK_TOLERANCE,
@@ -167,56 +226,10 @@ def crosscheck(
     merged = merged.fillna({c: 0.0 for c in merged.columns if c not in ("node", "covered")})
     retrans = retransmitted_bytes(traces.sockets, window)
     merged = merged.merge(retrans, on="node", how="left")
-    frames = []
-    for direction in ("tx", "rx"):
-        wire_b = merged[f"{direction}_bytes"].astype("float64").to_numpy()
-        packets = merged[f"{direction}_packets"].astype("float64").to_numpy()
-        fw = merged[f"framework_{direction}_bytes"].astype("float64").to_numpy()
-        remainder = wire_b - fw
-        headers = HEADER_BYTES_PER_PACKET * packets
-        protocol = merged[f"protocol_{direction}_bytes"].astype("float64").to_numpy()
-        resent = merged[f"retrans_{direction}_bytes"].astype("float64").to_numpy()
-        unexplained = remainder - headers - protocol
-        allowed = _tolerance_bytes(fw, n_steps, tolerance)
-        edge = merged[f"{direction}_edge_bytes"].astype("float64").to_numpy()
-        # A retransmission is wire bytes no op asked for when its original was counted too
-        # (lost after the interface: an ingress cap, the receiver's backlog), and none when
-        # the original was dropped before it (an egress qdisc): an excess up to it is explained.
-        # Bytes the counters saw inside a sample interval straddling an edge can belong to
-        # either side: that much either way is not a disagreement, only unresolved.
-        within = (unexplained >= -allowed - edge) & (
-            unexplained <= allowed + np.nan_to_num(resent) + edge
-        )
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = np.where(fw > 0, wire_b / fw, np.nan)
-            fraction = np.where(fw > 0, unexplained / fw, np.nan)
-        frames.append(
-            pd.DataFrame(
-                {
-                    "node": merged["node"].astype("int64").to_numpy(),
-                    "direction": direction,
-                    "backend": backend,
-                    "window_start_ns": window[0],
-                    "window_end_ns": window[1],
-                    "measured_steps": n_steps,
-                    "wire_bytes": wire_b,
-                    "wire_packets": packets,
-                    "framework_bytes": fw,
-                    "ratio": ratio,
-                    "remainder_bytes": remainder,
-                    "remainder_bytes_per_step": remainder / n_steps,
-                    "header_bytes": headers,
-                    "protocol_bytes": protocol,
-                    "retrans_bytes": resent,
-                    "edge_bytes": edge,
-                    "unexplained_bytes": unexplained,
-                    "unexplained_bytes_per_step": unexplained / n_steps,
-                    "unexplained_fraction": fraction,
-                    "tolerance_bytes": allowed,
-                    "passed": within,
-                }
-            )
-        )
+    frames = [
+        _direction_check(merged, direction, backend, window, n_steps, tolerance)
+        for direction in ("tx", "rx")
+    ]
     out = pd.concat(frames, ignore_index=True)
     return _with_params(params, out[CROSSCHECK_COLUMNS])
 
@@ -237,6 +250,36 @@ MATRIX_CHECK_COLUMNS = [
     "tolerance_bytes",
     "passed",
 ]
+
+
+def _pair_framework_bytes(
+    ops: pd.DataFrame, backend: str, place: Placement
+) -> tuple[pd.Series, pd.Series]:
+    """Per (src_node, dst_node): the payload bytes ``ops`` send under ``backend``'s
+    algorithms, and the protocol bytes of the messages carrying them (both empty for no
+    ops)."""
+    framework = protocol = pd.Series(dtype="float64")
+    if not ops.empty:
+        sends = op_sends(ops, backend=backend, with_messages=True)
+        sends["src_node"] = sends["rank"].map(place.node)
+        sends["dst_node"] = sends["dst_rank"].map(place.node)
+        framework = sends.groupby(["src_node", "dst_node"])["bytes"].sum()
+        messages = sends.groupby(["src_node", "dst_node"])["messages"].sum()
+        # The receiver's recv-ready notice of a message travels the opposite way. Rebuild the
+        # index rather than swaplevel(): that swaps the level names too, and aligning by name
+        # would put the notices back on the data direction.
+        reverse = pd.Series(
+            messages.to_numpy(),
+            index=pd.MultiIndex.from_arrays(
+                [
+                    messages.index.get_level_values("dst_node"),
+                    messages.index.get_level_values("src_node"),
+                ],
+                names=["src_node", "dst_node"],
+            ),
+        )
+        protocol = protocol_bytes(messages, reverse)
+    return framework, protocol
 
 
 def matrix_check(
@@ -280,28 +323,8 @@ def matrix_check(
         .rename(columns={"bytes": "wire_bytes", "packets": "wire_packets"})
     )
     ops = ops_in_window(traces.ops, window)
-    framework = protocol = pd.Series(dtype="float64")
     place = Placement.from_ops(traces.ops, params.get("ranks_per_node"))
-    if not ops.empty:
-        sends = op_sends(ops, backend=backend, with_messages=True)
-        sends["src_node"] = sends["rank"].map(place.node)
-        sends["dst_node"] = sends["dst_rank"].map(place.node)
-        framework = sends.groupby(["src_node", "dst_node"])["bytes"].sum()
-        messages = sends.groupby(["src_node", "dst_node"])["messages"].sum()
-        # The receiver's recv-ready notice of a message travels the opposite way. Rebuild the
-        # index rather than swaplevel(): that swaps the level names too, and aligning by name
-        # would put the notices back on the data direction.
-        reverse = pd.Series(
-            messages.to_numpy(),
-            index=pd.MultiIndex.from_arrays(
-                [
-                    messages.index.get_level_values("dst_node"),
-                    messages.index.get_level_values("src_node"),
-                ],
-                names=["src_node", "dst_node"],
-            ),
-        )
-        protocol = protocol_bytes(messages, reverse)
+    framework, protocol = _pair_framework_bytes(ops, backend, place)
     nodes = set(range(positive_int(params.get("nodes")))) | set(place.recorded.values())
     nodes |= {int(v) for v in wire.index.get_level_values(0)}
     nodes |= {int(v) for v in wire.index.get_level_values(1)}
@@ -355,7 +378,7 @@ def crosscheck_by_strategy(crosscheck_table: pd.DataFrame | Path) -> pd.DataFram
     table = crosscheck_table
     if not isinstance(table, pd.DataFrame):
         path = Path(table)
-        table = pd.read_parquet(path / "crosscheck.parquet" if path.is_dir() else path)
+        table = pd.read_parquet(path / table_file("crosscheck") if path.is_dir() else path)
     if table.empty or "strategy" not in table.columns:
         return pd.DataFrame(columns=CROSSCHECK_SUMMARY_COLUMNS)
     tx = table[table["direction"] == "tx"]

@@ -41,6 +41,46 @@ SUMMARY_COLUMNS = [
 ]
 
 
+def _wire_summary(
+    traces: CellTraces, st: pd.DataFrame, n_measured: int, bw_bps: Any
+) -> dict[str, Any]:
+    """The interface-counter columns of :func:`cell_summary` (NaN, and not resolved, without
+    counters or measured steps)."""
+    nan = float("nan")
+    wire_row: dict[str, Any] = {}
+    for col in (
+        "wire_tx_bytes_per_step_per_node",
+        "throughput_mean_bps",
+        "bw_utilization",
+        "peak_to_mean_10ms",
+        "cov_10ms",
+        "wire_over_framework",
+    ):
+        wire_row[col] = nan
+    wire_row["shape_resolved_10ms"] = False
+    if n_measured and not traces.counters.empty:
+        window = training_window(st)
+        wire = wire_bytes(traces.counters, window)
+        duration_s = (window[1] - window[0]) / _NS_PER_S
+        wire_row["wire_tx_bytes_per_step_per_node"] = (
+            float(wire["wire_tx_bytes"].mean()) / n_measured
+        )
+        wire_row["throughput_mean_bps"] = float(wire["wire_tx_bytes"].mean()) * 8 / duration_s
+        if bw_bps:
+            wire_row["bw_utilization"] = wire_row["throughput_mean_bps"] / float(bw_bps)
+        shape = traffic_shape(traces.counters, window, (SUMMARY_BIN_MS,))
+        tx = shape[shape["direction"] == "tx"]
+        wire_row["peak_to_mean_10ms"] = float(tx["peak_to_mean"].mean())
+        wire_row["cov_10ms"] = float(tx["cov"].mean())
+        wire_row["shape_resolved_10ms"] = bool(tx["resolved"].all()) if len(tx) else False
+    if not traces.ops.empty and not traces.counters.empty:
+        wf = wire_vs_framework(traces.ops, traces.counters, traces.meta)
+        fw_total = float(wf["framework_tx_bytes"].sum())
+        if fw_total > 0:
+            wire_row["wire_over_framework"] = float(wf["wire_tx_bytes"].sum()) / fw_total
+    return wire_row
+
+
 def cell_summary(traces: CellTraces, node_mat: pd.DataFrame | None = None) -> pd.DataFrame:
     """The headline numbers of one cell, one row, over its measured (non-warm-up) steps.
 
@@ -99,32 +139,5 @@ def cell_summary(traces: CellTraces, node_mat: pd.DataFrame | None = None) -> pd
     row["internode_bytes_per_step"] = inter if n_measured else nan
     row["intranode_bytes_per_step"] = intra if n_measured else nan
 
-    for col in (
-        "wire_tx_bytes_per_step_per_node",
-        "throughput_mean_bps",
-        "bw_utilization",
-        "peak_to_mean_10ms",
-        "cov_10ms",
-        "wire_over_framework",
-    ):
-        row[col] = nan
-    row["shape_resolved_10ms"] = False
-    if n_measured and not traces.counters.empty:
-        window = training_window(st)
-        wire = wire_bytes(traces.counters, window)
-        duration_s = (window[1] - window[0]) / _NS_PER_S
-        row["wire_tx_bytes_per_step_per_node"] = float(wire["wire_tx_bytes"].mean()) / n_measured
-        row["throughput_mean_bps"] = float(wire["wire_tx_bytes"].mean()) * 8 / duration_s
-        if bw_bps:
-            row["bw_utilization"] = row["throughput_mean_bps"] / float(bw_bps)
-        shape = traffic_shape(traces.counters, window, (SUMMARY_BIN_MS,))
-        tx = shape[shape["direction"] == "tx"]
-        row["peak_to_mean_10ms"] = float(tx["peak_to_mean"].mean())
-        row["cov_10ms"] = float(tx["cov"].mean())
-        row["shape_resolved_10ms"] = bool(tx["resolved"].all()) if len(tx) else False
-    if not traces.ops.empty and not traces.counters.empty:
-        wf = wire_vs_framework(traces.ops, traces.counters, traces.meta)
-        fw_total = float(wf["framework_tx_bytes"].sum())
-        if fw_total > 0:
-            row["wire_over_framework"] = float(wf["wire_tx_bytes"].sum()) / fw_total
+    row.update(_wire_summary(traces, st, n_measured, bw_bps))
     return pd.DataFrame([row], columns=[*params, *SUMMARY_COLUMNS])
