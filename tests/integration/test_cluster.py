@@ -16,7 +16,8 @@ from commscope.cluster import netns
 from commscope.cluster.clock import estimate_offset
 from commscope.cluster.hosts import Cluster, Host, NodeSpec
 from commscope.cluster.netns import cleanup_all, list_netns, provision_netns, teardown_netns
-from commscope.shaping import LinkShape, qdisc_snapshot, shaped
+from commscope.cluster.shaping import qdisc_snapshot, shaped
+from commscope.spec.link import LinkShape
 
 integration = pytest.mark.integration
 

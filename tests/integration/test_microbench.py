@@ -16,7 +16,8 @@ from commscope.bench.analysis import analyse_link, summarize
 from commscope.bench.run import MICROBENCH_MODULE
 from commscope.cluster.hosts import Cluster
 from commscope.cluster.netns import provision_netns, teardown_netns
-from commscope.runner import run_cell
+from commscope.experiment.cell import run_cell
+from commscope.spec.settings import CellSettings, RunSettings, Workload
 
 from .conftest import integration_skip_reason
 
@@ -51,10 +52,9 @@ def test_busbw_reaches_the_cap(cluster: Cluster, tmp_path: Path) -> None:
         "min_iters": 2,
         "max_iters": 10,
     }
-    cell = {"nodes": 2, "ranks_per_node": 1, **LINK}
-    raw = run_cell(
-        cluster, cell, {}, {}, RUN, tmp_path / "raw", module=MICROBENCH_MODULE, spec=spec
-    )
+    cell = CellSettings.from_mapping({"nodes": 2, "ranks_per_node": 1, **LINK})
+    workload = Workload(MICROBENCH_MODULE, spec)
+    raw = run_cell(cluster, cell, workload, RunSettings.from_mapping(RUN), tmp_path / "raw")
     fit = analyse_link(raw, LINK, tmp_path / "tables")
     summary = summarize(pd.read_parquet(tmp_path / "tables" / "bench.parquet"))
     big = summary[summary["bytes"] == 4 << 20].set_index("op")

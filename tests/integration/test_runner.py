@@ -10,10 +10,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from commscope.cell.parse import build_cell_tables, cell_table_paths
 from commscope.cluster.hosts import Cluster
-from commscope.runner import CellFailed, run_cell
-from commscope.shaping import qdisc_snapshot
-from commscope.traces import build_cell_tables
+from commscope.cluster.shaping import qdisc_snapshot
+from commscope.experiment.cell import CellFailed, run_cell
+from commscope.experiment.launch import training_workload
+from commscope.spec.settings import CellSettings, RunSettings
 from commscope.workload.strategies import BUILTIN_STRATEGIES, ParallelPlan
 
 pytestmark = pytest.mark.integration
@@ -40,11 +42,21 @@ def cell(**overrides: object) -> dict:
     return base | overrides
 
 
+def run_training(
+    cluster: Cluster, cell_values: dict, model: dict, strategy: dict, run_values: dict, out: Path
+) -> Path:
+    """run_cell with the training workload, settings built as the run_cell script builds them."""
+    cell_settings = CellSettings.from_mapping(cell_values)
+    run = RunSettings.from_mapping(run_values)
+    workload = training_workload(cell_settings, model, strategy, run)
+    return run_cell(cluster, cell_settings, workload, run, out)
+
+
 def leftover_processes(cluster: Cluster) -> str:
     """commscope processes a cell on ``cluster`` left behind (a study running on another
     cluster at the same time is not ours to judge: its work directories differ)."""
     out = subprocess.run(
-        ["pgrep", "-af", "[c]ommscope.(workload|sampler|sockstats)|[t]cpdump"],
+        ["pgrep", "-af", "[c]ommscope.(workload|node)|[t]cpdump"],
         capture_output=True,
         text=True,
     )
@@ -63,7 +75,7 @@ def assert_clean(cluster: Cluster) -> None:
 
 
 def test_cell_runs_and_fetches_every_nodes_traces(netns_cluster: Cluster, tmp_path: Path) -> None:
-    out = run_cell(netns_cluster, cell(), MODEL, DDP, RUN, tmp_path / "raw")
+    out = run_training(netns_cluster, cell(), MODEL, DDP, RUN, tmp_path / "raw")
     for index, node in enumerate(("node0", "node1")):
         files = {p.name for p in (out / node).iterdir()}
         assert {"counters.parquet", "torchrun.log", "spec.json"} <= files
@@ -89,7 +101,7 @@ def test_cell_records_sockets_packets_and_clock(netns_cluster: Cluster, tmp_path
     """The system-level side channels: socket stats, packet headers, clock offsets, all
     turned into per-cell tables that agree with the counters."""
     run = RUN | {"socket_hz": 20, "pcap": True}
-    out = run_cell(netns_cluster, cell(bw="none", steps=3), MODEL, DDP, run, tmp_path / "raw")
+    out = run_training(netns_cluster, cell(bw="none", steps=3), MODEL, DDP, run, tmp_path / "raw")
     meta = json.loads((out / "run.json").read_text())
     assert meta["captures"] == {"sample_hz": 200, "socket_hz": 20, "pcap": True}
     # netns nodes share the host clock: the estimates must say ~0 within their own bound.
@@ -98,7 +110,9 @@ def test_cell_records_sockets_packets_and_clock(netns_cluster: Cluster, tmp_path
         for when in ("start", "end"):
             s = sample[when]
             assert abs(s["offset_ns"]) <= s["uncertainty_ns"] + 1_000_000, s
-    tables = build_cell_tables(out, cell(bw="none", steps=3), 1, tmp_path / "trace")
+    tables = build_cell_tables(
+        out, cell(bw="none", steps=3), 1, cell_table_paths(tmp_path / "trace")
+    )
     sockets = pd.read_parquet(tables["sockets"])
     assert set(sockets.node) == {0, 1}
     # gloo's connections between the two ranks carried the gradients (3 steps of a ~120 kB
@@ -125,7 +139,7 @@ def test_hung_cell_is_killed_everywhere_and_fails_cleanly(
 ) -> None:
     # 1 kbit/s cannot carry DDP's first gradient bucket in 4 s: the run hangs in all-reduce.
     with pytest.raises(CellFailed, match="timed out"):
-        run_cell(
+        run_training(
             netns_cluster,
             cell(bw="8kbit", steps=50),
             MODEL,
@@ -143,7 +157,7 @@ def test_crashing_rank_fails_the_cell_fast(netns_cluster: Cluster, tmp_path: Pat
     # reshape raises in the first forward (check_study would refuse this config up front).
     bad_model = MODEL | {"heads": 1}
     with pytest.raises(CellFailed, match="exit"):
-        run_cell(
+        run_training(
             netns_cluster, cell(strategy="tp"), bad_model, BUILTIN_STRATEGIES["tp"], RUN, tmp_path
         )
     assert_clean(netns_cluster)
@@ -165,7 +179,7 @@ def test_the_mapping_places_tp_inside_or_across_nodes(
     # tp-dp sends them across and keeps the gradient all-reduce inside instead.
     strategy = {"dp": -1, "tp": 2, "mapping": mapping}
     # 4 ranks starting torch on shared cores: allow more than RUN's 60 s.
-    out = run_cell(
+    out = run_training(
         netns_cluster,
         cell(strategy="dp-tp", ranks_per_node=2, bw="none"),
         MODEL,

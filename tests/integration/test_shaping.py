@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from commscope import shaping
+from commscope.cluster import shaping
 from commscope.cluster.hosts import Cluster, Host
 from commscope.cluster.netns import kernel_has_netem
-from commscope.shaping import (
-    LinkShape,
+from commscope.cluster.shaping import (
     ShapingError,
     apply_shape,
     host_has_netem,
@@ -26,6 +25,7 @@ from commscope.shaping import (
     remove_shape,
     shaped,
 )
+from commscope.spec.link import LinkShape
 
 pytestmark = pytest.mark.integration
 

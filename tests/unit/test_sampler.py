@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from commscope.sampler import COLUMNS, native_binary, read_counters, sample, sample_native
+from commscope.node.sampler import COLUMNS, native_binary, read_counters, sample, sample_native
 
 # Real layout of /proc/net/dev: two header lines, then "name: 8 rx fields 8 tx fields", names
 # right-aligned; long counters make the kernel omit the space after the colon (exp0, veth-a).
@@ -124,7 +124,7 @@ def test_sample_unknown_iface_raises() -> None:
 def test_cli_writes_parquet(tmp_path: Path) -> None:
     out = tmp_path / "counters.parquet"
     subprocess.run(
-        [sys.executable, "-m", "commscope.sampler", "--iface", "lo", "--hz", "100"]
+        [sys.executable, "-m", "commscope.node.sampler", "--iface", "lo", "--hz", "100"]
         + ["--out", str(out), "--max-seconds", "0.2"],
         check=True,
         timeout=60,
@@ -210,7 +210,7 @@ def test_native_samples_loopback_at_1khz(native: Path) -> None:
 
 def _cli(tmp_path: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
     out = tmp_path / "counters.parquet"
-    cmd = [sys.executable, "-m", "commscope.sampler", "--iface", "lo", "--out", str(out)]
+    cmd = [sys.executable, "-m", "commscope.node.sampler", "--iface", "lo", "--out", str(out)]
     return subprocess.Popen(
         [*cmd, *extra], stderr=subprocess.PIPE, text=True, env=env or dict(os.environ)
     )
@@ -223,9 +223,9 @@ def test_cli_native_stops_on_sigterm_found_by_the_runners_pattern(tmp_path: Path
     assert proc.stderr is not None
     assert "native C sampler" in proc.stderr.readline()  # printed before sampling starts
     time.sleep(0.3)
-    # The runner's stop: pkill -TERM -f "[c]ommscope.sampler.*<tag>" must hit this process.
+    # The runner's stop: pkill -TERM -f "[c]ommscope.node.sampler.*<tag>" must hit this process.
     found = subprocess.run(
-        ["pgrep", "-f", f"[c]ommscope.sampler.*{tag}"], capture_output=True, text=True
+        ["pgrep", "-f", f"[c]ommscope.node.sampler.*{tag}"], capture_output=True, text=True
     )
     assert str(proc.pid) in found.stdout.split()
     t_term = time.time_ns()

@@ -5,14 +5,13 @@ from __future__ import annotations
 import pytest
 
 from commscope.cluster.hosts import NodeSpec
-from commscope.shaping import (
-    LinkShape,
+from commscope.cluster.shaping import (
     _tc_prefix,
-    check_shape_supported,
     shape_commands,
     tbf_burst_bytes,
     unshape_commands,
 )
+from commscope.spec.link import LinkShape, check_shape_supported
 
 INGRESS = [
     "tc qdisc replace dev exp0 handle ffff: ingress",

@@ -13,10 +13,10 @@ import pandas as pd
 import pytest
 from test_traces import T0, make_cell, make_raw
 
+from commscope.cell.parse import build_cell_tables, cell_table_paths, to_orchestrator_clock
+from commscope.cell.pcap import read_pcap, wire_flows
 from commscope.cluster.clock import offset_at
-from commscope.pcap import read_pcap, wire_flows
-from commscope.sockstats import COLUMNS, TCP_INFO_FIELDS, socket_rows
-from commscope.traces import build_cell_tables, to_orchestrator_clock
+from commscope.node.sockstats import COLUMNS, TCP_INFO_FIELDS, socket_rows
 
 NCCL_LOG = Path(__file__).parents[1] / "data/external/nccl/nccl_init_coll_2ranks.log"
 ADDR = {"198.19.0.1": 0, "198.19.0.2": 1}
@@ -128,6 +128,11 @@ def test_socket_rows_keep_only_the_experiment_address() -> None:
     assert row["rtt_us"] == info["tcpi_rtt"] and row["total_retrans"] == info["tcpi_total_retrans"]
 
 
+def test_socket_columns_are_the_connection_then_the_tcp_info_fields() -> None:
+    # COLUMNS comes from the contract, TCP_INFO_FIELDS says where each is read: they must agree.
+    assert ["t_ns", "src", "sport", "dst", "dport", *TCP_INFO_FIELDS] == COLUMNS
+
+
 def test_offset_interpolates_between_start_and_end() -> None:
     start = {"offset_ns": 1000, "uncertainty_ns": 10, "t_local_ns": 0}
     end = {"offset_ns": 3000, "uncertainty_ns": 10, "t_local_ns": 100}
@@ -175,7 +180,7 @@ def test_build_cell_tables_applies_clock_and_reads_pcap_sockets_and_nccl(tmp_pat
         raw / "node1" / "x.pcap", [(T0 + offset + 10, _frame("198.19.0.2", "198.19.0.1"), 1514)]
     )
     shutil.copy(NCCL_LOG, raw / "node0" / "nccl.node-a.1201.log")
-    paths = build_cell_tables(raw, cell, warmup_steps=1, out_dir=tmp_path / "trace")
+    paths = build_cell_tables(raw, cell, warmup_steps=1, paths=cell_table_paths(tmp_path / "trace"))
 
     ops_raw = pd.read_parquet(raw / "node1" / "ops_rank1.parquet")
     ops = pd.read_parquet(paths["ops"])

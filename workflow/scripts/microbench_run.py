@@ -4,12 +4,13 @@ from pathlib import Path
 
 from commscope.bench.run import run_microbench
 from commscope.logs import log_to
+from commscope.spec.settings import ClusterSettings, RunSettings
 
 with log_to(snakemake.log[0]):
     run_microbench(
-        cluster_cfg=snakemake.params.cluster,
+        cluster_cfg=ClusterSettings.from_mapping(snakemake.params.cluster),
         link=dict(snakemake.params.link),
         microbench=dict(snakemake.params.microbench),
-        run=dict(snakemake.params.run),
+        run=RunSettings.from_mapping(snakemake.params.run),
         out_dir=Path(snakemake.output[0]),
     )

@@ -1,14 +1,14 @@
-"""Rule parse_cell: raw per-node files -> tidy per-cell tables."""
+"""Rule parse_cell: raw per-node files -> tidy per-cell tables (the rule's declared outputs)."""
 
 from pathlib import Path
 
+from commscope.cell.parse import CELL_TABLE_FILES, build_cell_tables
 from commscope.logs import log_to
-from commscope.traces import build_cell_tables
 
 with log_to(snakemake.log[0]):
     build_cell_tables(
         raw_dir=Path(snakemake.input[0]),
         cell=dict(snakemake.params.cell),
         warmup_steps=snakemake.params.warmup_steps,
-        out_dir=Path(snakemake.output.ops).parent,
+        paths={name: Path(snakemake.output[name]) for name in CELL_TABLE_FILES},
     )

@@ -31,23 +31,22 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
-from commscope.cluster.hosts import Cluster, Host, NodeSpec
+from commscope.cluster.hosts import Cluster, NodeSpec
+from commscope.cluster.sshd import SSHD, keygen, start_sshd, wait_for_sshd
+from commscope.cluster.syscmd import bridge_nf_note, run_checked, run_quiet
 
 log = logging.getLogger(__name__)
 
 NETNS_PREFIX = "cs-"
-SSHD = "/usr/sbin/sshd"
 _NAME_RE = re.compile(r"^[a-z0-9]{1,6}$")
 # Alias stamped on every root-side link we create: cleanup finds our links by it, not by name.
 _ALIAS_PREFIX = "commscope:"
-_BRIDGE_NF = Path("/proc/sys/net/bridge/bridge-nf-call-iptables")
 
 
 # ──────────────────────────────────────────────────────────────────────────── helpers
@@ -60,26 +59,6 @@ def _require_root() -> None:
             "sshd per node); run as root, or use the ssh backend (an inventory of real hosts) "
             "or the local mode (ranks on loopback, no shaping)"
         )
-
-
-def _run(
-    args: Sequence[str], *, check: bool = True, timeout: float = 30.0
-) -> subprocess.CompletedProcess[str]:
-    """Run a command, capture output; on failure raise with the command and its stderr."""
-    proc = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
-    if check and proc.returncode != 0:
-        raise RuntimeError(
-            f"command failed (rc={proc.returncode}): {' '.join(args)}\n{proc.stderr.strip()}"
-        )
-    return proc
-
-
-def _quiet(args: Sequence[str]) -> bool:
-    """Run a cleanup command; "already gone" is fine, so never raise. True if it succeeded."""
-    try:
-        return _run(args, check=False).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
 
 
 def _ns_name(name: str, index: int) -> str:
@@ -97,19 +76,19 @@ def _validate_name(name: str) -> None:
 
 def list_netns() -> list[str]:
     """Names of all network namespaces known to ``ip netns`` (those under /run/netns)."""
-    proc = _run(["ip", "-j", "netns", "list"], check=False)
+    proc = run_checked(["ip", "-j", "netns", "list"], check=False)
     if proc.returncode != 0 or not proc.stdout.strip():
         return []
     return [entry["name"] for entry in json.loads(proc.stdout)]
 
 
 def _root_links() -> list[dict]:
-    proc = _run(["ip", "-j", "link", "show"], check=False)
+    proc = run_checked(["ip", "-j", "link", "show"], check=False)
     return json.loads(proc.stdout) if proc.returncode == 0 and proc.stdout.strip() else []
 
 
 def _netns_pids(ns: str) -> list[int]:
-    proc = _run(["ip", "netns", "pids", ns], check=False)
+    proc = run_checked(["ip", "netns", "pids", ns], check=False)
     return [int(p) for p in proc.stdout.split() if p.isdigit()]
 
 
@@ -145,21 +124,7 @@ def _disable_ipv6(dev: str | None = None, ns: str | None = None) -> None:
             with contextlib.suppress(OSError):
                 Path(path).write_text("1\n")
         else:
-            _quiet(["ip", "netns", "exec", ns, "sh", "-c", f"echo 1 > {path}"])
-
-
-def _bridge_nf_note() -> str:
-    try:
-        if _BRIDGE_NF.read_text().strip() == "1":
-            return (
-                " Note: bridge netfilter is on (/proc/sys/net/bridge/bridge-nf-call-iptables = 1),"
-                " so bridged traffic between nodes passes the host's iptables FORWARD chain; a"
-                " DROP policy there (e.g. set by Docker) silently drops it. Allow the cluster"
-                " bridges in the firewall or set that sysctl to 0."
-            )
-    except OSError:
-        pass
-    return ""
+            run_quiet(["ip", "netns", "exec", ns, "sh", "-c", f"echo 1 > {path}"])
 
 
 @contextlib.contextmanager
@@ -195,7 +160,7 @@ def _subnet_hosts(subnet: str, field: str, n_nodes: int) -> tuple[ipaddress.IPv4
 def _check_no_route_overlap(net: ipaddress.IPv4Network, own_bridge: str, field: str) -> None:
     """Refuse a management subnet that the root namespace already routes elsewhere: two clusters
     on the same subnet would steal each other's SSH traffic."""
-    proc = _run(["ip", "-j", "-4", "route", "show", "table", "main"], check=False)
+    proc = run_checked(["ip", "-j", "-4", "route", "show", "table", "main"], check=False)
     if proc.returncode != 0 or not proc.stdout.strip():
         return
     for route in json.loads(proc.stdout):
@@ -211,28 +176,6 @@ def _check_no_route_overlap(net: ipaddress.IPv4Network, own_bridge: str, field: 
                 f"{field}={net} overlaps the route {dst} on dev {route.get('dev')} in the root "
                 "namespace (another cluster or a real network); choose another subnet"
             )
-
-
-def _sshd_supports(option_line: str, cfg: Path) -> bool:
-    """Whether this sshd accepts a config line (PerSourcePenalties only exists from 9.8 on)."""
-    probe = cfg.with_suffix(".probe")
-    probe.write_text(cfg.read_text() + option_line + "\n")
-    try:
-        return _run([SSHD, "-t", "-f", str(probe)], check=False).returncode == 0
-    finally:
-        probe.unlink(missing_ok=True)
-
-
-def _keygen(path: Path, comment: str) -> None:
-    """A fresh passphrase-less ed25519 key pair at ``path`` and ``path``.pub."""
-    _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)])
-
-
-def _tail(path: Path, lines: int = 20) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
 
 
 # ──────────────────────────────────────────────────────────────────────────── public API
@@ -280,7 +223,7 @@ def _teardown(name: str, state_dir: Path | None) -> list[str]:
     for ns in list_netns():
         if ns_re.match(ns):
             _kill_netns_pids(ns)
-            if _quiet(["ip", "netns", "delete", ns]):
+            if run_quiet(["ip", "netns", "delete", ns]):
                 removed.append(ns)
     # Veth root ends vanish with their namespace peers; delete stragglers (e.g. a crash between
     # creating a veth and moving its peer) and the bridges. Match by our alias or by exact name.
@@ -289,7 +232,7 @@ def _teardown(name: str, state_dir: Path | None) -> list[str]:
     for link in _root_links():
         ifname = link.get("ifname", "")
         ours = link_re.match(ifname) or link.get("ifalias") == alias
-        if ours and _quiet(["ip", "link", "delete", "dev", ifname]):
+        if ours and run_quiet(["ip", "link", "delete", "dev", ifname]):
             removed.append(ifname)
     if state_dir is not None:
         (state_dir / "cluster.json").unlink(missing_ok=True)
@@ -317,7 +260,7 @@ def cleanup_all(prefix: str = NETNS_PREFIX) -> list[str]:
         if m:
             names.add(m.group(1))
         _kill_netns_pids(ns)
-        if _quiet(["ip", "netns", "delete", ns]):
+        if run_quiet(["ip", "netns", "delete", ns]):
             removed.append(ns)
     link_res = [re.compile(rf"^{re.escape(n)}(m|e)\d+$|^{re.escape(n)}-(mgmt|exp)$") for n in names]
     for link in _root_links():
@@ -325,7 +268,7 @@ def cleanup_all(prefix: str = NETNS_PREFIX) -> list[str]:
         ours = str(link.get("ifalias", "")).startswith(_ALIAS_PREFIX + prefix) or any(
             r.match(ifname) for r in link_res
         )
-        if ours and _quiet(["ip", "link", "delete", "dev", ifname]):
+        if ours and run_quiet(["ip", "link", "delete", "dev", ifname]):
             removed.append(ifname)
     return removed
 
@@ -340,12 +283,12 @@ def kernel_has_netem() -> bool:
     """
     _require_root()
     ns = f"csprobe{os.getpid()}"
-    _quiet(["ip", "netns", "delete", ns])
+    run_quiet(["ip", "netns", "delete", ns])
     try:
-        _run(["ip", "netns", "add", ns])
+        run_checked(["ip", "netns", "add", ns])
         veth = ["type", "veth", "peer", "name", "probe1"]
-        _run(["ip", "-n", ns, "link", "add", "name", "probe0", *veth])
-        proc = _run(
+        run_checked(["ip", "-n", ns, "link", "add", "name", "probe0", *veth])
+        proc = run_checked(
             ["tc", "-n", ns, "qdisc", "add", "dev", "probe0", "root", "netem", "delay", "1ms"],
             check=False,
         )
@@ -355,7 +298,7 @@ def kernel_has_netem() -> bool:
             return False
         raise RuntimeError(f"netem probe failed unexpectedly: {proc.stderr.strip()}")
     finally:
-        _quiet(["ip", "netns", "delete", ns])
+        run_quiet(["ip", "netns", "delete", ns])
 
 
 def provision_netns(
@@ -466,16 +409,16 @@ def _build(
 
     # Bridges. Note: always spell out `name`/`dev`: `ip link add a ...` parses "a" as "address".
     for br in (br_mgmt, br_exp):
-        _run(["ip", "link", "add", "name", br, "type", "bridge"])
-        _run(["ip", "link", "set", "dev", br, "alias", alias])
+        run_checked(["ip", "link", "add", "name", br, "type", "bridge"])
+        run_checked(["ip", "link", "set", "dev", br, "alias", alias])
         _disable_ipv6(br)
-        _run(["ip", "link", "set", "dev", br, "up"])
-    _run(["ip", "addr", "add", f"{gateway}/{mgmt_net.prefixlen}", "dev", br_mgmt])
+        run_checked(["ip", "link", "set", "dev", br, "up"])
+    run_checked(["ip", "addr", "add", f"{gateway}/{mgmt_net.prefixlen}", "dev", br_mgmt])
 
     # Keys: one client key and a known_hosts listing each node's fresh host key.
     client_key = state_dir / "id_ed25519"
     if not client_key.exists():
-        _keygen(client_key, comment=f"commscope-{name}")
+        keygen(client_key, comment=f"commscope-{name}")
     authorized = state_dir / "authorized_keys"
     authorized.write_text(client_key.with_suffix(".pub").read_text())
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation chroot
@@ -483,51 +426,12 @@ def _build(
     known_hosts: list[str] = []
     nodes: list[NodeSpec] = []
     for i in range(n_nodes):
-        ns = _ns_name(name, i)
-        node_dir = state_dir / f"node{i}"
-        workdir = node_dir / "work"
-        workdir.mkdir(parents=True, exist_ok=True)
-
-        _run(["ip", "netns", "add", ns])
-        _disable_ipv6(ns=ns)
-        _run(["ip", "-n", ns, "link", "set", "dev", "lo", "up"])
-        for root_end, node_end, br, net, addr in (
-            (f"{name}m{i}", "mgmt0", br_mgmt, mgmt_net, mgmt_addrs[i]),
-            (f"{name}e{i}", "exp0", br_exp, exp_net, exp_addrs[i]),
-        ):
-            veth = ["type", "veth", "peer", "name", node_end, "netns", ns]
-            _run(["ip", "link", "add", "name", root_end, *veth])
-            _run(["ip", "link", "set", "dev", root_end, "alias", alias])
-            _disable_ipv6(root_end)
-            _run(["ip", "link", "set", "dev", root_end, "master", br, "up"])
-            _run(["ip", "-n", ns, "addr", "add", f"{addr}/{net.prefixlen}", "dev", node_end])
-            _run(["ip", "-n", ns, "link", "set", "dev", node_end, "up"])
-
-        host_key = node_dir / "ssh_host_ed25519_key"
-        for stale in (host_key, host_key.with_suffix(".pub")):
-            stale.unlink(missing_ok=True)
-        _keygen(host_key, comment=ns)
-        pub = host_key.with_suffix(".pub").read_text().split()
-        known_hosts.append(f"{mgmt_addrs[i]} {pub[0]} {pub[1]}")
-        _start_sshd(ns, node_dir, mgmt_addrs[i], host_key, authorized)
-
-        nodes.append(
-            NodeSpec(
-                name=f"node{i}",
-                index=i,
-                ssh_host=str(mgmt_addrs[i]),
-                exp_iface="exp0",
-                exp_addr=str(exp_addrs[i]),
-                ssh_port=22,
-                user="root",
-                key_file=str(client_key),
-                known_hosts=str(state_dir / "known_hosts"),
-                workdir=str(workdir),
-                python=python,
-                ifb_iface="ifb0",
-                netns=ns,
-            )
-        )
+        node, host_line = _make_node(
+            name, i, state_dir, (br_mgmt, mgmt_net, mgmt_addrs[i]), (br_exp, exp_net, exp_addrs[i]),
+            client_key, authorized, python,
+        )  # fmt: skip
+        nodes.append(node)
+        known_hosts.append(host_line)
     (state_dir / "known_hosts").write_text("\n".join(known_hosts) + "\n")
 
     cluster = Cluster(
@@ -544,70 +448,68 @@ def _build(
         },
     )
     for i, node in enumerate(nodes):
-        _wait_for_sshd(node, state_dir / f"node{i}", connect_timeout)
+        wait_for_sshd(node, state_dir / f"node{i}", connect_timeout)
     _check_exp_connectivity(nodes)
     return cluster
 
 
-def _start_sshd(ns: str, node_dir: Path, listen: object, host_key: Path, authorized: Path) -> None:
-    cfg = node_dir / "sshd_config"
-    pidfile = node_dir / "sshd.pid"
-    logfile = node_dir / "sshd.log"
-    pidfile.unlink(missing_ok=True)
-    cfg.write_text(
-        "\n".join(
-            [
-                f"ListenAddress {listen}",
-                "Port 22",
-                f"HostKey {host_key}",
-                f"PidFile {pidfile}",
-                f"AuthorizedKeysFile {authorized}",
-                "PubkeyAuthentication yes",
-                "PasswordAuthentication no",
-                "KbdInteractiveAuthentication no",
-                "UsePAM no",
-                "PermitRootLogin prohibit-password",
-                # The state dir lives wherever the caller says (e.g. a pytest tmp dir): don't let
-                # sshd refuse keys because of group-writable parents.
-                "StrictModes no",
-                "UseDNS no",
-                "X11Forwarding no",
-                "PrintMotd no",
-                # fabric's put/get use SFTP.
-                "Subsystem sftp internal-sftp",
-                "LogLevel INFO",
-                "",
-            ]
-        )
-    )
-    # OpenSSH >= 9.8 penalises sources that connect without authenticating (our readiness polls,
-    # tests of wrong host keys); all our clients come from one address, so switch it off.
-    if _sshd_supports("PerSourcePenalties no", cfg):
-        cfg.write_text(cfg.read_text() + "PerSourcePenalties no\n")
-    check = _run([SSHD, "-t", "-f", str(cfg)], check=False)
-    if check.returncode != 0:
-        raise RuntimeError(f"sshd rejects its config {cfg}: {check.stderr.strip()}")
-    # sshd daemonises; -E appends its log to a file we can show when something goes wrong.
-    _run(["ip", "netns", "exec", ns, SSHD, "-f", str(cfg), "-E", str(logfile)])
+def _make_node(
+    name: str,
+    i: int,
+    state_dir: Path,
+    mgmt: tuple[str, ipaddress.IPv4Network, object],
+    exp: tuple[str, ipaddress.IPv4Network, object],
+    client_key: Path,
+    authorized: Path,
+    python: str,
+) -> tuple[NodeSpec, str]:
+    """Node ``i``: its namespace, a veth to each bridge (``mgmt``/``exp``: bridge, subnet,
+    address), a fresh host key and a running sshd. Returns the node and its known_hosts line."""
+    (br_mgmt, mgmt_net, mgmt_addr), (br_exp, exp_net, exp_addr) = mgmt, exp
+    alias = f"{_ALIAS_PREFIX}{NETNS_PREFIX}{name}"
+    ns = _ns_name(name, i)
+    node_dir = state_dir / f"node{i}"
+    workdir = node_dir / "work"
+    workdir.mkdir(parents=True, exist_ok=True)
 
+    run_checked(["ip", "netns", "add", ns])
+    _disable_ipv6(ns=ns)
+    run_checked(["ip", "-n", ns, "link", "set", "dev", "lo", "up"])
+    for root_end, node_end, br, net, addr in (
+        (f"{name}m{i}", "mgmt0", br_mgmt, mgmt_net, mgmt_addr),
+        (f"{name}e{i}", "exp0", br_exp, exp_net, exp_addr),
+    ):
+        veth = ["type", "veth", "peer", "name", node_end, "netns", ns]
+        run_checked(["ip", "link", "add", "name", root_end, *veth])
+        run_checked(["ip", "link", "set", "dev", root_end, "alias", alias])
+        _disable_ipv6(root_end)
+        run_checked(["ip", "link", "set", "dev", root_end, "master", br, "up"])
+        run_checked(["ip", "-n", ns, "addr", "add", f"{addr}/{net.prefixlen}", "dev", node_end])
+        run_checked(["ip", "-n", ns, "link", "set", "dev", node_end, "up"])
 
-def _wait_for_sshd(node: NodeSpec, node_dir: Path, connect_timeout: float) -> None:
-    """Poll until the node's sshd accepts a verified, authenticated session (or give up)."""
-    deadline = time.monotonic() + max(connect_timeout, 5.0)
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            with Host(node, connect_timeout=min(connect_timeout, 2.0)) as host:
-                host.run("true", timeout=5)
-            return
-        except Exception as exc:  # sshd not listening yet, or a real failure: retry till deadline
-            last = exc
-            time.sleep(0.1)
-    raise RuntimeError(
-        f"sshd of {node.name} ({node.netns}, {node.ssh_host}:22) did not accept a session within "
-        f"{max(connect_timeout, 5.0):.0f}s: {last!r}\n--- sshd log tail "
-        f"({node_dir / 'sshd.log'}):\n{_tail(node_dir / 'sshd.log')}" + _bridge_nf_note()
+    host_key = node_dir / "ssh_host_ed25519_key"
+    for stale in (host_key, host_key.with_suffix(".pub")):
+        stale.unlink(missing_ok=True)
+    keygen(host_key, comment=ns)
+    pub = host_key.with_suffix(".pub").read_text().split()
+    start_sshd(ns, node_dir, mgmt_addr, host_key, authorized)
+
+    node = NodeSpec(
+        name=f"node{i}",
+        index=i,
+        ssh_host=str(mgmt_addr),
+        exp_iface="exp0",
+        exp_addr=str(exp_addr),
+        ssh_port=22,
+        user="root",
+        key_file=str(client_key),
+        known_hosts=str(state_dir / "known_hosts"),
+        workdir=str(workdir),
+        python=python,
+        ifb_iface="ifb0",
+        netns=ns,
     )
+    return node, f"{mgmt_addr} {pub[0]} {pub[1]}"
 
 
 # Runs inside node0's namespace: TCP connect to a closed port; "refused" proves the peer answered.
@@ -639,12 +541,12 @@ def _check_exp_connectivity(nodes: list[NodeSpec]) -> None:
         for addr in targets:
             # Two tries: the very first packet also waits for ARP.
             ping = ["ip", "netns", "exec", src, "ping", "-c1", "-W1", addr]
-            ok = any(_run(ping, check=False).returncode == 0 for _ in range(2))
+            ok = any(run_checked(ping, check=False).returncode == 0 for _ in range(2))
             if not ok:
                 failures.append(f"{addr}: no ping reply")
     else:
         log.info("ping not installed: checking experiment network with a TCP connect probe")
-        proc = _run(
+        proc = run_checked(
             ["ip", "netns", "exec", src, sys.executable, "-c", _CONNECT_PROBE, *targets],
             check=False,
         )
@@ -653,5 +555,5 @@ def _check_exp_connectivity(nodes: list[NodeSpec]) -> None:
     if failures:
         detail = "; ".join(failures)
         raise RuntimeError(
-            f"experiment network broken: {src} cannot reach {detail}." + _bridge_nf_note()
+            f"experiment network broken: {src} cannot reach {detail}." + bridge_nf_note()
         )

@@ -9,21 +9,24 @@ from __future__ import annotations
 
 import shlex
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from commscope.cluster.hosts import Cluster, Host, NodeSpec
+from commscope.cluster.netns import provision_netns, teardown_netns
+from commscope.spec.settings import ClusterSettings
 
 INVENTORY_NODE_KEYS = {
     "host", "port", "user", "key_file", "exp_iface", "exp_addr", "workdir", "python", "name",
 }  # fmt: skip
 
 
-def state_dir(cluster_cfg: dict[str, Any], root: Path) -> Path:
+def state_dir(cluster_cfg: ClusterSettings, root: Path) -> Path:
     """Where a cluster keeps its keys, sshd configs and cluster.json (outside results/)."""
-    return (Path(root) / ".commscope" / "cluster" / cluster_cfg.get("name", "cs")).resolve()
+    return (Path(root) / ".commscope" / "cluster" / cluster_cfg.name).resolve()
 
 
 def load_inventory(path: Path) -> list[NodeSpec]:
@@ -90,28 +93,24 @@ def check_ssh_node(host: Host) -> None:
     host.run(f"mkdir -p {shlex.quote(spec.workdir)}")
 
 
-def provision(cluster_cfg: dict[str, Any], n_nodes: int, root: Path) -> Cluster:
+def provision(cluster_cfg: ClusterSettings, n_nodes: int, root: Path) -> Cluster:
     """Return a running cluster of at least ``n_nodes`` nodes; its JSON is in its state dir."""
     sdir = state_dir(cluster_cfg, root)
-    timeout = float(cluster_cfg.get("connect_timeout_s", 10))
-    if cluster_cfg.get("backend", "netns") == "netns":
-        from commscope.cluster.netns import provision_netns
-
+    timeout = cluster_cfg.connect_timeout_s
+    if cluster_cfg.backend == "netns":
         return provision_netns(
-            cluster_cfg.get("name", "cs"),
+            cluster_cfg.name,
             n_nodes,
             sdir,
-            mgmt_subnet=cluster_cfg.get("mgmt_subnet", "198.18.0.0/24"),
-            exp_subnet=cluster_cfg.get("exp_subnet", "198.19.0.0/24"),
+            mgmt_subnet=cluster_cfg.mgmt_subnet,
+            exp_subnet=cluster_cfg.exp_subnet,
             python=sys.executable,
             connect_timeout=timeout,
         )
-    nodes = load_inventory(Path(cluster_cfg["inventory"]))
+    nodes = load_inventory(Path(cluster_cfg.inventory))
     if len(nodes) < n_nodes:
         raise ValueError(f"sweep.nodes asks for {n_nodes} nodes; the inventory lists {len(nodes)}")
-    cluster = Cluster(
-        name=cluster_cfg.get("name", "cs"), backend="ssh", nodes=nodes, state_dir=str(sdir)
-    )
+    cluster = Cluster(name=cluster_cfg.name, backend="ssh", nodes=nodes, state_dir=str(sdir))
     for spec in nodes[:n_nodes]:
         with Host(spec, connect_timeout=timeout) as host:
             check_ssh_node(host)
@@ -119,10 +118,11 @@ def provision(cluster_cfg: dict[str, Any], n_nodes: int, root: Path) -> Cluster:
     return cluster
 
 
-def teardown(cluster_cfg: dict[str, Any], root: Path) -> None:
+def teardown(cluster_cfg: ClusterSettings | Mapping[str, Any], root: Path) -> None:
     """Take the cluster down. netns: namespaces, bridges, sshds go; ssh hosts are left running
-    (each cell already unshaped them and killed what it started)."""
-    if cluster_cfg.get("backend", "netns") == "netns":
-        from commscope.cluster.netns import teardown_netns
-
-        teardown_netns(cluster_cfg.get("name", "cs"), state_dir(cluster_cfg, root))
+    (each cell already unshaped them and killed what it started). A mapping is the config's
+    ``cluster:`` block (workflow/rules/common.smk passes it as is)."""
+    if isinstance(cluster_cfg, Mapping):
+        cluster_cfg = ClusterSettings.from_mapping(cluster_cfg)
+    if cluster_cfg.backend == "netns":
+        teardown_netns(cluster_cfg.name, state_dir(cluster_cfg, root))

@@ -1,6 +1,6 @@
 """System-level sampler run on each node: interface byte/packet counters at a fixed rate.
 
-``python -m commscope.sampler --iface exp0 --hz 1000 --out counters.parquet``
+``python -m commscope.node.sampler --iface exp0 --hz 1000 --out counters.parquet``
 
 Reads ``/proc/net/dev``, which is per network namespace (so over SSH into a netns node it sees
 that node's interfaces) and costs microseconds, unlike forking ``ip``/``tc``. Samples are kept in
@@ -14,7 +14,7 @@ A Python loop waking 1000 times a second costs ~15 % of step time on a 2-core no
 training; the C loop a fraction of that (docs/overhead.md). With the native loop this process
 only waits: it forwards SIGTERM/SIGINT to its child, then converts the child's binary samples
 into the same ``counters.parquet`` and renames it into place, so the orchestrator's
-``pkill -f commscope.sampler...<tag>`` and wait-for-file work unchanged. stderr says which
+``pkill -f commscope.node.sampler...<tag>`` and wait-for-file work unchanged. stderr says which
 implementation ran.
 """
 

@@ -1,6 +1,6 @@
 """Socket statistics per node at a low rate: what TCP itself saw (rtt, cwnd, retransmissions).
 
-``python -m commscope.sockstats --addr 198.19.0.1 --hz 10 --out sockets.parquet``
+``python -m commscope.node.sockstats --addr 198.19.0.1 --hz 10 --out sockets.parquet``
 
 The same numbers ``ss -tin`` prints (struct tcp_info), read through the kernel's sock_diag
 netlink interface with pyroute2 instead of forking ``ss``: one query costs ~0.5 ms of CPU in
@@ -23,6 +23,8 @@ from typing import Any
 
 import pandas as pd
 
+from commscope.contracts import SOCKET_SAMPLE_COLUMNS
+
 # Columns and the tcp_info field they come from; units as the kernel reports them.
 TCP_INFO_FIELDS: dict[str, str] = {
     "rtt_us": "tcpi_rtt",
@@ -43,7 +45,8 @@ TCP_INFO_FIELDS: dict[str, str] = {
     "delivery_rate_Bps": "tcpi_delivery_rate",
     "pacing_rate_Bps": "tcpi_pacing_rate",
 }
-COLUMNS = ["t_ns", "src", "sport", "dst", "dport", *TCP_INFO_FIELDS]
+# The connection, then TCP_INFO_FIELDS in order (the contract; checked by the unit tests).
+COLUMNS = SOCKET_SAMPLE_COLUMNS
 _ESTABLISHED = 1 << 1  # TCP_ESTABLISHED = 1, as a state bit mask
 _INET_DIAG_INFO = 1 << 1  # INET_DIAG_INFO = 2, as an extension bit (1 << (2 - 1))
 

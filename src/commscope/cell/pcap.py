@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from commscope.contracts import WIRE_FLOW_COLUMNS
+
 _MAGIC = {
     b"\xd4\xc3\xb2\xa1": ("<", 1_000),  # little-endian, microsecond timestamps
     b"\xa1\xb2\xc3\xd4": (">", 1_000),
@@ -31,7 +33,6 @@ _LINKTYPE_ETHERNET = 1
 _ETH_P_IP = 0x0800
 _ETH_P_8021Q = 0x8100
 PACKET_COLUMNS = ["t_ns", "src", "dst", "length"]
-WIRE_FLOW_COLUMNS = ["t_ns", "src_node", "dst_node", "bytes", "packets"]
 
 
 def read_pcap(path: Path) -> pd.DataFrame:

@@ -7,18 +7,30 @@ aggregating cells is a concat, never path parsing.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from commscope.cell.pcap import read_pcap, wire_flows
 from commscope.cluster.clock import offset_at
-from commscope.config import SWEEP_AXES, cell_id
+from commscope.config import cell_id
+from commscope.contracts import (
+    CELL_FILE,
+    COUNTERS_FILE,
+    OPS_FILE,
+    ROUTING_FILE,
+    SOCKET_SAMPLE_COLUMNS,
+    SOCKETS_FILE,
+    STEPS_FILE,
+    SWEEP_AXES,
+    WIRE_FLOW_COLUMNS,
+    WIRE_FLOWS_FILE,
+)
 from commscope.importers.nccl_log import load_nccl_log
-from commscope.pcap import WIRE_FLOW_COLUMNS, read_pcap, wire_flows
-from commscope.shaping import LinkShape
-from commscope.sockstats import COLUMNS as SOCKET_COLUMNS
+from commscope.spec.link import LinkShape
 
 # Per table, the columns that hold a node's own clock (ns) and get its offset removed.
 _TIME_COLUMNS = {
@@ -29,7 +41,7 @@ _TIME_COLUMNS = {
 }
 
 
-def _with_params(frame: pd.DataFrame, cell: dict[str, Any]) -> pd.DataFrame:
+def _with_params(frame: pd.DataFrame, cell: Mapping[str, Any]) -> pd.DataFrame:
     frame = frame.copy()
     for axis in SWEEP_AXES:
         frame[axis] = cell[axis]
@@ -108,16 +120,29 @@ def _clock(run_meta: dict[str, Any], node_index: dict[str, int]) -> dict[str, An
     return clock
 
 
-def build_cell_tables(
-    raw_dir: Path, cell: dict[str, Any], warmup_steps: int, out_dir: Path
-) -> dict[str, Path]:
-    """Write ops/steps/counters parquet and cell.json for one cell; returns their paths."""
-    raw_dir, out_dir = Path(raw_dir), Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    run_meta = json.loads((raw_dir / "run.json").read_text())
-    node_index = {n["name"]: int(n["index"]) for n in run_meta["nodes"]}
+# The per-cell tables and their default file names (what parse_cell declares as outputs).
+CELL_TABLE_FILES = {
+    "ops": OPS_FILE,
+    "steps": STEPS_FILE,
+    "counters": COUNTERS_FILE,
+    "train": "train.parquet",
+    "moe": ROUTING_FILE,
+    "sockets": SOCKETS_FILE,
+    "wire_flows": WIRE_FLOWS_FILE,
+    "nccl_ops": "nccl_ops.parquet",
+    "cell": CELL_FILE,
+}
 
-    clock = _clock(run_meta, node_index)
+
+def cell_table_paths(out_dir: Path) -> dict[str, Path]:
+    """The default path of every per-cell table (see ``CELL_TABLE_FILES``) under ``out_dir``."""
+    return {name: Path(out_dir) / file for name, file in CELL_TABLE_FILES.items()}
+
+
+def _node_tables(
+    raw_dir: Path, node_index: dict[str, int], clock: dict[str, Any] | None
+) -> dict[str, pd.DataFrame]:
+    """The ops, steps, counters and sockets of every node, each on the orchestrator's clock."""
     ops = _concat(list(raw_dir.glob("*/ops_rank*.parquet")), "ops_rank*.parquet", raw_dir)
     steps = _concat(list(raw_dir.glob("*/steps_rank*.parquet")), "steps_rank*.parquet", raw_dir)
     ops = to_orchestrator_clock(ops, _TIME_COLUMNS["ops"], clock)
@@ -134,51 +159,36 @@ def build_cell_tables(
     sockets_df = (
         pd.concat(sockets, ignore_index=True)
         if sockets
-        else pd.DataFrame(columns=["node", *SOCKET_COLUMNS])
+        else pd.DataFrame(columns=["node", *SOCKET_SAMPLE_COLUMNS])
     )
     sockets_df = to_orchestrator_clock(sockets_df, _TIME_COLUMNS["sockets"], clock)
-    ranks = sorted(
-        (json.loads(p.read_text()) for p in raw_dir.glob("*/rank*.json")), key=lambda m: m["rank"]
-    )
-
-    paths = {
-        "ops": out_dir / "ops.parquet",
-        "steps": out_dir / "steps.parquet",
-        "counters": out_dir / "counters.parquet",
-        "train": out_dir / "train.parquet",
-        "moe": out_dir / "moe.parquet",
-        "sockets": out_dir / "sockets.parquet",
-        "wire_flows": out_dir / "wire_flows.parquet",
-        "nccl_ops": out_dir / "nccl_ops.parquet",
-        "cell": out_dir / "cell.json",
+    return {
+        "ops": ops.sort_values(["rank", "t_issue_ns"]),
+        "steps": steps.sort_values(["rank", "t_start_ns"]),
+        "counters": counters_df.sort_values(["node", "t_ns"]),
+        "sockets": sockets_df.sort_values(["node", "t_ns"]),
     }
-    # Per-step loss and MoE routing: every rank writes them (empty for dense models).
+
+
+def _rank_tables(raw_dir: Path) -> dict[str, pd.DataFrame]:
+    """Per-step loss and MoE routing: every rank writes them (empty for dense models)."""
+    tables = {}
     for table in ("train", "moe"):
         files = sorted(raw_dir.glob(f"*/{table}_rank*.parquet"))
-        frame = (
+        tables[table] = (
             pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
             if files
             else pd.DataFrame()
         )
-        _with_params(frame, cell).to_parquet(paths[table], index=False)
-    _with_params(ops.sort_values(["rank", "t_issue_ns"]), cell).to_parquet(
-        paths["ops"], index=False
-    )
-    _with_params(steps.sort_values(["rank", "t_start_ns"]), cell).to_parquet(
-        paths["steps"], index=False
-    )
-    _with_params(counters_df.sort_values(["node", "t_ns"]), cell).to_parquet(
-        paths["counters"], index=False
-    )
-    _with_params(sockets_df.sort_values(["node", "t_ns"]), cell).to_parquet(
-        paths["sockets"], index=False
-    )
-    flows = _pcap_flows(raw_dir, run_meta["nodes"], clock)
-    _with_params(flows[WIRE_FLOW_COLUMNS], cell).to_parquet(paths["wire_flows"], index=False)
-    _with_params(_nccl_ops(raw_dir, ranks), cell).to_parquet(paths["nccl_ops"], index=False)
+    return tables
 
+
+def _cell_meta(
+    cell: Mapping[str, Any], warmup_steps: int, run_meta: dict[str, Any], ranks: list[dict]
+) -> dict[str, Any]:
+    """cell.json: the cell, what ran (world, backend, torch, plan) and how it was measured."""
     shape = LinkShape(**run_meta["shape"])
-    meta = {
+    return {
         "cell": cell_id(cell),
         "params": {axis: cell[axis] for axis in SWEEP_AXES},
         "world_size": ranks[0]["world_size"] if ranks else None,
@@ -197,5 +207,29 @@ def build_cell_tables(
         "captures": run_meta.get("captures"),
         "clock": run_meta.get("clock"),
     }
+
+
+def build_cell_tables(
+    raw_dir: Path, cell: Mapping[str, Any], warmup_steps: int, paths: Mapping[str, Path]
+) -> dict[str, Path]:
+    """Write one cell's tables (ops, steps, counters, train, moe, sockets, wire_flows, nccl_ops
+    parquet and cell.json) to ``paths`` (one per name of ``CELL_TABLE_FILES``, e.g. the rule's
+    declared outputs or :func:`cell_table_paths`); returns them."""
+    raw_dir = Path(raw_dir)
+    paths = {name: Path(paths[name]) for name in CELL_TABLE_FILES}
+    for path in paths.values():
+        path.parent.mkdir(parents=True, exist_ok=True)
+    run_meta = json.loads((raw_dir / "run.json").read_text())
+    node_index = {n["name"]: int(n["index"]) for n in run_meta["nodes"]}
+    clock = _clock(run_meta, node_index)
+    tables = {**_node_tables(raw_dir, node_index, clock), **_rank_tables(raw_dir)}
+    ranks = sorted(
+        (json.loads(p.read_text()) for p in raw_dir.glob("*/rank*.json")), key=lambda m: m["rank"]
+    )
+    tables["wire_flows"] = _pcap_flows(raw_dir, run_meta["nodes"], clock)[WIRE_FLOW_COLUMNS]
+    tables["nccl_ops"] = _nccl_ops(raw_dir, ranks)
+    for name, frame in tables.items():
+        _with_params(frame, cell).to_parquet(paths[name], index=False)
+    meta = _cell_meta(cell, warmup_steps, run_meta, ranks)
     paths["cell"].write_text(json.dumps(meta, indent=2, default=str))
     return paths

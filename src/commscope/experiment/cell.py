@@ -1,0 +1,187 @@
+"""Run one sweep cell on the cluster.
+
+Order: prepare every node → shape links → start probes (and take clocks) → torchrun on every
+node over SSH → stop probes (and take clocks) → unshape → fetch traces over SFTP; ALWAYS unshape
+and kill what is left, also when the run failed or hung. One cell owns the cluster at a time (an
+fcntl lock on the cluster state dir, on top of Snakemake's ``cluster_slot`` resource).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import shlex
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from commscope.cluster.hosts import Cluster, Host, on_all
+from commscope.cluster.provision import provision, state_dir
+from commscope.cluster.shaping import host_has_netem, shaped
+from commscope.experiment.launch import Torchrun, kill_tagged, new_tag, torchrun_everywhere
+from commscope.experiment.probes import CellProbes, NodeTools, node_tools
+from commscope.spec.link import LinkShape, check_shape_supported
+from commscope.spec.settings import CellSettings, ClusterSettings, RunSettings, Workload
+
+log = logging.getLogger(__name__)
+
+
+class CellFailed(RuntimeError):
+    """The cell's training did not finish on every node; the message carries the log tails."""
+
+
+@contextmanager
+def cluster_lock(state_dir: Path) -> Iterator[None]:
+    """Serialise cells (and re-provisioning) on one cluster, whatever runs them."""
+    path = Path(state_dir) / ".cell.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def provision_and_run(
+    cluster_cfg: ClusterSettings,
+    cell: CellSettings,
+    workload: Workload,
+    run: RunSettings,
+    out_dir: Path,
+    root: Path | None = None,
+) -> Path:
+    """Make sure the cluster is up with enough nodes (idempotent), then run the cell on it."""
+    root = root or Path.cwd()
+    with cluster_lock(state_dir(cluster_cfg, root)):
+        cluster = provision(cluster_cfg, cell.nodes, root)
+        log.info(
+            "cell %s on %s cluster %s (%d nodes)",
+            cell.as_dict(),
+            cluster.backend,
+            cluster.name,
+            cluster.size,
+        )
+        return run_cell(
+            cluster, cell, workload, run, out_dir, connect_timeout_s=cluster_cfg.connect_timeout_s
+        )
+
+
+def run_cell(
+    cluster: Cluster,
+    cell: CellSettings,
+    workload: Workload,
+    run: RunSettings,
+    out_dir: Path,
+    *,
+    connect_timeout_s: float = 10.0,
+) -> Path:
+    """Run ``workload`` on the first ``cell.nodes`` nodes; raw traces land in ``out_dir``.
+
+    torchrun starts ``workload.module`` on ``cell.ranks_per_node`` ranks per node with the path
+    of ``workload.spec``; the cell's link axes (bw, delay, jitter, loss) set how links are
+    shaped. The caller owns the cluster for the duration (see :func:`cluster_lock`)."""
+    if cell.nodes > cluster.size:
+        raise ValueError(
+            f"cell wants nodes={cell.nodes} but cluster {cluster.name} has {cluster.size}"
+        )
+    shape = cell.link_shape()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tag = new_tag()
+    hosts = [Host(spec, connect_timeout=connect_timeout_s) for spec in cluster.nodes[: cell.nodes]]
+    try:
+        if shape.needs_netem:
+            # Refuse before anything runs: never emulate a delay by silently dropping it.
+            check_shape_supported(shape, host_has_netem(hosts[0]))
+        _measure(
+            hosts, Torchrun(cluster, cell, run, tag, workload.module), workload, shape, out_dir
+        )
+    finally:
+        try:
+            on_all(hosts, lambda h: kill_tagged(h, tag))
+        finally:
+            for h in hosts:
+                h.close()
+    return out_dir
+
+
+def _measure(
+    hosts: list[Host], torchrun: Torchrun, workload: Workload, shape: LinkShape, out_dir: Path
+) -> None:
+    """The cell's phases from preparing the nodes to writing run.json (see the module doc)."""
+    run, tag, names = torchrun.run, torchrun.tag, [h.name for h in hosts]
+    remote_dirs = {h.name: f"{h.spec.workdir}/{tag}" for h in hosts}
+    on_all(hosts, lambda h: _prepare(h, remote_dirs[h.name], workload, run.pcap, out_dir))
+    log.info("prepared %d nodes", len(hosts))
+    probes = CellProbes(NodeTools(node_tools(run, tag), remote_dirs))
+    meta: dict[str, Any] = {
+        "tag": tag,
+        "shape": shape.__dict__,
+        "captures": {"sample_hz": run.sample_hz, "socket_hz": run.socket_hz, "pcap": run.pcap},
+    }
+    with shaped(hosts, shape):
+        started = on_all(hosts, probes.start)
+        meta["qdisc_before"] = {n: q for n, (q, _) in zip(names, started, strict=True)}
+        log.info("links shaped (%s), samplers started, clocks probed", shape)
+        meta["t_start_ns"] = time.time_ns()
+        failures = torchrun_everywhere(hosts, torchrun, remote_dirs)
+        log.info("torchrun ended on every node (%d failed)", len(failures))
+        meta["t_end_ns"] = time.time_ns()
+        stopped = on_all(hosts, probes.stop)
+        meta["qdisc_after"] = {n: q for n, (q, _) in zip(names, stopped, strict=True)}
+    meta["clock"] = {
+        # netns nodes read the host kernel's clock: the estimates only check the method.
+        "applied": torchrun.cluster.backend != "netns",
+        "nodes": {n: {**a, **b} for n, (_, a), (_, b) in zip(names, started, stopped, strict=True)},
+    }
+    log.info("samplers stopped, links unshaped")
+    meta["nodes"] = on_all(hosts, lambda h: _fetch(h, remote_dirs[h.name], out_dir))
+    log.info("fetched every node's files")
+    (out_dir / "run.json").write_text(json.dumps(meta, indent=2, default=str))
+    if failures:
+        raise CellFailed("training failed on " + "; ".join(failures))
+
+
+def _prepare(host: Host, rdir: str, workload: Workload, pcap: bool, out_dir: Path) -> None:
+    """Make the node's run directory, build the native sampler there if needed, check that
+    tcpdump exists when capturing (one round trip for the three), and upload the spec."""
+    spec = {**workload.spec, "out_dir": rdir, "node": host.spec.index}
+    local_spec = out_dir / f"spec_{host.name}.json"
+    local_spec.write_text(json.dumps(spec, indent=2))
+    # Also build the native counter sampler now if this node lacks it (cached after the
+    # first cell), so the sampler starts sampling at once instead of compiling first.
+    build = "import commscope.node.sampler as s; s.native_binary()"
+    # Exit 3 (before anything starts) when packet capture is asked for but impossible.
+    check = "command -v tcpdump >/dev/null || exit 3; " if pcap else ""
+    res = host.run(
+        f"{check}mkdir -p {shlex.quote(rdir)} && "
+        f"{shlex.quote(host.spec.python)} -c {shlex.quote(build)} > {rdir}/build.log 2>&1",
+        warn=True,
+    )
+    if res.exited == 3:
+        raise CellFailed(
+            f"run.pcap is true but tcpdump is not installed on {host.name}: "
+            "install it (Debian package tcpdump) or set run.pcap: false"
+        )
+    if res.failed:
+        raise CellFailed(f"{host.name}: preparing the run failed: {res.stderr.strip()}")
+    host.put(local_spec, f"{rdir}/spec.json")
+    local_spec.unlink()
+
+
+def _fetch(host: Host, rdir: str, out_dir: Path) -> dict[str, Any]:
+    """Copy every file of the node's run directory to ``out_dir/<node>/``, then remove it;
+    returns the node's entry of run.json."""
+    # Fetch whatever exists, also after a failure: logs explain it, nothing measured is lost.
+    for name in host.run(f"ls -1 {shlex.quote(rdir)}", warn=True).stdout.split():
+        host.get(f"{rdir}/{name}", out_dir / host.name / name)
+    host.run(f"rm -rf {shlex.quote(rdir)}", warn=True)
+    return {
+        "name": host.name,
+        "index": host.spec.index,
+        "exp_iface": host.spec.exp_iface,
+        "exp_addr": host.spec.exp_addr,
+    }

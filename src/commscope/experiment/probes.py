@@ -1,0 +1,247 @@
+"""What a cell measures beside the workload, one object per probe, each started before torchrun
+and stopped after it.
+
+On the node, in the background (:class:`NodeTool`): the interface counter sampler, the socket
+statistics, the packet capture. From the orchestrator (:class:`Probe`): the qdisc statistics and
+the clock offset. Round trips are batched as before the split: all node tools start in ONE SSH
+command and stop in another (:class:`NodeTools`), and :class:`CellProbes` runs them and the qdisc
+probe on a node while, on a second SSH channel, the clock probe runs.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from commscope.cluster.clock import estimate_offset
+from commscope.cluster.hosts import Host, NodeSpec
+from commscope.cluster.shaping import qdisc_stats
+from commscope.experiment.launch import tag_pattern
+from commscope.spec.settings import RunSettings
+
+T_co = TypeVar("T_co", covariant=True)
+
+SAMPLER_MODULE = "commscope.node.sampler"
+SOCKSTATS_MODULE = "commscope.node.sockstats"
+
+
+class Probe(Protocol[T_co]):
+    """A measurement of one node taken at the start and at the end of a cell."""
+
+    def start(self, host: Host) -> T_co: ...
+
+    def stop(self, host: Host) -> T_co: ...
+
+
+class QdiscProbe:
+    """Counters of every qdisc on the experiment interface and the ifb (tc -s), before and after."""
+
+    def start(self, host: Host) -> list[dict]:
+        return qdisc_stats(host)
+
+    def stop(self, host: Host) -> list[dict]:
+        return qdisc_stats(host)
+
+
+class ClockProbe:
+    """The node's clock offset (Cristian's algorithm over its own SSH channel), at start and end:
+    ``{"start": sample}`` and ``{"end": sample}``."""
+
+    def start(self, host: Host) -> dict[str, Any]:
+        return {"start": estimate_offset(host).as_dict()}
+
+    def stop(self, host: Host) -> dict[str, Any]:
+        return {"end": estimate_offset(host).as_dict()}
+
+
+# ──────────────────────────────────────────────────────────────────────────── node tools
+
+
+class NodeTool(Protocol):
+    """A program run in the background on a node for the duration of the cell: how to start it,
+    how to find it again (to stop it), and what it leaves behind."""
+
+    def command(self, node: NodeSpec, rdir: str) -> str:
+        """The shell command that runs it (in ``rdir``; the caller backgrounds it)."""
+        ...
+
+    def ready(self, rdir: str) -> str:
+        """Shell lines that wait until it is running ('' when it needs no wait)."""
+        ...
+
+    def pattern(self) -> str:
+        """A pgrep/pkill pattern that finds exactly this cell's instance (shell-quoted)."""
+        ...
+
+    def output(self, rdir: str) -> str | None:
+        """The file it renames into place when stopped, or None (nothing to wait for)."""
+        ...
+
+    def after_stop(self, rdir: str) -> str:
+        """A shell step to run once it has exited ('' for none)."""
+        ...
+
+
+@dataclass(frozen=True)
+class CounterSampler:
+    """Interface byte/packet counters at ``hz`` (:mod:`commscope.node.sampler`)."""
+
+    hz: int
+    limit_s: float
+    tag: str
+
+    def command(self, node: NodeSpec, rdir: str) -> str:
+        py = shlex.quote(node.python)
+        return (
+            f"{py} -m {SAMPLER_MODULE} --iface {node.exp_iface} --hz {self.hz} "
+            f"--out {rdir}/counters.parquet --max-seconds {self.limit_s} --tag {self.tag} "
+            "> sampler.log 2>&1"
+        )
+
+    def ready(self, rdir: str) -> str:
+        return ""
+
+    def pattern(self) -> str:
+        return f"{tag_pattern(SAMPLER_MODULE)}.*{self.tag}"
+
+    def output(self, rdir: str) -> str | None:
+        return f"{rdir}/counters.parquet"
+
+    def after_stop(self, rdir: str) -> str:
+        return ""
+
+
+@dataclass(frozen=True)
+class SocketStats:
+    """TCP's own view of every training socket at ``hz`` (:mod:`commscope.node.sockstats`)."""
+
+    hz: float
+    limit_s: float
+    tag: str
+
+    def command(self, node: NodeSpec, rdir: str) -> str:
+        py = shlex.quote(node.python)
+        return (
+            f"{py} -m {SOCKSTATS_MODULE} --addr {node.exp_addr} --hz {self.hz} "
+            f"--out {rdir}/sockets.parquet --max-seconds {self.limit_s} --tag {self.tag} "
+            "> sockstats.log 2>&1"
+        )
+
+    def ready(self, rdir: str) -> str:
+        return ""
+
+    def pattern(self) -> str:
+        return f"{tag_pattern(SOCKSTATS_MODULE)}.*{self.tag}"
+
+    def output(self, rdir: str) -> str | None:
+        return f"{rdir}/sockets.parquet"
+
+    def after_stop(self, rdir: str) -> str:
+        return ""
+
+
+@dataclass(frozen=True)
+class PacketCapture:
+    """Packet headers (96 bytes) of the experiment interface with tcpdump, gzipped when done."""
+
+    limit_s: float
+    tag: str
+
+    def command(self, node: NodeSpec, rdir: str) -> str:
+        # -Z root: write as root (tcpdump otherwise drops to user tcpdump after opening).
+        # The file name carries the tag, so the stop step can find this tcpdump.
+        return (
+            f"timeout {int(self.limit_s)} tcpdump -i {node.exp_iface} -s 96 -n -Z root "
+            f"--time-stamp-precision=nano -w {rdir}/{self.tag}.pcap > tcpdump.log 2>&1"
+        )
+
+    def ready(self, rdir: str) -> str:
+        # Capture must be running before training starts, or first packets are lost.
+        return (
+            f" for i in $(seq 50); do grep -q 'listening on' {rdir}/tcpdump.log && exit 0; "
+            f"sleep 0.1; done; echo 'tcpdump did not start:' >&2; cat {rdir}/tcpdump.log >&2;"
+            " exit 1"
+        )
+
+    def pattern(self) -> str:
+        return f"{tag_pattern('tcpdump')}.*{self.tag}"
+
+    def output(self, rdir: str) -> str | None:
+        return None
+
+    def after_stop(self, rdir: str) -> str:
+        # Headers of a capped run are ~100 B per 1.5 KB frame; gzip takes them to a fraction
+        # before they cross SSH (training is over: the CPU is free).
+        return f"; gzip -1 -f {rdir}/{self.tag}.pcap"
+
+
+def node_tools(run: RunSettings, tag: str) -> list[NodeTool]:
+    """The background tools ``run`` asks for, counters first (they are always taken)."""
+    limit = float(run.timeout_s) + 30
+    tools: list[NodeTool] = [CounterSampler(int(run.sample_hz), limit, tag)]
+    if run.socket_hz > 0:
+        tools.append(SocketStats(run.socket_hz, limit, tag))
+    if run.pcap:
+        tools.append(PacketCapture(limit, tag))
+    return tools
+
+
+@dataclass(frozen=True)
+class NodeTools:
+    """Every node tool of a cell, started in one SSH command and stopped in one."""
+
+    tools: list[NodeTool]
+    remote_dirs: Mapping[str, str]
+
+    def start(self, host: Host) -> None:
+        rdir = self.remote_dirs[host.name]
+        # Background only the tools: `a && b &` would background a subshell that keeps the SSH
+        # channel's stdout open, and the call would block until the tools exit.
+        start = " ".join(
+            f"(nohup setsid {t.command(host.spec, rdir)} < /dev/null &);" for t in self.tools
+        )
+        ready = "".join(t.ready(rdir) for t in self.tools)
+        host.run(f"cd {rdir} && {start}{ready}")
+
+    def stop(self, host: Host) -> None:
+        rdir = self.remote_dirs[host.name]
+        outputs = [o for o in (t.output(rdir) for t in self.tools) if o is not None]
+        patterns = [t.pattern() for t in self.tools]
+        waits = " && ".join(f"test -e {o}" for o in outputs)
+        # One round trip: signal, then wait (up to 20 s) for the atomically renamed outputs
+        # and for the last tool (tcpdump when capturing) to flush and exit.
+        after = "".join(t.after_stop(rdir) for t in self.tools)
+        host.run(
+            "; ".join(f"pkill -TERM -f {pat}" for pat in patterns) + "; "
+            f"for i in $(seq 200); do {waits} && ! pgrep -f {patterns[-1]} >/dev/null "
+            f"&& break; sleep 0.1; done; {waits} || echo 'sampler output missing' >&2{after}",
+            warn=True,
+        )
+
+
+@dataclass(frozen=True)
+class CellProbes:
+    """A cell's probes on one node: the qdisc statistics and the node tools on the main SSH
+    channel while the clock probe runs on a second one (saves the probe's round trips on every
+    cell). ``start`` and ``stop`` return (qdisc stats, ``{"start"|"end": clock sample}``)."""
+
+    tools: NodeTools
+    qdisc: QdiscProbe = QdiscProbe()
+    clock: ClockProbe = ClockProbe()
+
+    def start(self, host: Host) -> tuple[list[dict], dict[str, Any]]:
+        with ThreadPoolExecutor(1) as pool:
+            clock = pool.submit(self.clock.start, host)
+            stats = self.qdisc.start(host)
+            self.tools.start(host)
+            return stats, clock.result()
+
+    def stop(self, host: Host) -> tuple[list[dict], dict[str, Any]]:
+        with ThreadPoolExecutor(1) as pool:
+            clock = pool.submit(self.clock.stop, host)
+            stats = self.qdisc.stop(host)
+            self.tools.stop(host)
+            return stats, clock.result()

@@ -1,0 +1,155 @@
+"""What a link looks like: :class:`LinkShape` and the parsers of the sweep's rate, time and loss
+strings. Torch-free and host-free (plain data with validation): Snakemake's config checks use it
+without touching a node; :mod:`commscope.cluster.shaping` turns a shape into tc commands.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from decimal import Decimal
+
+# What tc answers when the kernel lacks sch_netem (probed by commscope.cluster.shaping).
+NETEM_UNKNOWN = "Specified qdisc kind is unknown"
+
+_RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
+_TIME_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1000.0}
+_NUM = r"(\d+(?:\.\d*)?|\.\d+)"
+
+
+def _parse_rate(text: str) -> int | None:
+    s = str(text).strip().lower()
+    if s in ("none", "unlimited", "inf", ""):
+        return None
+    m = re.fullmatch(_NUM + r"\s*([kmgt]?bit)", s)
+    if not m:
+        raise ValueError(
+            f"bw={text!r} is not a rate: use a number with a unit in bits per second such as "
+            "'100mbit', '1gbit' or '500kbit' (tc's 'bps' means bytes, so it is not accepted), "
+            "or 'none'/'unlimited' for no cap"
+        )
+    bps = float(m.group(1)) * _RATE_UNITS[m.group(2)]
+    if bps < 8:
+        raise ValueError(f"bw={text!r} must be at least 8bit (e.g. '100mbit')")
+    return round(bps)
+
+
+def _parse_time_ms(text: str, field: str) -> float:
+    s = str(text).strip().lower()
+    m = re.fullmatch(_NUM + r"\s*(us|ms|s)?", s)
+    if not m or (m.group(2) is None and float(m.group(1)) != 0):
+        raise ValueError(
+            f"{field}={text!r} is not a duration: use a number with a unit such as '10ms', "
+            "'0.5ms', '500us' or '1s' ('0' alone is fine)"
+        )
+    return float(m.group(1)) * _TIME_UNITS[m.group(2) or "ms"]
+
+
+def _parse_loss_pct(text: str) -> float:
+    s = str(text).strip()
+    m = re.fullmatch(_NUM + r"\s*(%?)", s)
+    if not m or (m.group(2) == "" and float(m.group(1)) != 0):
+        raise ValueError(f"loss={text!r} is not a percentage: use e.g. '0.5%' or '0%'")
+    pct = float(m.group(1))
+    if pct > 100:
+        raise ValueError(f"loss={text!r} must be between 0% and 100% (e.g. '0.5%')")
+    return pct
+
+
+def loss_pct(loss: str) -> float:
+    """'0.5pct' -> 0.5 (the config writes loss path-safely, without '%')."""
+    return float(loss.removesuffix("pct"))
+
+
+def tc_num(x: float) -> str:
+    """A number as tc wants it: no exponent, no trailing zeros (10.0 -> '10', 0.25 -> '0.25')."""
+    d = Decimal(repr(float(x))).normalize()
+    text = format(d, "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def tc_ms(x: float) -> str:
+    """A duration in ms as tc wants it (10.0 -> '10ms')."""
+    return f"{tc_num(x)}ms"
+
+
+@dataclass(frozen=True)
+class LinkShape:
+    """What one node's experiment link looks like: a rate cap plus netem impairments.
+
+    ``rate_bps`` is in bits per second of L2 frames (tbf counts whole Ethernet frames without
+    FCS), ``None`` means uncapped. Delay and jitter are one-way, applied on the receive side.
+    """
+
+    rate_bps: int | None
+    delay_ms: float = 0
+    jitter_ms: float = 0
+    loss_pct: float = 0
+
+    def __post_init__(self) -> None:
+        if self.rate_bps is not None and self.rate_bps <= 0:
+            raise ValueError(f"rate_bps={self.rate_bps} must be positive, or None for no cap")
+        for field, value in (
+            ("delay_ms", self.delay_ms),
+            ("jitter_ms", self.jitter_ms),
+            ("loss_pct", self.loss_pct),
+        ):
+            if not (value >= 0 and math.isfinite(value)):
+                raise ValueError(f"{field}={value} must be a finite number >= 0")
+        if self.loss_pct > 100:
+            raise ValueError(f"loss_pct={self.loss_pct} must be <= 100")
+
+    @property
+    def needs_netem(self) -> bool:
+        """Whether this shape needs the netem qdisc (any delay, jitter or loss)."""
+        return self.delay_ms > 0 or self.jitter_ms > 0 or self.loss_pct > 0
+
+    @property
+    def is_noop(self) -> bool:
+        """No cap and no impairment: applying it leaves the link unshaped."""
+        return self.rate_bps is None and not self.needs_netem
+
+    @classmethod
+    def parse(cls, bw: str, delay: str = "0ms", jitter: str = "0ms", loss: str = "0%") -> LinkShape:
+        """Parse sweep-style strings, e.g. ``LinkShape.parse("100mbit", "10ms", "1ms", "0.5%")``.
+
+        ``bw``: ``<n>[k|m|g|t]bit`` (decimal units, as tc) or ``none``/``unlimited``;
+        ``delay``/``jitter``: ``<n>us|ms|s``; ``loss``: ``<n>%``. Raises ValueError naming the
+        field and showing a valid example.
+        """
+        return cls(
+            rate_bps=_parse_rate(bw),
+            delay_ms=_parse_time_ms(delay, "delay"),
+            jitter_ms=_parse_time_ms(jitter, "jitter"),
+            loss_pct=_parse_loss_pct(loss),
+        )
+
+    def describe(self) -> str:
+        """Short human form, e.g. ``rate=100mbit delay=10ms``."""
+        parts = [f"rate={tc_num(self.rate_bps / 1e6)}mbit" if self.rate_bps else "rate=unlimited"]
+        if self.delay_ms:
+            parts.append(f"delay={tc_ms(self.delay_ms)}")
+        if self.jitter_ms:
+            parts.append(f"jitter={tc_ms(self.jitter_ms)}")
+        if self.loss_pct:
+            parts.append(f"loss={tc_num(self.loss_pct)}%")
+        return " ".join(parts)
+
+
+def check_shape_supported(shape: LinkShape, has_netem: bool) -> None:
+    """Refuse a shape this kernel cannot apply, saying why: never silently drop delay/loss."""
+    if not shape.needs_netem or has_netem:
+        return
+    asked = []
+    if shape.delay_ms:
+        asked.append(f"delay={tc_ms(shape.delay_ms)}")
+    if shape.jitter_ms:
+        asked.append(f"jitter={tc_ms(shape.jitter_ms)}")
+    if shape.loss_pct:
+        asked.append(f"loss={tc_num(shape.loss_pct)}%")
+    raise ValueError(
+        f"cell asks for {', '.join(asked)} but this kernel has no netem qdisc "
+        f"(tc: {NETEM_UNKNOWN}); remove delay/jitter/loss from the sweep or run on a kernel "
+        "with sch_netem"
+    )

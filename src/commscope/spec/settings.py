@@ -1,0 +1,152 @@
+"""Typed settings the runner passes around: one sweep cell, the ``run:`` block, the ``cluster:``
+block and the workload torchrun starts. Frozen and torch-free; each is built once from its config
+mapping (Snakemake's ``params``, already validated against the schema and given its defaults) with
+``from_mapping``, which rejects unknown keys so that a renamed key fails loudly instead of being
+ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from commscope.spec.link import LinkShape, loss_pct
+
+
+def _known(cls: type, mapping: Mapping[str, Any], what: str) -> dict[str, Any]:
+    """``mapping`` as keyword arguments of ``cls``; ValueError naming any key it does not have."""
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(set(mapping) - names)
+    if unknown:
+        raise ValueError(f"{what}: unknown keys {unknown}; known: {sorted(names)}")
+    return dict(mapping)
+
+
+@dataclass(frozen=True)
+class CellSettings:
+    """Where a cell runs and how its links are shaped, plus the training axes when it trains.
+
+    ``nodes`` x ``ranks_per_node`` ranks; ``bw``/``delay``/``jitter``/``loss`` as the sweep writes
+    them (``loss`` path-safe, e.g. ``0.5pct``). ``strategy``, ``model``, ``steps`` and ``repeat``
+    are None for a cell that does not train (the microbenchmark). Field order is the sweep's.
+    """
+
+    nodes: int
+    ranks_per_node: int
+    bw: str
+    delay: str = "0ms"
+    jitter: str = "0ms"
+    loss: str = "0pct"
+    strategy: str | None = None
+    model: str | None = None
+    steps: int | None = None
+    repeat: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or self.ranks_per_node < 1:
+            raise ValueError(
+                f"cell needs nodes >= 1 and ranks_per_node >= 1, got {self.nodes} and "
+                f"{self.ranks_per_node}"
+            )
+
+    @classmethod
+    def from_mapping(cls, cell: Mapping[str, Any]) -> CellSettings:
+        """From a cell's sweep values (a Paramspace instance, or a dict with the same keys)."""
+        kw = _known(cls, cell, "cell")
+        for key in ("nodes", "ranks_per_node", "steps", "repeat"):
+            if kw.get(key) is not None:
+                kw[key] = int(kw[key])
+        for key in ("bw", "delay", "jitter", "loss", "strategy", "model"):
+            if kw.get(key) is not None:
+                kw[key] = str(kw[key])
+        return cls(**kw)
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+    def link_shape(self) -> LinkShape:
+        """The tc shape the cell asks for."""
+        return LinkShape.parse(self.bw, self.delay, self.jitter, f"{loss_pct(self.loss)}%")
+
+    def as_dict(self) -> dict[str, Any]:
+        """The axes this cell sets, in the sweep's order (as the config wrote them)."""
+        order = ("strategy", "model", "nodes", "ranks_per_node", "bw", "delay", "jitter", "loss")
+        values = {k: getattr(self, k) for k in (*order, "steps", "repeat")}
+        return {k: v for k, v in values.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """The config's ``run:`` block: how long a cell may take and what is measured beside it.
+
+    ``timeout_s`` bounds torchrun on every node (and the process-group timeout); ``sample_hz``
+    is the interface counter rate, ``socket_hz`` the socket statistics rate (0: off); ``pcap``
+    captures packet headers with tcpdump; ``master_port`` is torchrun's rendezvous port.
+    """
+
+    timeout_s: float = 300.0
+    sample_hz: int = 1000
+    warmup_steps: int = 2
+    master_port: int = 29500
+    socket_hz: float = 10.0
+    pcap: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.timeout_s > 0:
+            raise ValueError(f"run.timeout_s={self.timeout_s} must be > 0")
+        if self.sample_hz < 1:
+            raise ValueError(f"run.sample_hz={self.sample_hz} must be >= 1")
+        if self.socket_hz < 0:
+            raise ValueError(f"run.socket_hz={self.socket_hz} must be >= 0 (0: off)")
+
+    @classmethod
+    def from_mapping(cls, run: Mapping[str, Any]) -> RunSettings:
+        kw = _known(cls, run, "run")
+        casts = {
+            "timeout_s": float,
+            "sample_hz": int,
+            "warmup_steps": int,
+            "master_port": int,
+            "socket_hz": float,
+            "pcap": bool,
+        }
+        return cls(**{k: casts[k](v) for k, v in kw.items()})
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    """The config's ``cluster:`` block: which backend, its name (state dir, namespaces), the
+    netns subnets, the ssh inventory, and how long an SSH connect may take."""
+
+    backend: str = "netns"
+    name: str = "cs"
+    mgmt_subnet: str = "198.18.0.0/24"
+    exp_subnet: str = "198.19.0.0/24"
+    inventory: str = "config/cluster.yaml"
+    connect_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("netns", "ssh"):
+            raise ValueError(f"cluster.backend={self.backend!r}: use 'netns' or 'ssh'")
+
+    @classmethod
+    def from_mapping(cls, cluster: Mapping[str, Any]) -> ClusterSettings:
+        kw = _known(cls, cluster, "cluster")
+        if "connect_timeout_s" in kw:
+            kw["connect_timeout_s"] = float(kw["connect_timeout_s"])
+        return cls(**{k: v if k == "connect_timeout_s" else str(v) for k, v in kw.items()})
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What torchrun starts on every rank: ``python -m <module> <spec.json>``.
+
+    ``spec`` is the JSON payload the module reads (the runner adds ``out_dir`` and ``node``):
+    the training run spec of :func:`commscope.experiment.launch.training_workload`, or the
+    microbenchmark's (:func:`commscope.bench.run.bench_spec`).
+    """
+
+    module: str
+    spec: Mapping[str, Any]
