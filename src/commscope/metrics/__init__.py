@@ -38,7 +38,8 @@ for the whole metric API:
   interface counters; :mod:`.framework` framework vs wire per node; :mod:`.matrix` the rank
   and node communication matrices; :mod:`.window` and :mod:`.crosscheck` the cross-validation;
   :mod:`.sockets` TCP's own statistics; :mod:`.summary` the one-row cell summary;
-* :mod:`.io` the files-in, files-out functions the Snakemake scripts call;
+* :mod:`.io` the files-in, files-out functions the Snakemake scripts call; :mod:`.imported`
+  the op-level metrics of traces recorded elsewhere (``imports:``);
 * from lower layers: the traffic model (:mod:`commscope.collectives.traffic`), the MoE trace
   repair (:mod:`commscope.collectives.moe`), trace loading (:mod:`commscope.cell.load`) and
   the table, file and column names (:mod:`commscope.contracts`).

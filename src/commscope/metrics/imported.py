@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from commscope import metrics
 from commscope.contracts import table_file
 from commscope.importers import load_trace
+from commscope.metrics.matrix import comm_matrix
+from commscope.metrics.volume import message_sizes, op_volume
 
 
 def load_import(paths: list[Path], name: str) -> pd.DataFrame:
@@ -44,9 +45,9 @@ def analyze_import_files(paths: list[Path], name: str, outputs: Mapping[str, Pat
     ops = load_import(paths, name)
     tables = {
         "ops": ops,
-        "op_volume": metrics.op_volume(ops, per_rank=True),
-        "msg_sizes": metrics.message_sizes(ops),
-        "comm_matrix": metrics.comm_matrix(ops),
+        "op_volume": op_volume(ops, per_rank=True),
+        "msg_sizes": message_sizes(ops),
+        "comm_matrix": comm_matrix(ops),
         "summary": import_summary(ops, name),
     }
     for table in IMPORT_TABLES:
