@@ -53,13 +53,14 @@ asynchronous ops is not counted; pipelined schedules become one rank's serial se
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from os import PathLike
 from pathlib import Path
 
 import pandas as pd
 
-from commscope.export import op_records, phase_intervals, rank_timeline
+from commscope.export import Interval, op_records, phase_intervals, rank_timeline
 
 COMM_NAMES = {
     "allreduce": "ALLREDUCE",
@@ -196,27 +197,14 @@ def _spread(total: int, n: int) -> list[int]:
     return [total // n + (1 if i < total % n else 0) for i in range(n)]
 
 
-def astra_workload(
-    ops: pd.DataFrame,
-    steps: pd.DataFrame,
-    *,
-    rank: int = 0,
-    step: int | None = None,
-    warmup_steps: int = 0,
-    parallelism: str | None = None,
-    time_unit_ns: float = 1000.0,
-) -> AstraWorkload:
-    """The workload of one step of ``rank`` (see the module docstring for the mapping)."""
-    if step is None:
-        step = _steady_step(steps, rank, warmup_steps)
-    if step is None:
-        raise ValueError(f"rank {rank} has no steps to export")
-    records = [r for r in op_records(ops).get(rank, []) if r["step"] == step]
-    intervals = [iv for iv in phase_intervals(steps, rank) if iv.step == step]
-
-    def units(ns: float) -> int:
-        return int(round(ns / time_unit_ns))
-
+def _slotted_ops(
+    records: list[dict], intervals: list[Interval]
+) -> tuple[list[tuple[dict, float]], list[tuple[dict, str, float]], list[str], dict, float]:
+    """Walk the step's timeline in order and sort its ops into slots (see the module
+    docstring): forward ops with the compute before them in ns, backward ops with their slot
+    (``ig`` or ``wg``) and compute before them, the ops the format cannot express as
+    ``"op bytes"``, the forward and backward compute after the last op of each
+    (``pending``), and the optimizer phase's compute."""
     fwd_ops: list[tuple[dict, float]] = []  # (op, compute before it in ns)
     bwd_ops: list[tuple[dict, str, float]] = []
     dropped: list[str] = []
@@ -244,29 +232,54 @@ def astra_workload(
         else:
             bwd_ops.append((item, slot, pending["bwd"]))
             pending["bwd"] = 0.0
+    return fwd_ops, bwd_ops, dropped, pending, optim_ns
 
-    # Backward ops fill layers from the top down: index = layers from the last one.
+
+def _layer_depths(n_fwd: int, bwd_ops: list[tuple[dict, str, float]]) -> tuple[list[int], int]:
+    """Each backward op's layer counted from the last one (backward ops fill layers from the
+    top down, a new layer whenever a slot is taken), and the number of layers both
+    directions need (input-gradient ops never on layer 0)."""
     from_top, taken, cur = [], set(), 0
     for _, slot, _ in bwd_ops:
         if slot in taken or (slot == "ig" and "wg" in taken):
             cur, taken = cur + 1, set()
         from_top.append(cur)
         taken.add(slot)
-    n_layers = max(len(fwd_ops), (from_top[-1] + 1) if from_top else 0, 1)
+    n_layers = max(n_fwd, (from_top[-1] + 1) if from_top else 0, 1)
     ig_depths = [d for d, (_, slot, _) in zip(from_top, bwd_ops, strict=True) if slot == "ig"]
     if ig_depths:
         n_layers = max(n_layers, max(ig_depths) + 2)
-    layers = [AstraLayer(f"layer_{i}") for i in range(n_layers)]
+    return from_top, n_layers
 
+
+def _fill_forward(
+    layers: list[AstraLayer],
+    fwd_ops: list[tuple[dict, float]],
+    tail: int,
+    units: Callable[[float], int],
+) -> None:
+    """Forward op *i* and the compute before it into layer *i*; the ``tail`` compute after
+    the last one spread over the layers after it (else added to the last layer)."""
     for i, (rec, before) in enumerate(fwd_ops):
         layer = layers[i]
         layer.fwd_compute += units(before)
         layer.fwd_comm, layer.fwd_size = COMM_NAMES[rec["op"]], _size(rec)
-    tail = units(pending["fwd"])
     after = layers[len(fwd_ops) :] or layers[-1:]
     for layer, share in zip(after, _spread(tail, len(after)), strict=True):
         layer.fwd_compute += share
 
+
+def _fill_backward(
+    layers: list[AstraLayer],
+    from_top: list[int],
+    bwd_ops: list[tuple[dict, str, float]],
+    tail: int,
+    units: Callable[[float], int],
+) -> None:
+    """Backward ops and the compute before them into their layers' ``ig``/``wg`` slots; the
+    ``tail`` compute after the last one spread over the layers below it (else added to
+    layer 0's weight-gradient compute)."""
+    n_layers = len(layers)
     for depth, (rec, slot, before) in zip(from_top, bwd_ops, strict=True):
         layer = layers[n_layers - 1 - depth]
         if slot == "ig":
@@ -275,23 +288,53 @@ def astra_workload(
         else:
             layer.wg_compute += units(before)
             layer.wg_comm, layer.wg_size = COMM_NAMES[rec["op"]], _size(rec)
-    tail = units(pending["bwd"])
     lowest = n_layers - 1 - from_top[-1] if from_top else n_layers
     below = layers[:lowest] or layers[:1]
     for layer, share in zip(below, _spread(tail, len(below)), strict=True):
         layer.wg_compute += share
+
+
+def _policy(layers: list[AstraLayer]) -> str:
+    """``DATA``, ``MODEL`` or ``HYBRID_DATA_MODEL`` by the slots the layers use."""
+    has_wg = any(x.wg_comm != "NONE" for x in layers)
+    has_model = any(x.fwd_comm != "NONE" or x.ig_comm != "NONE" for x in layers)
+    return "HYBRID_DATA_MODEL" if has_wg and has_model else "MODEL" if has_model else "DATA"
+
+
+def astra_workload(
+    ops: pd.DataFrame,
+    steps: pd.DataFrame,
+    *,
+    rank: int = 0,
+    step: int | None = None,
+    warmup_steps: int = 0,
+    parallelism: str | None = None,
+    time_unit_ns: float = 1000.0,
+) -> AstraWorkload:
+    """The workload of one step of ``rank`` (see the module docstring for the mapping)."""
+    if step is None:
+        step = _steady_step(steps, rank, warmup_steps)
+    if step is None:
+        raise ValueError(f"rank {rank} has no steps to export")
+    records = [r for r in op_records(ops).get(rank, []) if r["step"] == step]
+    intervals = [iv for iv in phase_intervals(steps, rank) if iv.step == step]
+
+    def units(ns: float) -> int:
+        return int(round(ns / time_unit_ns))
+
+    fwd_ops, bwd_ops, dropped, pending, optim_ns = _slotted_ops(records, intervals)
+    from_top, n_layers = _layer_depths(len(fwd_ops), bwd_ops)
+    layers = [AstraLayer(f"layer_{i}") for i in range(n_layers)]
+    _fill_forward(layers, fwd_ops, units(pending["fwd"]), units)
+    _fill_backward(layers, from_top, bwd_ops, units(pending["bwd"]), units)
 
     wg_kb = sum(x.wg_size for x in layers) / 1024
     update = int(round(units(optim_ns) / wg_kb)) if wg_kb > 0 else 0
     for layer in layers:
         layer.update = update
 
-    has_wg = any(x.wg_comm != "NONE" for x in layers)
-    has_model = any(x.fwd_comm != "NONE" or x.ig_comm != "NONE" for x in layers)
     if parallelism is None:
-        parallelism = (
-            "HYBRID_DATA_MODEL" if has_wg and has_model else "MODEL" if has_model else "DATA"
-        )
+        parallelism = _policy(layers)
     return AstraWorkload(parallelism, layers, rank=rank, step=int(step), dropped=dropped)
 
 

@@ -72,11 +72,7 @@ def export_cell_files(
     ``warmup_steps`` chooses the ASTRA-sim step, ``world_size`` goes into the metadata,
     ``backend`` picks the flows' algorithms).
     """
-    meta: dict[str, Any] = {}
-    if Path(cell).exists():
-        meta = json.loads(Path(cell).read_text())
-    op_table = pd.read_parquet(ops)
-    step_table = pd.read_parquet(steps)
+    meta, op_table, step_table = _read_trace(ops, steps, cell)
     for path in (perfetto, astra, flows):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
 
@@ -89,17 +85,7 @@ def export_cell_files(
         world_size=meta.get("world_size"),
         astra_compatible=astra_compatible,
     )
-    ran_step = step_table[(step_table["rank"] == astra_rank) & (step_table["step"] >= 0)]
-    if not ran_step.empty:
-        paths.append(
-            write_astra_text(
-                Path(astra),
-                op_table,
-                step_table,
-                rank=astra_rank,
-                warmup_steps=int(meta.get("warmup_steps", 0) or 0),
-            )
-        )
+    paths += _write_astra(Path(astra), op_table, step_table, meta, astra_rank)
     ranks_per_node = (meta.get("params") or {}).get("ranks_per_node")
     paths.append(
         write_flows_csv(
@@ -110,3 +96,38 @@ def export_cell_files(
         )
     )
     return paths
+
+
+def _read_trace(
+    ops: Path, steps: Path, cell: Path
+) -> tuple[dict[str, Any], pd.DataFrame, pd.DataFrame]:
+    """The cell's metadata (empty without cell.json), ops table and steps table."""
+    meta: dict[str, Any] = {}
+    if Path(cell).exists():
+        meta = json.loads(Path(cell).read_text())
+    op_table = pd.read_parquet(ops)
+    step_table = pd.read_parquet(steps)
+    return meta, op_table, step_table
+
+
+def _write_astra(
+    astra: Path,
+    op_table: pd.DataFrame,
+    step_table: pd.DataFrame,
+    meta: dict[str, Any],
+    astra_rank: int,
+) -> list[Path]:
+    """``[astra]`` written with rank ``astra_rank``'s workload, or ``[]`` when that rank ran
+    no step."""
+    ran_step = step_table[(step_table["rank"] == astra_rank) & (step_table["step"] >= 0)]
+    if ran_step.empty:
+        return []
+    return [
+        write_astra_text(
+            astra,
+            op_table,
+            step_table,
+            rank=astra_rank,
+            warmup_steps=int(meta.get("warmup_steps", 0) or 0),
+        )
+    ]

@@ -266,17 +266,13 @@ def _splits(value: Any) -> list[int]:
     return [int(v) for v in value]
 
 
-def _comm_node(
-    node_id: int,
-    rec: dict[str, Any],
-    rank: int,
-    ctrl: list[int],
-    data: list[int],
-    astra_compatible: bool,
-) -> bytes:
+def _comm_type_attrs(
+    rec: dict[str, Any], rank: int, astra_compatible: bool
+) -> tuple[int, list[bytes]]:
+    """The node type of an op and the attributes that say what kind of communication it is:
+    source, destination and tag of a send/recv, type (and root) of a collective."""
     op = rec["op"]
-    end = rec["t_end_ns"]
-    attrs = [attribute("is_cpu_op", "bool", False)]
+    attrs: list[bytes] = []
     if op in ("send", "recv"):
         node_type = COMM_SEND_NODE if op == "send" else COMM_RECV_NODE
         peer = rec["peer"]
@@ -296,6 +292,23 @@ def _comm_node(
             attrs.append(attribute("commscope_op", "string", op))
         if rec["root"] >= 0:
             attrs.append(attribute("comm_root", "int64", rec["root"]))
+    return node_type, attrs
+
+
+def _comm_node(
+    node_id: int,
+    rec: dict[str, Any],
+    rank: int,
+    ctrl: list[int],
+    data: list[int],
+    astra_compatible: bool,
+) -> bytes:
+    """The Chakra node of one op of ``rank`` with its control and data dependencies."""
+    op = rec["op"]
+    end = rec["t_end_ns"]
+    attrs = [attribute("is_cpu_op", "bool", False)]
+    node_type, kind_attrs = _comm_type_attrs(rec, rank, astra_compatible)
+    attrs += kind_attrs
     attrs.append(attribute("comm_size", "int64", rec["bytes"]))
     if rec["group"]:
         attrs.append(attribute("pg_name", "string", rec["group"]))

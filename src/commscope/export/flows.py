@@ -24,6 +24,7 @@ for a rank's first flow.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from os import PathLike
 from pathlib import Path
 from typing import Any
@@ -60,21 +61,12 @@ def _node_of(nodes: dict[int, int], ranks_per_node: int) -> Any:
     return node
 
 
-def to_flows(
-    ops: pd.DataFrame, ranks_per_node: int | None = None, backend: str = "nccl"
-) -> pd.DataFrame:
-    """The flow list of ``ops`` (one cell); see the module docstring. ``ranks_per_node``
-    places ranks that issued no op (default: the table's ``ranks_per_node`` column);
-    ``backend`` picks the algorithms the bytes follow (gloo's differ from NCCL's rings, see
-    :func:`commscope.collectives.traffic.op_destinations`)."""
-    if ops.empty:
-        return pd.DataFrame(columns=FLOW_COLUMNS)
-    if ranks_per_node is None and "ranks_per_node" in ops.columns:
-        ranks_per_node = int(ops["ranks_per_node"].iloc[0])
-    node = _node_of(rank_nodes(ops), int(ranks_per_node or 0))
-    records = op_records(ops)
-
-    # Every op's outgoing flows: (start, src, position, index) orders them for their ids.
+def _outgoing(
+    records: dict[int, list[dict[str, Any]]], backend: str
+) -> tuple[list[tuple], dict[tuple[int, int], list[tuple]]]:
+    """Every op's outgoing flows ``(start, src, position, index, dst, bytes)``: all of them
+    sorted by ``(start, src, position, index)`` (the order of their ids), and per
+    ``(rank, position)`` of the op that sends them."""
     pending = []
     out: dict[tuple[int, int], list[tuple]] = {}
     for rank, recs in records.items():
@@ -93,13 +85,15 @@ def to_flows(
             out[(rank, pos)] = flows
             pending += flows
     pending.sort(key=lambda f: f[:4])
-    flow_id = {f[:4]: i for i, f in enumerate(pending)}
+    return pending, out
 
-    def ids_to(rank: int, pos: int, dst: int | None = None) -> list[int]:
-        return [flow_id[f[:4]] for f in out.get((rank, pos), []) if dst is None or f[4] == dst]
 
-    # Which ops on other ranks deliver bytes to each op: same collective instance (group,
-    # seq, op), or the send matching a receive (group, sender, receiver, seq).
+def _incoming(
+    records: dict[int, list[dict[str, Any]]],
+) -> Callable[[int, dict[str, Any]], list[tuple[int, int]]]:
+    """``incoming(rank, rec)``: (sender rank, position) of the ops on other ranks whose flows
+    reach ``rank`` for ``rec``: same collective instance (group, seq, op), or the send
+    matching a receive (group, sender, receiver, seq)."""
     instances: dict[tuple, list[tuple[int, int]]] = {}
     sends: dict[tuple, int] = {}
     for rank, recs in records.items():
@@ -119,6 +113,21 @@ def to_flows(
         members = instances.get((rec["group"], rec["seq"], rec["op"]), [])
         return [(r, p) for r, p in members if r != rank]
 
+    return incoming
+
+
+def _dependencies(
+    records: dict[int, list[dict[str, Any]]],
+    pending: list[tuple],
+    out: dict[tuple[int, int], list[tuple]],
+) -> dict[int, str]:
+    """The ``deps`` text of every flow id that has any (see the module docstring)."""
+    flow_id = {f[:4]: i for i, f in enumerate(pending)}
+
+    def ids_to(rank: int, pos: int, dst: int | None = None) -> list[int]:
+        return [flow_id[f[:4]] for f in out.get((rank, pos), []) if dst is None or f[4] == dst]
+
+    incoming = _incoming(records)
     deps: dict[int, str] = {}
     for rank, recs in records.items():
         for pos, rec in enumerate(recs):
@@ -140,7 +149,16 @@ def to_flows(
             text = ";".join(str(i) for i in sorted(set(before)))
             for i in mine:
                 deps[i] = text
+    return deps
 
+
+def _flow_frame(
+    records: dict[int, list[dict[str, Any]]],
+    pending: list[tuple],
+    deps: dict[int, str],
+    node: Any,
+) -> pd.DataFrame:
+    """The flows in id order as a :data:`FLOW_COLUMNS` frame."""
     rows = []
     for start, rank, pos, _, dst, nbytes in pending:
         rec = records[rank][pos]
@@ -176,6 +194,24 @@ def to_flows(
             "seq": "int64",
         }
     )
+
+
+def to_flows(
+    ops: pd.DataFrame, ranks_per_node: int | None = None, backend: str = "nccl"
+) -> pd.DataFrame:
+    """The flow list of ``ops`` (one cell); see the module docstring. ``ranks_per_node``
+    places ranks that issued no op (default: the table's ``ranks_per_node`` column);
+    ``backend`` picks the algorithms the bytes follow (gloo's differ from NCCL's rings, see
+    :func:`commscope.collectives.traffic.op_destinations`)."""
+    if ops.empty:
+        return pd.DataFrame(columns=FLOW_COLUMNS)
+    if ranks_per_node is None and "ranks_per_node" in ops.columns:
+        ranks_per_node = int(ops["ranks_per_node"].iloc[0])
+    node = _node_of(rank_nodes(ops), int(ranks_per_node or 0))
+    records = op_records(ops)
+    pending, out = _outgoing(records, backend)
+    deps = _dependencies(records, pending, out)
+    return _flow_frame(records, pending, deps, node)
 
 
 def write_flows_csv(

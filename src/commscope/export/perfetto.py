@@ -85,30 +85,23 @@ def _lanes(records: list[dict[str, Any]]) -> list[int]:
     return lanes
 
 
-def to_chrome_trace(
-    ops: pd.DataFrame, steps: pd.DataFrame | None, *, meta: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    """The Chrome Trace Event document of one cell (see the module docstring)."""
-    origin = _origin(ops, steps)
-    nodes = rank_nodes(ops, steps)
-    records = op_records(ops)
+def _thread_metadata(pid: int, tid: int, name: str, sort_index: int) -> list[dict[str, Any]]:
+    """The name and sort index of one thread."""
+    return [
+        {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}},
+        {
+            "ph": "M",
+            "name": "thread_sort_index",
+            "pid": pid,
+            "tid": tid,
+            "args": {"sort_index": sort_index},
+        },
+    ]
+
+
+def _process_metadata(nodes: dict[int, int]) -> list[dict[str, Any]]:
+    """The name and sort index of each node's process."""
     metadata: list[dict[str, Any]] = []
-    events: list[dict[str, Any]] = []
-
-    def thread(pid: int, tid: int, name: str, sort_index: int) -> None:
-        metadata.append(
-            {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}}
-        )
-        metadata.append(
-            {
-                "ph": "M",
-                "name": "thread_sort_index",
-                "pid": pid,
-                "tid": tid,
-                "args": {"sort_index": sort_index},
-            }
-        )
-
     for node in sorted(set(nodes.values())):
         metadata.append(
             {
@@ -128,47 +121,80 @@ def to_chrome_trace(
                 "args": {"sort_index": node},
             }
         )
+    return metadata
 
+
+def _compute_events(
+    steps: pd.DataFrame | None, rank: int, pid: int, origin: int
+) -> list[dict[str, Any]]:
+    """The events of a rank's compute track: its steps, then its phases clamped to them."""
+    events: list[dict[str, Any]] = []
+    spans = step_spans(steps, rank) if steps is not None else {}
+    for step, (start, end) in spans.items():
+        events.append(_complete(f"step {step}", "step", pid, rank, start, end, origin))
+    if steps is not None and not steps.empty:
+        rows = steps[(steps["rank"] == rank) & steps["phase"].isin(PHASES)]
+        for step, phase, start, end in rows[["step", "phase", "t_start_ns", "t_end_ns"]].itertuples(
+            index=False, name=None
+        ):
+            start, end = int(start), int(end)
+            if int(step) in spans:  # keep phases inside their step: events must nest
+                lo, hi = spans[int(step)]
+                start, end = min(max(start, lo), hi), max(min(end, hi), lo)
+            events.append(
+                _complete(str(phase), "compute", pid, rank, start, end, origin, step=int(step))
+            )
+    return events
+
+
+def _comm_events(
+    recs: list[dict[str, Any]], rank: int, pid: int, origin: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The metadata of a rank's communication lanes and one event per op on them; each
+    record keeps its event under ``_event`` for :func:`_p2p_flows`."""
+    metadata: list[dict[str, Any]] = []
+    events: list[dict[str, Any]] = []
+    lanes = _lanes(recs)
+    for lane in sorted(set(lanes)):
+        name = f"rank {rank} comm" + (f" {lane}" if lane else "")
+        metadata += _thread_metadata(
+            pid, comm_tid(rank, lane), name, rank * (MAX_LANES + 1) + 1 + lane
+        )
+    for rec, lane in zip(recs, lanes, strict=True):
+        end = rec["t_end_ns"]
+        event = _complete(
+            rec["op"],
+            "comm",
+            pid,
+            comm_tid(rank, lane),
+            rec["t_issue_ns"],
+            end if end is not None else rec["t_issue_ns"],
+            origin,
+        )
+        event["args"] = {k: rec[k] for k in _OP_ARGS}
+        if end is None:
+            event["args"]["t_end_unknown"] = True
+        rec["_event"] = event
+        events.append(event)
+    return metadata, events
+
+
+def to_chrome_trace(
+    ops: pd.DataFrame, steps: pd.DataFrame | None, *, meta: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The Chrome Trace Event document of one cell (see the module docstring)."""
+    origin = _origin(ops, steps)
+    nodes = rank_nodes(ops, steps)
+    records = op_records(ops)
+    metadata = _process_metadata(nodes)
+    events: list[dict[str, Any]] = []
     for rank in sorted(nodes):
         pid = nodes[rank]
-        thread(pid, rank, f"rank {rank}", rank * (MAX_LANES + 1))
-        spans = step_spans(steps, rank) if steps is not None else {}
-        for step, (start, end) in spans.items():
-            events.append(_complete(f"step {step}", "step", pid, rank, start, end, origin))
-        if steps is not None and not steps.empty:
-            rows = steps[(steps["rank"] == rank) & steps["phase"].isin(PHASES)]
-            for step, phase, start, end in rows[
-                ["step", "phase", "t_start_ns", "t_end_ns"]
-            ].itertuples(index=False, name=None):
-                start, end = int(start), int(end)
-                if int(step) in spans:  # keep phases inside their step: events must nest
-                    lo, hi = spans[int(step)]
-                    start, end = min(max(start, lo), hi), max(min(end, hi), lo)
-                events.append(
-                    _complete(str(phase), "compute", pid, rank, start, end, origin, step=int(step))
-                )
-
-        recs = records.get(rank, [])
-        lanes = _lanes(recs)
-        for lane in sorted(set(lanes)):
-            name = f"rank {rank} comm" + (f" {lane}" if lane else "")
-            thread(pid, comm_tid(rank, lane), name, rank * (MAX_LANES + 1) + 1 + lane)
-        for rec, lane in zip(recs, lanes, strict=True):
-            end = rec["t_end_ns"]
-            event = _complete(
-                rec["op"],
-                "comm",
-                pid,
-                comm_tid(rank, lane),
-                rec["t_issue_ns"],
-                end if end is not None else rec["t_issue_ns"],
-                origin,
-            )
-            event["args"] = {k: rec[k] for k in _OP_ARGS}
-            if end is None:
-                event["args"]["t_end_unknown"] = True
-            rec["_event"] = event
-            events.append(event)
+        metadata += _thread_metadata(pid, rank, f"rank {rank}", rank * (MAX_LANES + 1))
+        events += _compute_events(steps, rank, pid, origin)
+        lane_metadata, comm = _comm_events(records.get(rank, []), rank, pid, origin)
+        metadata += lane_metadata
+        events += comm
 
     events += _p2p_flows(records)
     events.sort(key=lambda e: (e["ts"], -e.get("dur", 0.0), e["pid"], e["tid"]))

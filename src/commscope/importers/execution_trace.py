@@ -237,12 +237,11 @@ def _int(value: Any, default: int = -1) -> int:
     return int(value) if isinstance(value, int) and not isinstance(value, bool) else default
 
 
-def _row_from_param_comms(trace: _Trace, node: _Node) -> dict[str, Any] | None:
-    slots = _collective_slots(node)
-    name = node.attrs.get("collective_name") or (slots or {}).get("name")
-    op = normalize_op(name)
-    if op is None or slots is None:
-        return None
+def _param_comms_group(
+    trace: _Trace, node: _Node, slots: dict[str, Any]
+) -> tuple[str, list[int] | None, int]:
+    """A record_param_comms node's group name, global member ranks and size: from its
+    process group, else from its global rank start and stride."""
     attrs = node.attrs
     size = _int(attrs.get("pg_size"), _int(slots["world"]))
     pg = [attrs["pg_name"]] if "pg_name" in attrs else slots["pg"]
@@ -251,7 +250,13 @@ def _row_from_param_comms(trace: _Trace, node: _Node) -> dict[str, Any] | None:
     stride = _int(attrs.get("global_rank_stride"), _int(slots.get("rank_stride")))
     if ranks is None and size > 0 and start >= 0 and stride > 0:
         ranks = [start + i * stride for i in range(size)]
+    return group, ranks, size
 
+
+def _param_comms_payload(node: _Node, slots: dict[str, Any], op: str) -> tuple[int, int, int, str]:
+    """A record_param_comms node's input elements, input bytes and output bytes (-1 where
+    unknown) and dtype."""
+    attrs = node.attrs
     in_numel, in_bytes, dtype = (
         tensor_payload(node.in_values[0], _at(node.in_shapes, 0), _at(node.in_types, 0))
         if slots["tensors"]
@@ -269,6 +274,19 @@ def _row_from_param_comms(trace: _Trace, node: _Node) -> dict[str, Any] | None:
         out_numel, out_bytes = attrs["out_msg_nelems"], attrs["out_msg_nelems"] * elem
     if op == "recv" and in_bytes < 0:
         in_numel, in_bytes = out_numel, out_bytes
+    return in_numel, in_bytes, out_bytes, dtype
+
+
+def _row_from_param_comms(trace: _Trace, node: _Node) -> dict[str, Any] | None:
+    """The row of a record_param_comms node (``_self``: this rank as the op saw it, for the
+    rank column); None if it is no known collective or is malformed."""
+    slots = _collective_slots(node)
+    name = node.attrs.get("collective_name") or (slots or {}).get("name")
+    op = normalize_op(name)
+    if op is None or slots is None:
+        return None
+    group, ranks, size = _param_comms_group(trace, node, slots)
+    in_numel, in_bytes, out_bytes, dtype = _param_comms_payload(node, slots, op)
     in_split = slots["in_split"] if isinstance(slots["in_split"], list) else []
     if size <= 0 and in_split:
         size = len(in_split)  # an all-to-all's split list has one entry per member

@@ -150,11 +150,22 @@ def load_nccl_log(
     return ops_frame(_rows(comms, calls, rank), SOURCE)
 
 
-def _rows(
-    comms: list[_Comm],
-    calls: list[tuple[dict[str, str], dict[str, str], int]],
-    rank: int | None,
-) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class _Log:
+    """What the whole log tells about its processes and communicators."""
+
+    process_rank: dict[tuple[str, int], int]  # (host, pid) -> global rank
+    members: dict[str, dict[int, int]]  # commId -> local rank -> global rank
+    by_pointer: dict[tuple[tuple[str, int], str], _Comm]
+    processes: set[tuple[str, int]]  # the processes that logged calls
+    hosts: list[str]
+    world: int
+
+
+def _log_context(
+    comms: list[_Comm], calls: list[tuple[dict[str, str], dict[str, str], int]]
+) -> _Log:
+    """Global ranks, communicator members and hosts from the init lines and calls."""
     # A process's global rank: its rank in its largest communicator (the world).
     process_rank: dict[tuple[str, int], int] = {}
     largest: dict[tuple[str, int], int] = {}
@@ -170,52 +181,85 @@ def _rows(
     by_pointer = {(c.process, c.pointer): c for c in comms}
     processes = {(p["host"], int(p["pid"])) for p, _, _ in calls}
     hosts = sorted({host for host, _ in processes} | {c.process[0] for c in comms})
+    return _Log(process_rank, members, by_pointer, processes, hosts, world)
 
-    rows = []
-    for prefix, fields, nranks in calls:
-        process = (prefix["host"], int(prefix["pid"]))
-        op = normalize_op(prefix["name"])
-        assert op is not None
-        comm = by_pointer.get((process, fields.get("comm", "")))
-        group = comm.comm_id if comm is not None and comm.comm_id else fields.get("comm", "")
-        size = nranks if nranks > 0 else (comm.nranks if comm is not None else -1)
-        ranks: list[int] | None = None
-        if comm is not None and comm.comm_id and len(members[comm.comm_id]) == size:
-            ranks = [members[comm.comm_id][i] for i in range(size)]
-        elif size > 0 and size == world:
-            ranks = list(range(size))  # as large as the world: local rank == global rank
-        me = _parse_int(fields.get("globalrank", ""))
-        if me < 0:
-            me = process_rank.get(process, -1)
-        if me < 0 and rank is not None and len(processes) == 1:
-            me = rank
-        dtype = NCCL_DTYPES.get(_parse_int(fields.get("datatype", "")), "")
-        elem = dtype_size(dtype) if dtype else -1
-        count = _parse_int(fields.get("count", ""))
-        numel, numel_out = count, count
-        if op == "allgather" and size > 0:
-            numel_out = count * size
-        elif op in ("reduce_scatter", "alltoall") and size > 0:
-            numel = count * size
-            numel_out = count if op == "reduce_scatter" else numel
-        local = _parse_int(fields.get("root", fields.get("peer", "")))
-        target = ranks[local] if ranks and 0 <= local < len(ranks) else -1
-        rows.append(
-            {
-                "rank": me,
-                "node": hosts.index(process[0]),
-                "op": op,
-                "group": group,
-                "group_ranks": ranks_string(ranks),
-                "group_size": size,
-                "peer": target if op in P2P_OPS else -1,
-                "root": target if op in ROOTED_OPS else -1,
-                "dtype": dtype,
-                "numel": numel,
-                "bytes": numel * elem if numel >= 0 and elem > 0 else -1,
-                "bytes_out": numel_out * elem if numel_out >= 0 and elem > 0 else -1,
-                "seq": _parse_int(fields["opCount"], 16) if "opCount" in fields else -1,
-                "t_issue_ns": -1,
-            }
-        )
-    return rows
+
+def _group(
+    log: _Log, process: tuple[str, int], fields: dict[str, str], nranks: int
+) -> tuple[str, int, list[int] | None]:
+    """A call's group name, size and global member ranks (None when unknown)."""
+    comm = log.by_pointer.get((process, fields.get("comm", "")))
+    group = comm.comm_id if comm is not None and comm.comm_id else fields.get("comm", "")
+    size = nranks if nranks > 0 else (comm.nranks if comm is not None else -1)
+    ranks: list[int] | None = None
+    if comm is not None and comm.comm_id and len(log.members[comm.comm_id]) == size:
+        ranks = [log.members[comm.comm_id][i] for i in range(size)]
+    elif size > 0 and size == log.world:
+        ranks = list(range(size))  # as large as the world: local rank == global rank
+    return group, size, ranks
+
+
+def _global_rank(
+    log: _Log, process: tuple[str, int], fields: dict[str, str], rank: int | None
+) -> int:
+    """The calling process's global rank: RCCL's ``globalrank``, else from the init lines,
+    else the caller's ``rank`` for a one-process log, else -1."""
+    me = _parse_int(fields.get("globalrank", ""))
+    if me < 0:
+        me = log.process_rank.get(process, -1)
+    if me < 0 and rank is not None and len(log.processes) == 1:
+        me = rank
+    return me
+
+
+def _numels(op: str, count: int, size: int) -> tuple[int, int]:
+    """Input and output elements of a call of ``count`` (see the module docstring's table)."""
+    numel, numel_out = count, count
+    if op == "allgather" and size > 0:
+        numel_out = count * size
+    elif op in ("reduce_scatter", "alltoall") and size > 0:
+        numel = count * size
+        numel_out = count if op == "reduce_scatter" else numel
+    return numel, numel_out
+
+
+def _row(
+    log: _Log, prefix: dict[str, str], fields: dict[str, str], nranks: int, rank: int | None
+) -> dict[str, Any]:
+    """The ops-table row of one logged call."""
+    process = (prefix["host"], int(prefix["pid"]))
+    op = normalize_op(prefix["name"])
+    assert op is not None
+    group, size, ranks = _group(log, process, fields, nranks)
+    me = _global_rank(log, process, fields, rank)
+    dtype = NCCL_DTYPES.get(_parse_int(fields.get("datatype", "")), "")
+    elem = dtype_size(dtype) if dtype else -1
+    numel, numel_out = _numels(op, _parse_int(fields.get("count", "")), size)
+    local = _parse_int(fields.get("root", fields.get("peer", "")))
+    target = ranks[local] if ranks and 0 <= local < len(ranks) else -1
+    return {
+        "rank": me,
+        "node": log.hosts.index(process[0]),
+        "op": op,
+        "group": group,
+        "group_ranks": ranks_string(ranks),
+        "group_size": size,
+        "peer": target if op in P2P_OPS else -1,
+        "root": target if op in ROOTED_OPS else -1,
+        "dtype": dtype,
+        "numel": numel,
+        "bytes": numel * elem if numel >= 0 and elem > 0 else -1,
+        "bytes_out": numel_out * elem if numel_out >= 0 and elem > 0 else -1,
+        "seq": _parse_int(fields["opCount"], 16) if "opCount" in fields else -1,
+        "t_issue_ns": -1,
+    }
+
+
+def _rows(
+    comms: list[_Comm],
+    calls: list[tuple[dict[str, str], dict[str, str], int]],
+    rank: int | None,
+) -> list[dict[str, Any]]:
+    """The ops-table rows of the logged calls, in log order."""
+    log = _log_context(comms, calls)
+    return [_row(log, prefix, fields, nranks, rank) for prefix, fields, nranks in calls]
