@@ -40,7 +40,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from commscope.workload import capture
-from commscope.workload.strategies import BUILTIN_STRATEGIES, ParallelPlan, StepLog, Trainer
+from commscope.spec.plan import BUILTIN_STRATEGIES, ParallelPlan
+from commscope.workload.trainer import StepLog, Trainer
 
 MODEL = {"layers": 4, "hidden": 128, "heads": 4, "seq": 64, "vocab": 1024, "batch": 8}
 MODES = ("off", "installed", "capture", "capture+sampler", "capture+pysampler", "profiler")
@@ -53,7 +54,7 @@ def _free_port() -> int:
 
 
 def _sampler(out: Path, impl: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "commscope.sampler", "--iface", "lo", "--hz", "1000"]
+    cmd = [sys.executable, "-m", "commscope.node.sampler", "--iface", "lo", "--hz", "1000"]
     return subprocess.Popen(
         [*cmd, "--out", str(out), "--impl", impl],
         stderr=subprocess.DEVNULL,

@@ -35,10 +35,13 @@ def _check(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["predict"]:
-        # The predictor owns its (many) flags: hand it the rest of the command line.
+        # The predictor owns its (many) flags: hand it the rest of the command line, and the
+        # heatmap writer (plots sit above predict). Imported here, not at the top: the other
+        # subcommands must not pay for pandas and matplotlib.
+        from commscope.plots.scenarios import plot_scenario_heatmap
         from commscope.predict.cli import main as predict_main
 
-        return predict_main(argv[1:])
+        return predict_main(argv[1:], draw_heatmap=plot_scenario_heatmap)
     parser = argparse.ArgumentParser(prog="commscope", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("cleanup", help="remove leftovers of the netns cluster").set_defaults(

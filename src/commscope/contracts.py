@@ -89,7 +89,7 @@ GROUP_KIND_COLUMN = "group_kind"
 # wire_flows.parquet: one row per 1 ms bin and node pair of the packet-header capture.
 WIRE_FLOW_COLUMNS: list[str] = ["t_ns", "src_node", "dst_node", "bytes", "packets"]
 # sockets.parquet as the socket sampler writes it (before the parse step adds ``node``): the
-# connection, then struct tcp_info fields in the kernel's units (commscope.sockstats).
+# connection, then struct tcp_info fields in the kernel's units (commscope.node.sockstats).
 SOCKET_SAMPLE_COLUMNS: list[str] = [
     "t_ns",
     "src",

@@ -16,7 +16,7 @@ from commscope.cluster.shaping import qdisc_snapshot
 from commscope.experiment.cell import CellFailed, run_cell
 from commscope.experiment.launch import training_workload
 from commscope.spec.settings import CellSettings, RunSettings
-from commscope.workload.strategies import BUILTIN_STRATEGIES, ParallelPlan
+from commscope.spec.plan import BUILTIN_STRATEGIES, ParallelPlan
 
 pytestmark = pytest.mark.integration
 

@@ -26,7 +26,7 @@ from commscope.bench.analysis import (
     ring_steps,
     summarize,
 )
-from commscope.bench.figures import bench_figures
+from commscope.plots.bench import bench_figures
 from commscope.bench.run import bench_spec
 from commscope.collectives.ring import wire_bytes
 from commscope.collectives.traffic import ring_send_bytes

@@ -74,8 +74,9 @@ def test_grad_ready_order_is_autogrades() -> None:
     """The rule DDP's bucket rebuild depends on, against real autograd hooks (GPT and MoE)."""
     import torch
 
-    from commscope.workload.models import GPT, GPTConfig, lm_loss, synthetic_batch
-    from commscope.workload.moe import MoEConfig, MoEGPT
+    from commscope.spec.models import GPTConfig, MoEConfig
+    from commscope.workload.models import GPT, lm_loss, synthetic_batch
+    from commscope.workload.moe import MoEGPT
 
     torch.manual_seed(0)
     for cfg, model, params in (

@@ -18,6 +18,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from commscope import cli as commscope_cli
 from commscope.predict import cli
 from commscope.predict.scenarios import (
     SCENARIO_DEFAULTS,
@@ -291,7 +292,10 @@ def test_cli_writes_the_scenario_tables(tmp_path: Path, capsys: pytest.CaptureFi
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump({"predictions": {"tiny": TINY_SCENARIO}}))
     out = tmp_path / "out"
-    rc = cli.main(["--config", str(config), "--scenario", "tiny", "--out", str(out)])
+    # Through the `commscope predict` command, which hands the predictor the heatmap writer.
+    rc = commscope_cli.main(
+        ["predict", "--config", str(config), "--scenario", "tiny", "--out", str(out)]
+    )
     text = capsys.readouterr().out
     assert rc == 0
     assert "whole job, one step" in text and "inter share" in text

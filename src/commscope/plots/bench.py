@@ -93,7 +93,8 @@ def time_vs_size(summary: pd.DataFrame, fit: pd.DataFrame, path: Path) -> Path:
         rec = f.iloc[0]
         sizes = np.geomspace(d["bytes"].min(), d["bytes"].max(), 50)
         n = int(rec["group_size"])
-        t = [rec["alpha_s"] + op_wire_bytes(op, s, n) / rec["beta_Bps"] for s in sizes]
+        backend = rec["backend"]
+        t = [rec["alpha_s"] + op_wire_bytes(op, s, n, backend) / rec["beta_Bps"] for s in sizes]
         ax.plot(sizes, t, "-", lw=1, color=color)
 
     return _per_op_figure(summary, path, "time (s)", "link (line: alpha-beta fit)", draw)

@@ -20,6 +20,7 @@ from commscope.bench.analysis import (
     link_alpha_beta,
     link_id,
 )
+from commscope.collectives.traffic import DEFAULT_BACKEND
 from commscope.contracts import SWEEP_AXES
 from commscope.metrics import step_times
 from commscope.predict.compare import compare_measured
@@ -64,7 +65,9 @@ def predict_cell(
     compare = compare_measured(pred, measured, model_spec, plan_spec, warmup_steps=warmup_steps)
     step_rows = pd.read_parquet(steps)
     fits = pd.concat([pd.read_parquet(p) for p in fit_paths]) if fit_paths else None
-    timing = predict_timing(pred, measured, step_rows, params, warmup_steps, fits)
+    timing = predict_timing(
+        pred, measured, step_rows, params, warmup_steps, fits, backend=meta.get("backend")
+    )
     timing.insert(0, "cell", meta["cell"])
     for frame in (pred, compare):
         frame.insert(0, "cell", meta["cell"])
@@ -139,10 +142,15 @@ class CellLinks:
     ab_intranode: AlphaBeta | None = None
 
 
-def cell_links(ops: pd.DataFrame, params: dict[str, Any], fits: pd.DataFrame | None) -> CellLinks:
+def cell_links(
+    ops: pd.DataFrame,
+    params: dict[str, Any],
+    fits: pd.DataFrame | None,
+    backend: str = DEFAULT_BACKEND,
+) -> CellLinks:
     """The cell's link model (see :func:`predict_timing`): the microbenchmark fits of its link
     setting and of the unshaped one when ``fits`` has rows, else the trace's effective
-    bandwidth, else the configured cap."""
+    bandwidth (wire bytes of ``backend``'s algorithms), else the configured cap."""
     link = {axis: str(params[axis]) for axis in LINK_AXES}
     rpn = int(params["ranks_per_node"])
     inter = intra = None
@@ -154,7 +162,7 @@ def cell_links(ops: pd.DataFrame, params: dict[str, Any], fits: pd.DataFrame | N
         intra = intra or inter
     else:
         bw_source, intra_source = "trace effective bandwidth", "trace effective bandwidth"
-    eff = effective_bandwidth(ops, rpn)
+    eff = effective_bandwidth(ops, rpn, backend=backend)
     cap = cap_bytes_per_s(link["bw"])
     fallback = math.inf if math.isnan(cap) else cap
     beta_inter = eff["internode"] if math.isfinite(eff["internode"]) else fallback
@@ -169,6 +177,7 @@ def predict_timing(
     params: dict[str, Any],
     warmup_steps: int,
     fits: pd.DataFrame | None = None,
+    backend: str | None = None,
 ) -> pd.DataFrame:
     """Predicted vs measured step time of one cell (one row, :data:`TIMING_COLUMNS` but
     ``cell``).
@@ -183,7 +192,8 @@ def predict_timing(
     steps), so the time error measures the communication and bubble model, not a guessed rate.
     Measured step: median over steady steps of first rank in to last rank out.
     """
-    links = cell_links(ops, params, fits)
+    backend = backend or DEFAULT_BACKEND
+    links = cell_links(ops, params, fits, backend)
     split = rank_step_split(ops, steps, warmup_steps)
     per_rank = split.groupby("rank")[["compute_s", "comm_s", "step_s"]].median()
     flops = pred.attrs["predict"]["flops"]
@@ -199,6 +209,7 @@ def predict_timing(
         None,
         links.ab_internode,
         links.ab_intranode,
+        backend,
     )
     row = {axis: params[axis] for axis in SWEEP_AXES}
     row.update(

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,15 +39,13 @@ from commscope.predict.scenarios import (
     write_scenario,
 )
 from commscope.predict.timing import predict_step_time
+from commscope.units import fmt_bytes, si_byte_unit
 
 MODEL_KEYS = ("kind", "layers", "hidden", "heads", "seq", "vocab", "batch", "ffn_mult")
 
 
 def _bytes_text(n: float) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.3f} {unit}"
-    return f"{n:.0f} B"
+    return fmt_bytes(n, digits=3)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -161,12 +160,6 @@ def scenario_spec(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     return args.preset or "cli", spec
 
 
-def _scaled(top: float) -> tuple[str, float]:
-    """The largest unit (name, bytes) that ``top`` reaches."""
-    units = (("GB", 1e9), ("MB", 1e6), ("kB", 1e3))
-    return next(((u, s) for u, s in units if top >= s), ("B", 1.0))
-
-
 def _print_header(result: ScenarioPrediction) -> None:
     sc, plan = result.scenario, result.scenario.plan
     meta = result.ops.attrs["predict"]
@@ -220,7 +213,7 @@ def _print_job(result: ScenarioPrediction) -> None:
     mat = result.node_matrix.pivot_table(
         index="src_node", columns="dst_node", values="bytes", aggfunc="sum"
     )
-    unit, scale = _scaled(float(mat.to_numpy().max()) if mat.size else 0.0)
+    unit, scale = si_byte_unit(float(mat.to_numpy().max()) if mat.size else 0.0)
     print(f"\nnode x node bytes sent per step, {unit} (row = source; diagonal: inside a node):")
     print(mat.div(scale).round(3).to_string())
 
@@ -238,21 +231,27 @@ def _print_step_time(pred: pd.DataFrame, args: argparse.Namespace) -> None:
     )
 
 
-def _write_out(result: ScenarioPrediction, out: Path) -> None:
-    """The scenario's tables, its ops and the node x node heatmap, into ``out``."""
-    # TODO(issue 9): an upward import (plots sit above predict), kept local until the
-    # heatmap moves out of predict's CLI; matplotlib is also heavy to import.
-    from commscope.plots.scenarios import plot_scenario_heatmap
+HeatmapWriter = Callable[[pd.DataFrame, Path], Any]
 
+
+def _write_out(result: ScenarioPrediction, out: Path, draw_heatmap: HeatmapWriter | None) -> None:
+    """The scenario's tables, its ops and (with ``draw_heatmap``) the node x node heatmap,
+    into ``out``."""
     write_scenario(result, out)
     ops = result.ops.copy()
     ops.attrs = {}  # parquet stores attrs as JSON, and the FLOPs dict has int keys
     ops.to_parquet(out / "ops.parquet", index=False)
-    plot_scenario_heatmap(result.node_matrix, out / "heatmap.png")
-    print(f"\nwrote {out}/: tables, ops, scenario.json and heatmap.png")
+    written = "tables, ops and scenario.json"
+    if draw_heatmap is not None:
+        draw_heatmap(result.node_matrix, out / "heatmap.png")
+        written = "tables, ops, scenario.json and heatmap.png"
+    print(f"\nwrote {out}/: {written}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, draw_heatmap: HeatmapWriter | None = None) -> int:
+    """``commscope predict``: print the prediction of one scenario; with ``--out`` write its
+    tables there, and the node x node heatmap when the caller passes ``draw_heatmap`` (plots
+    sit above predict in the layers, so the top-level ``commscope`` command hands it in)."""
     args = build_parser().parse_args(argv)
     name, spec = scenario_spec(args)
     try:
@@ -266,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.flops_per_s:
         _print_step_time(result.ops, args)
     if args.out is not None:
-        _write_out(result, args.out)
+        _write_out(result, args.out, draw_heatmap)
     return 0
 
 

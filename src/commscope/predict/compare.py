@@ -8,6 +8,7 @@ from typing import Any
 import pandas as pd
 
 from commscope.collectives.traffic import op_destinations
+from commscope.contracts import parse_ranks
 from commscope.predict.ops import resolve_plan
 
 
@@ -26,7 +27,7 @@ def traffic_of(
     def kind(rank: int, op: str, group: str) -> str:
         key = (rank, op, group)
         if key not in cache:
-            members = [int(x) for x in str(group).split(",") if x != ""]
+            members = parse_ranks(group)
             pp_g = plan.group_of("pp", rank)
             out = "other"
             if op in ("send", "recv"):

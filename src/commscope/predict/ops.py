@@ -12,7 +12,7 @@ a second, so the model extrapolates to clusters we do not have.
 Two frameworks are modelled:
 
 ``torch`` (default)
-    exactly what commscope's own :class:`~commscope.workload.strategies.Trainer` issues, checked
+    exactly what commscope's own :class:`~commscope.workload.trainer.Trainer` issues, checked
     op for op against gloo traces: DDP buckets as PyTorch packs them, FSDP2 units, DTensor TP with
     separate q/k/v projections (4 backward all-reduces per block), ``torch.distributed.pipelining``
     P2P, the FSDP2-based ``replicate`` in hybrids, MoE all-to-alls.

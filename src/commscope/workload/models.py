@@ -13,8 +13,6 @@ from torch import nn
 
 from commscope.spec.models import GPTConfig
 
-# TRANSITIONAL SHIM (issue 9): remove after imports are updated
-from commscope.spec.plan import split_layers  # noqa: F401
 
 
 class Attention(nn.Module):
