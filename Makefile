@@ -27,7 +27,8 @@ test: lint
 
 lint: setup
 	source $(BIN)/activate && ruff check src tests workflow benchmarks && ruff format --check src tests workflow benchmarks \
-	  && snakefmt --check Snakefile workflow/rules && snakemake --lint >/dev/null
+	  && snakefmt --check Snakefile workflow/rules && snakemake --lint >/dev/null \
+	  && lint-imports
 
 # Remove every namespace, interface, qdisc and process a crashed run may have left behind.
 clean-cluster: setup

@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 
 
+# Each subcommand imports what it needs when it runs (all downward): `commscope cleanup` after a
+# crash must not wait for pandas, matplotlib or torch to load.
 def _cleanup(_args: argparse.Namespace) -> int:
     from commscope.cluster.netns import cleanup_all
 
@@ -23,7 +25,7 @@ def _check(args: argparse.Namespace) -> int:
     from commscope.config import ConfigError, check_study, load_config
 
     try:
-        config = load_config(args.config)
+        config = load_config(args.config, args.schema)
         cells = check_study(config)
     except (ConfigError, FileNotFoundError) as err:
         print(f"{args.config}: {err}", file=sys.stderr)
@@ -52,6 +54,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     check = sub.add_parser("check", help="validate a study config without running it")
     check.add_argument("config", nargs="?", type=Path, default=Path("config/config.yaml"))
+    check.add_argument(
+        "--schema",
+        type=Path,
+        default=Path("workflow/schemas/config.schema.yaml"),
+        help="the workflow's config schema (default: as seen from the repository root)",
+    )
     check.set_defaults(func=_check)
     args = parser.parse_args(argv)
     return args.func(args)

@@ -40,9 +40,10 @@ rule report:
         cell_figures=expand(
             f"{RUNS}/{{cell}}/figures/throughput.png", cell=cellspace.instance_patterns
         ),
-        # The page's template and the figure captions (editing either remakes the report).
-        template="report/templates/report.html.j2",
-        captions="report/captions.yaml",
+        # The page's template and the figure captions (editing either remakes the report),
+        # beside the Snakefile: a study may run in another working directory.
+        template=str(Path(workflow.basedir) / "report" / "templates" / "report.html.j2"),
+        captions=str(Path(workflow.basedir) / "report" / "captions.yaml"),
     output:
         "results/report/index.html",
     log:
