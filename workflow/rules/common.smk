@@ -7,6 +7,7 @@ from snakemake.utils import Paramspace
 
 from commscope.cluster.provision import load_inventory, teardown
 from commscope.config import check_study, strategy_spec
+from commscope.spec.settings import ClusterSettings
 
 
 def _netem_probe():
@@ -65,6 +66,6 @@ def preflight():
 
 def teardown_cluster():
     try:
-        teardown(config["cluster"], Path.cwd())
+        teardown(ClusterSettings.from_mapping(config["cluster"]), Path.cwd())
     except Exception as err:  # never mask the workflow's own result
         logging.getLogger("commscope").warning("cluster teardown failed: %s", err)

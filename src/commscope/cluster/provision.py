@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import shlex
 import sys
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -118,11 +116,8 @@ def provision(cluster_cfg: ClusterSettings, n_nodes: int, root: Path) -> Cluster
     return cluster
 
 
-def teardown(cluster_cfg: ClusterSettings | Mapping[str, Any], root: Path) -> None:
+def teardown(cluster_cfg: ClusterSettings, root: Path) -> None:
     """Take the cluster down. netns: namespaces, bridges, sshds go; ssh hosts are left running
-    (each cell already unshaped them and killed what it started). A mapping is the config's
-    ``cluster:`` block (workflow/rules/common.smk passes it as is)."""
-    if isinstance(cluster_cfg, Mapping):
-        cluster_cfg = ClusterSettings.from_mapping(cluster_cfg)
+    (each cell already unshaped them and killed what it started)."""
     if cluster_cfg.backend == "netns":
         teardown_netns(cluster_cfg.name, state_dir(cluster_cfg, root))
