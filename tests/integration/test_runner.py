@@ -15,8 +15,8 @@ from commscope.cluster.hosts import Cluster
 from commscope.cluster.shaping import qdisc_snapshot
 from commscope.experiment.cell import CellFailed, run_cell
 from commscope.experiment.launch import training_workload
-from commscope.spec.settings import CellSettings, RunSettings
 from commscope.spec.plan import BUILTIN_STRATEGIES, ParallelPlan
+from commscope.spec.settings import CellSettings, RunSettings
 
 pytestmark = pytest.mark.integration
 

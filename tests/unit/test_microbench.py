@@ -1,16 +1,14 @@
-"""Microbenchmark: definitions, size conventions, the alpha-beta fit, and the worker on loopback."""
+"""Microbenchmark: definitions, size conventions and the alpha-beta fit (the worker on loopback:
+tests/integration/test_microbench_gloo.py)."""
 
 from __future__ import annotations
 
 import math
-import os
-import socket
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
-import torch.multiprocessing as mp
 
 from commscope.bench.analysis import (
     busbw_factor,
@@ -20,16 +18,15 @@ from commscope.bench.analysis import (
     link_alpha_beta,
     link_id,
     link_settings,
-    load_raw,
     message_sizes,
     op_wire_bytes,
     ring_steps,
     summarize,
 )
-from commscope.plots.bench import bench_figures
 from commscope.bench.run import bench_spec
 from commscope.collectives.ring import wire_bytes
 from commscope.collectives.traffic import ring_send_bytes
+from commscope.plots.bench import bench_figures
 from commscope.workload.microbench import OPS, iterations, sendrecv_pair, size_numel
 
 LINK = {"bw": "50mbit", "delay": "0ms", "jitter": "0ms", "loss": "0pct"}
@@ -210,45 +207,3 @@ def test_bad_microbench_config_names_the_key(block: dict, key: str) -> None:
 
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         validate_config({"models": {"m": {"batch": 1}}, "sweep": _SWEEP, "microbench": block})
-
-
-# ─────────────────────────────────────────────────────────── the worker, for real
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank: int, port: int, out: str) -> None:
-    import torch
-    import torch.distributed as dist
-
-    from commscope.workload.microbench import bench
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    spec = {"sizes": [1024, 4096, 65536], "budget_s": 0.01, "max_iters": 4, "min_iters": 2}
-    table = bench(spec, torch.device("cpu"), node=rank, ranks_per_node=1)
-    dist.destroy_process_group()
-    table.to_parquet(Path(out) / "node" / f"bench_rank{rank}.parquet", index=False)
-
-
-def test_worker_on_loopback_gloo(tmp_path: Path) -> None:
-    (tmp_path / "node").mkdir()
-    mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
-    raw = pd.concat(pd.read_parquet(p) for p in sorted(tmp_path.rglob("bench_rank*.parquet")))
-    assert set(raw["op"]) == set(OPS)
-    assert (raw["time_ns"] > 0).all()
-    timed = raw[~raw["warmup"]]
-    # Both ranks ran the same iterations of every (op, size): between min_iters and max_iters.
-    per = timed.groupby(["op", "bytes", "rank"]).size().unstack("rank")
-    assert (per[0] == per[1]).all() and per[0].between(2, 4).all()
-    assert set(raw.loc[raw.op == "allgather", "bytes"]) == {1024, 4096, 65536}
-    tidy = load_raw(tmp_path, {**LINK, "bw": "none"})
-    assert (tidy["ranks"] == 2).all() and (tidy["nodes"] == 2).all()
-    summary = summarize(tidy)
-    assert len(summary) == 6 * 3 and summary["utilization"].isna().all()
-    assert (summary["busbw_Bps"] > 0).all()

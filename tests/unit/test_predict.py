@@ -1,17 +1,13 @@
 """commscope.predict: the analytical op list against PyTorch's own rules, seed 002's equations
-and real gloo traces.
+and a recorded cell (the comparison with real gloo traces:
+tests/integration/test_predict_gloo.py).
 
-The pure tests build no process group. The two measured tests train a tiny GPT on 2 and 4
-spawned gloo ranks (``train.run``, 3 steps: DDP rebuilds its buckets in step 1, so step 2 is
-the steady state the model predicts) and require bytes, message counts and every message size
-per rank and traffic type to match exactly.
+These tests build no process group.
 """
 
 from __future__ import annotations
 
 import math
-import os
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -22,7 +18,7 @@ import pytest
 
 from commscope.predict import cli
 from commscope.predict.cell import predict_cell
-from commscope.predict.compare import compare_measured, summarize
+from commscope.predict.compare import summarize
 from commscope.predict.frameworks import bucket_assignment
 from commscope.predict.matrix import node_matrix, rank_matrix
 from commscope.predict.ops import predict_ops
@@ -324,108 +320,6 @@ def test_cli_prints_rank_traffic_and_node_matrix(capsys: pytest.CaptureFixture[s
     assert rc == 0
     assert "131072000x680" in out and "131072000x16" in out and "100864000x1" in out
     assert "node x node" in out and "bubble ratio" in out
-
-
-# ─────────────────────────────────────────────────────────── against real gloo traces
-
-RUNS_2 = [
-    ("ddp", TINY, {"dp": -1, "bucket_cap_mb": 0.01}),  # 13 buckets in autograd's order
-    ("pp_gpipe", TINY | {"layers": 5}, {"pp": -1, "pp_schedule": "gpipe", "microbatches": 4}),
-    ("fsdp", TINY | {"vocab": 65, "seq": 15}, {"dp": -1, "dp_kind": "fsdp"}),  # padded shards
-]
-RUNS_4 = [  # 2 nodes x 2 ranks
-    ("dp_tp", TINY, {"dp": -1, "tp": 2, "mapping": "pp-dp-tp"}),
-    ("tp_pp", TINY | {"layers": 5}, {"tp": 2, "pp": -1, "microbatches": 2}),
-]
-JOIN_TIMEOUT_S = 400
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank: int, world: int, rpn: int, runs: list, ports: list[int], root: str) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank % rpn),
-        GROUP_RANK=str(rank // rpn),
-        GLOO_SOCKET_IFNAME="lo",
-        OMP_NUM_THREADS="1",
-    )
-    import torch
-
-    from commscope.workload import capture, train
-
-    torch.set_num_threads(1)
-    for (name, model, plan), port in zip(runs, ports, strict=True):
-        os.environ["MASTER_PORT"] = str(port)
-        capture.reset()
-        capture.set_step(-1)
-        capture.set_phase("other")
-        spec = {"plan": plan, "model": model, "steps": 3, "seed": 0, "device": "cpu"}
-        train.run(spec | {"threads": 1, "pg_timeout_s": 120, "out_dir": f"{root}/{name}"})
-
-
-def _train(world: int, rpn: int, runs: list, root: Path) -> None:
-    import torch.multiprocessing as mp
-
-    ports = [_free_port() for _ in runs]
-    ctx = mp.start_processes(
-        _worker,
-        args=(world, rpn, runs, ports, str(root)),
-        nprocs=world,
-        join=False,
-        start_method="spawn",
-    )
-    deadline = time.monotonic() + JOIN_TIMEOUT_S
-    try:
-        while not ctx.join(timeout=5):
-            if time.monotonic() > deadline:
-                pytest.fail(f"{world}-rank training did not finish in {JOIN_TIMEOUT_S}s")
-    except mp.ProcessExitedException:
-        # gloo threads can abort a process at interpreter exit, after it wrote its traces.
-        done = all((root / n / f"rank{r}.json").exists() for n, _, _ in runs for r in range(world))
-        if not done:
-            raise
-    finally:
-        for proc in ctx.processes:
-            if proc.is_alive():
-                proc.kill()
-                proc.join(5)
-
-
-def _check(root: Path, world: int, rpn: int, runs: list) -> None:
-    for name, model, plan in runs:
-        measured = pd.concat(
-            [pd.read_parquet(root / name / f"ops_rank{r}.parquet") for r in range(world)]
-        )
-        pred = predict_ops(model, plan, world // rpn, rpn)
-        cmp = compare_measured(pred, measured, model, plan)
-        assert set(cmp["step"]) == {2}, name
-        bad = cmp[~(cmp["match"] & cmp["sizes_match"])]
-        assert bad.empty, f"{name}:\n{bad.to_string()}"
-        # Nothing measured in the steady step escapes the traffic types.
-        assert set(cmp["traffic"]) <= {"tp", "pp", "dp", "ep", "emb"}, name
-        # Op by op, in issue order, down to dtype, element count, group and phase.
-        cols = ["op", "bytes", "bytes_out", "numel", "dtype", "group_ranks", "peer", "phase"]
-        for r in range(world):
-            got = measured[(measured["rank"] == r) & (measured["step"] == 2)][cols]
-            want = pred[pred["rank"] == r][cols]
-            assert got.to_numpy().tolist() == want.to_numpy().tolist(), (name, r)
-
-
-def test_matches_measured_2_ranks(tmp_path: Path) -> None:
-    _train(2, 1, RUNS_2, tmp_path)
-    _check(tmp_path, 2, 1, RUNS_2)
-
-
-def test_matches_measured_4_ranks(tmp_path: Path) -> None:
-    _train(4, 2, RUNS_4, tmp_path)
-    _check(tmp_path, 4, 2, RUNS_4)
 
 
 def test_predict_cell_reads_and_writes_the_declared_files(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
-"""commscope.predict.scenarios: named configurations beyond the cluster, their traffic tables,
-node matrices and the workflow rules that write them.
+"""commscope.predict.scenarios: named configurations beyond the cluster, their traffic tables
+and node matrices (the workflow rules that write them: tests/integration/
+test_scenarios_workflow.py).
 
 The small scenario is checked by hand; the seed-002 scenarios against the numbers the
 predictor already reproduces (tests/unit/test_predict.py) and against what the mapping must
@@ -8,9 +9,6 @@ do: the same bytes on other links.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -33,7 +31,6 @@ from commscope.predict.scenarios import (
     write_scenario_table,
 )
 
-REPO = Path(__file__).resolve().parents[2]
 # A 4-layer GPT small enough to count by hand: one micro-batch is batch/m = 1 sequence of 16
 # tokens, so every activation message is 1 x 16 x 32 x 4 B = 2048 B (fp32).
 TINY = {"layers": 4, "hidden": 32, "heads": 2, "seq": 16, "vocab": 64, "batch": 4}
@@ -313,46 +310,3 @@ def test_cli_writes_the_scenario_tables(tmp_path: Path, capsys: pytest.CaptureFi
     assert rc == 0 and f"{ACT}x8" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         cli.main(["--config", str(config), "--scenario", "missing"])
-
-
-def _snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
-    exe = Path(sys.executable).with_name("snakemake")
-    env = os.environ | {"OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        [str(exe), "--cores", "2", *args],
-        cwd=workdir,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
-def test_workflow_rules_write_the_table_and_rerun_only_an_edited_scenario(
-    tmp_path: Path,
-) -> None:
-    """workflow/rules/scenarios.smk under a throw-away Snakefile and config (two tiny
-    scenarios): predict_scenario and predictions_table write their files; editing one
-    scenario makes only that scenario's prediction out of date."""
-    scenarios = {
-        "tiny-a": TINY_SCENARIO,
-        "tiny-b": TINY_SCENARIO | {"mapping": "tp-dp-pp"},
-    }
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"predictions": scenarios}))
-    (tmp_path / "Snakefile").write_text(
-        'configfile: "config.yaml"\n\n\n'
-        f'include: "{REPO / "workflow" / "rules" / "scenarios.smk"}"\n'
-    )
-    run = _snakemake(tmp_path, "results/predictions/table.parquet")
-    assert run.returncode == 0, run.stderr[-3000:]
-    table = pd.read_parquet(tmp_path / "results" / "predictions" / "table.parquet")
-    assert sorted(table["scenario"].unique()) == ["tiny-a", "tiny-b"]
-    for name in scenarios:
-        assert (tmp_path / "results" / "logs" / "predict_scenario" / f"{name}.log").exists()
-    scenarios["tiny-b"] = TINY_SCENARIO | {"mapping": "dp-pp-tp"}
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"predictions": scenarios}))
-    dry = _snakemake(tmp_path, "-n", "results/predictions/table.parquet")
-    assert dry.returncode == 0, dry.stderr[-3000:]
-    text = dry.stdout + dry.stderr
-    assert "name=tiny-b" in text and "name=tiny-a" not in text
-    assert "params have changed" in text

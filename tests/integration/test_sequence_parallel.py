@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import pandas as pd
 import torch.multiprocessing as mp
+
+from .gloo import free_port
 
 L, H, S, B, TP = 2, 64, 32, 4, 2
 SPEC = {
@@ -15,12 +16,6 @@ SPEC = {
     "model": {"layers": L, "hidden": H, "heads": 4, "seq": S, "vocab": 256, "batch": B},
     "steps": 3,
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank(rank: int, port: int, out: str) -> None:
@@ -41,7 +36,7 @@ def _rank(rank: int, port: int, out: str) -> None:
 
 def test_sequence_parallel_ops(tmp_path: Path) -> None:
     ctx = mp.get_context("spawn")
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_rank, args=(r, port, str(tmp_path))) for r in range(TP)]
     for p in procs:
         p.start()

@@ -18,8 +18,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +25,8 @@ import pandas as pd
 import pytest
 
 from commscope.spec.plan import BUILTIN_STRATEGIES, ParallelPlan
+
+from .gloo import free_port, run_ranks
 
 WORLD = 2
 STEPS = 3  # DDP rebuilds its buckets at the start of step 1; step 2 is a plain step
@@ -64,12 +64,6 @@ TP_SHARDED_PER_BLOCK = 3 * (H * H + H) + (4 * H * H + 4 * H) + H * H + 4 * H * H
 TP2_BLOCK_PARAMS = BLOCK_PARAMS - TP_SHARDED_PER_BLOCK // 2
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _worker(rank: int, world: int, jobs: dict[str, dict], ports: dict[str, int], root: str) -> None:
     """One rank: train every job in turn (a fresh process group and capture each time)."""
     os.environ.update(
@@ -102,28 +96,10 @@ def _worker(rank: int, world: int, jobs: dict[str, dict], ports: dict[str, int],
 
 
 def _spawn(world: int, jobs: dict[str, dict], root: Path) -> Path:
-    import torch.multiprocessing as mp
-
-    ports = {name: _free_port() for name in jobs}
-    ctx = mp.start_processes(
-        _worker,
-        args=(world, jobs, ports, str(root)),
-        nprocs=world,
-        join=False,
-        start_method="spawn",
+    ports = {name: free_port() for name in jobs}
+    run_ranks(
+        _worker, (world, jobs, ports, str(root)), world, JOIN_TIMEOUT_S, f"{world}-rank training"
     )
-    deadline = time.monotonic() + JOIN_TIMEOUT_S
-    try:
-        while not ctx.join(timeout=5):
-            if time.monotonic() > deadline:
-                pytest.fail(
-                    f"{world}-rank training did not finish within {JOIN_TIMEOUT_S}s (hang?)"
-                )
-    finally:
-        for proc in ctx.processes:
-            if proc.is_alive():
-                proc.kill()
-                proc.join(5)
     return root
 
 
