@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup system-deps study test lint clean-cluster
+.PHONY: setup system-deps study test test-unit lint clean-cluster
 
 setup: system-deps $(STAMP)
 
@@ -24,6 +24,10 @@ study: setup
 
 test: lint
 	source $(BIN)/activate && pytest -q -rs tests
+
+# The fast loop while editing: pure logic only, no processes (tests/unit/conftest.py enforces it).
+test-unit: setup
+	source $(BIN)/activate && pytest -q tests/unit
 
 lint: setup
 	source $(BIN)/activate && ruff check src tests workflow benchmarks && ruff format --check src tests workflow benchmarks \
