@@ -7,6 +7,8 @@ from snakemake.utils import Paramspace
 
 from commscope.cluster.provision import load_inventory, teardown
 from commscope.config import check_study, strategy_spec
+from commscope.bench.analysis import LINK_AXES, fit_links
+from commscope.bench.analysis import link_id, link_settings, message_sizes
 from commscope.spec.settings import ClusterSettings
 
 
@@ -69,3 +71,38 @@ def teardown_cluster():
         teardown(ClusterSettings.from_mapping(config["cluster"]), Path.cwd())
     except Exception as err:  # never mask the workflow's own result
         logging.getLogger("commscope").warning("cluster teardown failed: %s", err)
+
+
+# Collective microbenchmarks: the link settings they run on (docs/microbench.md).
+MICROBENCH = config["microbench"]
+BENCH = "results/microbench"
+LINK = link_id({axis: f"{{{axis}}}" for axis in LINK_AXES})
+BENCH_TABLES = ("bench", "summary", "fit")
+# Bad size settings stop the workflow at load time, naming the keys.
+message_sizes(MICROBENCH["min_bytes"], MICROBENCH["max_bytes"], MICROBENCH["factor"])
+BENCH_LINKS = link_settings(MICROBENCH["links"], CELLS)
+# The benchmark's own settings: editing which links to run reruns no benchmark.
+BENCH_SETTINGS = {k: v for k, v in MICROBENCH.items() if k not in ("links", "enabled")}
+
+
+def link_of(wildcards):
+    """The link setting named by a job's bw/delay/jitter/loss wildcards."""
+    return {axis: str(wildcards[axis]) for axis in LINK_AXES}
+
+
+def microbench_fits(wildcards):
+    """Fits predict_cell reads (its link's, and the unshaped one's for intra-node ops)."""
+    return expand(
+        f"{BENCH}/{{link}}/fit.parquet",
+        link=fit_links(link_of(wildcards), BENCH_LINKS["link"], MICROBENCH["enabled"]),
+    )
+
+
+def import_paths(wildcards):
+    """The trace files of one `imports:` entry."""
+    return config["imports"][wildcards.name]["paths"]
+
+
+def scenario_params(wildcards):
+    """Only this scenario's definition: editing another scenario reruns nothing here."""
+    return config["predictions"][wildcards.name]

@@ -3,7 +3,7 @@
 
 rule import_trace:
     input:
-        lambda wildcards: config["imports"][wildcards.name]["paths"],
+        import_paths,
     output:
         ops="results/imports/{name}/ops.parquet",
         summary="results/imports/{name}/summary.parquet",

@@ -1,28 +1,5 @@
 # Collective microbenchmarks per link setting (docs/microbench.md): run on the cluster, analyse
 # per link, combine across links, figures. Their fits feed predict_cell's step-time prediction.
-from commscope.bench.analysis import LINK_AXES, fit_links
-from commscope.bench.analysis import link_id, link_settings, message_sizes
-
-MICROBENCH = config["microbench"]
-BENCH = "results/microbench"
-LINK = link_id({axis: f"{{{axis}}}" for axis in LINK_AXES})
-BENCH_TABLES = ("bench", "summary", "fit")
-# Bad size settings stop the workflow at load time, naming the keys.
-message_sizes(MICROBENCH["min_bytes"], MICROBENCH["max_bytes"], MICROBENCH["factor"])
-BENCH_LINKS = link_settings(MICROBENCH["links"], CELLS)
-# The benchmark's own settings: editing which links to run reruns no benchmark.
-BENCH_SETTINGS = {k: v for k, v in MICROBENCH.items() if k not in ("links", "enabled")}
-
-
-# The link setting named by a job's bw/delay/jitter/loss wildcards.
-link_of = lambda wildcards: {axis: str(wildcards[axis]) for axis in LINK_AXES}
-# Fits predict_cell reads (its link's, and the unshaped one's for intra-node ops).
-microbench_fits = lambda wildcards: expand(
-    f"{BENCH}/{{link}}/fit.parquet",
-    link=fit_links(link_of(wildcards), BENCH_LINKS["link"], MICROBENCH["enabled"]),
-)
-
-
 rule microbench_run:
     output:
         directory(f"{BENCH}/{LINK}/raw"),

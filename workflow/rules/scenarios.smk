@@ -17,7 +17,7 @@ rule predict_scenario:
     conda:
         "../../envs/commscope.yaml"
     params:
-        scenario=lambda wildcards: config["predictions"][wildcards.name],
+        scenario=scenario_params,
     script:
         "../scripts/predict_scenario.py"
 
