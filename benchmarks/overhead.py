@@ -39,8 +39,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from commscope.workload import capture
 from commscope.spec.plan import BUILTIN_STRATEGIES, ParallelPlan
+from commscope.workload import capture
 from commscope.workload.trainer import StepLog, Trainer
 
 MODEL = {"layers": 4, "hidden": 128, "heads": 4, "seq": 64, "vocab": 1024, "batch": 8}

@@ -14,7 +14,6 @@ from torch import nn
 from commscope.spec.models import GPTConfig
 
 
-
 class Attention(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
