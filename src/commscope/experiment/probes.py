@@ -86,61 +86,53 @@ class NodeTool(Protocol):
 
 
 @dataclass(frozen=True)
-class CounterSampler:
-    """Interface byte/packet counters at ``hz`` (:mod:`commscope.node.sampler`)."""
+class PeriodicSampler:
+    """A commscope node program that samples at ``hz`` into one parquet file until stopped (or
+    ``limit_s``): the interface counters (:func:`counter_sampler`) or the TCP socket statistics
+    (:func:`socket_stats`)."""
 
-    hz: int
-    limit_s: float
-    tag: str
-
-    def command(self, node: NodeSpec, rdir: str) -> str:
-        py = shlex.quote(node.python)
-        return (
-            f"{py} -m {SAMPLER_MODULE} --iface {node.exp_iface} --hz {self.hz} "
-            f"--out {rdir}/counters.parquet --max-seconds {self.limit_s} --tag {self.tag} "
-            "> sampler.log 2>&1"
-        )
-
-    def ready(self, rdir: str) -> str:
-        return ""
-
-    def pattern(self) -> str:
-        return f"{tag_pattern(SAMPLER_MODULE)}.*{self.tag}"
-
-    def output(self, rdir: str) -> str | None:
-        return f"{rdir}/counters.parquet"
-
-    def after_stop(self, rdir: str) -> str:
-        return ""
-
-
-@dataclass(frozen=True)
-class SocketStats:
-    """TCP's own view of every training socket at ``hz`` (:mod:`commscope.node.sockstats`)."""
-
+    module: str
+    option: str  # the program's option naming what it samples ...
+    node_field: str  # ... and the NodeSpec field that gives its value
     hz: float
     limit_s: float
     tag: str
+    table: str  # the file it writes in the node's run directory
+    log: str
 
     def command(self, node: NodeSpec, rdir: str) -> str:
         py = shlex.quote(node.python)
         return (
-            f"{py} -m {SOCKSTATS_MODULE} --addr {node.exp_addr} --hz {self.hz} "
-            f"--out {rdir}/sockets.parquet --max-seconds {self.limit_s} --tag {self.tag} "
-            "> sockstats.log 2>&1"
+            f"{py} -m {self.module} {self.option} {getattr(node, self.node_field)} --hz {self.hz} "
+            f"--out {rdir}/{self.table} --max-seconds {self.limit_s} --tag {self.tag} "
+            f"> {self.log} 2>&1"
         )
 
     def ready(self, rdir: str) -> str:
         return ""
 
     def pattern(self) -> str:
-        return f"{tag_pattern(SOCKSTATS_MODULE)}.*{self.tag}"
+        return f"{tag_pattern(self.module)}.*{self.tag}"
 
     def output(self, rdir: str) -> str | None:
-        return f"{rdir}/sockets.parquet"
+        return f"{rdir}/{self.table}"
 
     def after_stop(self, rdir: str) -> str:
         return ""
+
+
+def counter_sampler(hz: int, limit_s: float, tag: str) -> PeriodicSampler:
+    """Interface byte/packet counters at ``hz`` (:mod:`commscope.node.sampler`)."""
+    return PeriodicSampler(
+        SAMPLER_MODULE, "--iface", "exp_iface", hz, limit_s, tag, "counters.parquet", "sampler.log"
+    )
+
+
+def socket_stats(hz: float, limit_s: float, tag: str) -> PeriodicSampler:
+    """TCP's own view of every training socket at ``hz`` (:mod:`commscope.node.sockstats`)."""
+    return PeriodicSampler(
+        SOCKSTATS_MODULE, "--addr", "exp_addr", hz, limit_s, tag, "sockets.parquet", "sockstats.log"
+    )
 
 
 @dataclass(frozen=True)
@@ -181,9 +173,9 @@ class PacketCapture:
 def node_tools(run: RunSettings, tag: str) -> list[NodeTool]:
     """The background tools ``run`` asks for, counters first (they are always taken)."""
     limit = float(run.timeout_s) + 30
-    tools: list[NodeTool] = [CounterSampler(int(run.sample_hz), limit, tag)]
+    tools: list[NodeTool] = [counter_sampler(int(run.sample_hz), limit, tag)]
     if run.socket_hz > 0:
-        tools.append(SocketStats(run.socket_hz, limit, tag))
+        tools.append(socket_stats(run.socket_hz, limit, tag))
     if run.pcap:
         tools.append(PacketCapture(limit, tag))
     return tools
