@@ -96,13 +96,3 @@ def microbench_fits(wildcards):
         f"{BENCH}/{{link}}/fit.parquet",
         link=fit_links(link_of(wildcards), BENCH_LINKS["link"], MICROBENCH["enabled"]),
     )
-
-
-def import_paths(wildcards):
-    """The trace files of one `imports:` entry."""
-    return config["imports"][wildcards.name]["paths"]
-
-
-def scenario_params(wildcards):
-    """Only this scenario's definition: editing another scenario reruns nothing here."""
-    return config["predictions"][wildcards.name]

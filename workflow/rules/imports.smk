@@ -3,7 +3,7 @@
 
 rule import_trace:
     input:
-        import_paths,
+        lookup(dpath="imports/{name}/paths", within=config),
     output:
         ops="results/imports/{name}/ops.parquet",
         summary="results/imports/{name}/summary.parquet",

@@ -17,7 +17,8 @@ rule predict_scenario:
     conda:
         "../../envs/commscope.yaml"
     params:
-        scenario=scenario_params,
+        # Only this scenario's definition: editing another scenario reruns nothing here.
+        scenario=lookup(dpath="predictions/{name}", within=config),
     script:
         "../scripts/predict_scenario.py"
 
