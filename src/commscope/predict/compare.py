@@ -7,7 +7,7 @@ from typing import Any
 
 import pandas as pd
 
-from commscope.collectives.traffic import op_destinations
+from commscope.collectives.traffic import DEFAULT_BACKEND, op_destinations
 from commscope.contracts import parse_ranks
 from commscope.predict.ops import resolve_plan
 
@@ -106,11 +106,14 @@ def _sizes_text(sizes: pd.Series) -> str:
 
 
 def _sent_bytes(pred: pd.DataFrame) -> pd.Series:
-    """Ring-model bytes each row's rank transmits (collectives.traffic.op_destinations, summed)."""
+    """Bytes each row's rank transmits under the prediction's backend (its
+    ``attrs["predict"]["backend"]``, NCCL when absent; collectives.traffic.op_destinations,
+    summed)."""
+    backend = pred.attrs.get("predict", {}).get("backend") or DEFAULT_BACKEND
     keys = ["op", "bytes", "group_ranks", "rank", "peer", "root"]
     uniq = pred[keys].drop_duplicates()
     sent = {
-        tuple(k): sum(b for _, b in op_destinations(*k))
+        tuple(k): sum(b for _, b in op_destinations(*k, backend=backend))
         for k in uniq.itertuples(index=False, name=None)
     }
     return pd.Series(

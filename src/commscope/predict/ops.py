@@ -36,6 +36,7 @@ from typing import Any
 
 import pandas as pd
 
+from commscope.collectives.traffic import DEFAULT_BACKEND
 from commscope.contracts import DTYPE_SIZES
 from commscope.predict.frameworks import (
     DDP_BUFFER_BUCKET_BYTES,
@@ -547,6 +548,7 @@ def predict_ops(
     dtype_bytes: int = 4,
     options: PredictOptions | None = None,
     ranks: Iterable[int] | None = None,
+    backend: str = DEFAULT_BACKEND,
 ) -> pd.DataFrame:
     """Every communication op of one steady-state training step, one row per op and rank.
 
@@ -555,7 +557,9 @@ def predict_ops(
     numel, bytes (what the rank contributes: the all-gather shard, the full reduce-scatter
     input, the sent or received tensor), bytes_out, microbatch and stage (-1 outside the
     schedule). ``ranks`` limits the rows to those ranks. ``pred.attrs["predict"]`` keeps what
-    :mod:`commscope.predict.timing` needs: the plan, micro-batches and FLOPs per rank.
+    :mod:`commscope.predict.timing` needs: the plan, micro-batches and FLOPs per rank, and the
+    ``backend`` whose algorithms put the ops on the wire (NCCL for GPU clusters; ``gloo`` for
+    the CPU cells measured here), which the sent bytes and matrices of a prediction follow.
     """
     o = (options or PredictOptions()).resolve()
     kind = model_spec.get("kind", "gpt")
@@ -584,5 +588,6 @@ def predict_ops(
         "dtype_bytes": dtype_bytes,
         "microbatches": plan.microbatches if plan.pp > 1 else 1,
         "flops": flops,
+        "backend": backend,
     }
     return pred
