@@ -113,3 +113,7 @@ def validate_moe(cfg: MoEConfig, ep_size: int) -> list[str]:
             "no block would be an MoE block"
         )
     return problems
+
+
+# What model_config returns: the config of one of MODEL_KINDS.
+ModelConfig = GPTConfig | MoEConfig | VisionConfig

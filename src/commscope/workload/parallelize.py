@@ -18,18 +18,24 @@ import, and they are imported after ``capture.install()`` registered its kernels
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from commscope.spec.models import VISION_KINDS
+from commscope.spec.models import VISION_KINDS, ModelConfig
 from commscope.spec.plan import ParallelPlan, split_layers
 from commscope.workload.models import GPT, lm_loss
 from commscope.workload.moe import MoEGPT, apply_expert_parallel
 from commscope.workload.vision import build_vision_model
+
+if TYPE_CHECKING:  # annotations only: pipelining itself is imported where used (see above)
+    from torch.distributed.pipelining.schedules import (
+        PipelineScheduleMulti,
+        PipelineScheduleSingle,
+    )
 
 
 @dataclass
@@ -47,7 +53,7 @@ class Parallelized:
     chunks: list[nn.Module]
     expert_params: list[nn.Parameter] = field(default_factory=list)
     stage_ids: list[int] = field(default_factory=list)
-    schedule: Any = None
+    schedule: PipelineScheduleSingle | PipelineScheduleMulti | None = None
     first: bool = True
     last: bool = True
 
@@ -58,7 +64,7 @@ def sub_mesh(mesh: DeviceMesh | None, plan: ParallelPlan, dim: str) -> DeviceMes
 
 
 def build_chunks(
-    kind: str, cfg: Any, plan: ParallelPlan, pp_rank: int, device: torch.device
+    kind: str, cfg: ModelConfig, plan: ParallelPlan, pp_rank: int, device: torch.device
 ) -> list[nn.Module]:
     """This rank's part of the model on ``device``: the whole model, or (GPT with pp > 1) one
     GPT per pipeline stage it runs, each holding a contiguous slice of the layers."""
@@ -229,7 +235,7 @@ def build_schedule(
     plan: ParallelPlan,
     pp_mesh: DeviceMesh,
     device: torch.device,
-) -> Any:
+) -> PipelineScheduleSingle | PipelineScheduleMulti:
     """The pipeline schedule running this rank's stages over ``pp_mesh`` (after data
     parallelism: a stage wraps the module that FSDP2/replicate already made data parallel)."""
     from torch.distributed.pipelining import (
@@ -253,7 +259,7 @@ def build_schedule(
 
 def parallelize(
     kind: str,
-    cfg: Any,
+    cfg: ModelConfig,
     plan: ParallelPlan,
     mesh: DeviceMesh | None,
     coords: dict[str, int],
