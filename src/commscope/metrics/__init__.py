@@ -79,9 +79,9 @@ from commscope.metrics.counters import (
     RESOLUTION_SLACK,
     SHAPE_COLUMNS,
     THROUGHPUT_COLUMNS,
+    counted_wire_bytes,
     throughput,
     traffic_shape,
-    wire_bytes,
     wire_counts,
 )
 from commscope.metrics.crosscheck import (
@@ -190,7 +190,7 @@ __all__ = [
     "throughput",
     "traffic_shape",
     "training_window",
-    "wire_bytes",
+    "counted_wire_bytes",
     "wire_counts",
     "wire_vs_framework",
     "write_cell_metrics",

@@ -257,7 +257,7 @@ def _shape_stats(
     }
 
 
-def wire_bytes(counters: pd.DataFrame, window: tuple[int, int]) -> pd.DataFrame:
+def counted_wire_bytes(counters: pd.DataFrame, window: tuple[int, int]) -> pd.DataFrame:
     """Bytes each node's interface(s) sent and received between ``window[0]`` and
     ``window[1]`` (counters interpolated at both instants, interfaces summed).
 

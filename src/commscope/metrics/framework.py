@@ -13,7 +13,7 @@ from commscope.cell.load import _backend_of
 from commscope.collectives.matrix import Placement
 from commscope.collectives.traffic import op_sends
 from commscope.metrics._common import _as_int_ns, _params_from, _with_params
-from commscope.metrics.counters import wire_bytes
+from commscope.metrics.counters import counted_wire_bytes
 
 WIRE_COLUMNS = [
     "node",
@@ -68,7 +68,7 @@ def wire_vs_framework(
 
     framework = _framework_tx_per_node(ops, meta)
     wire = (
-        wire_bytes(counters, window)
+        counted_wire_bytes(counters, window)
         if not counters.empty
         else pd.DataFrame(columns=["node", "wire_tx_bytes", "wire_rx_bytes", "covered"])
     )

@@ -9,7 +9,7 @@ import pandas as pd
 from commscope.cell.load import CellTraces
 from commscope.contracts import P2P_OPS
 from commscope.metrics._common import _NS_PER_S
-from commscope.metrics.counters import traffic_shape, wire_bytes
+from commscope.metrics.counters import counted_wire_bytes, traffic_shape
 from commscope.metrics.framework import wire_vs_framework
 from commscope.metrics.matrix import comm_matrix, node_matrix, node_traffic_split
 from commscope.metrics.steps import step_times, training_window
@@ -60,7 +60,7 @@ def _wire_summary(
     wire_row["shape_resolved_10ms"] = False
     if n_measured and not traces.counters.empty:
         window = training_window(st)
-        wire = wire_bytes(traces.counters, window)
+        wire = counted_wire_bytes(traces.counters, window)
         duration_s = (window[1] - window[0]) / _NS_PER_S
         wire_row["wire_tx_bytes_per_step_per_node"] = (
             float(wire["wire_tx_bytes"].mean()) / n_measured
