@@ -8,6 +8,7 @@ a table and the metrics that read it take its name from here instead of retyping
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import pandas as pd
@@ -48,6 +49,46 @@ SOCKETS_FILE = "sockets.parquet"
 ROUTING_FILE = "moe.parquet"
 # Packet-header capture of a cell (optional), next to its other trace tables.
 WIRE_FLOWS_FILE = "wire_flows.parquet"
+# Per rank and step, the training loss.
+TRAIN_FILE = "train.parquet"
+# NCCL's own COLL log lines of a GPU run as a second ops table (empty without NCCL logs).
+NCCL_OPS_FILE = "nccl_ops.parquet"
+
+# Every per-cell table by name, in the order parse_cell declares them as outputs.
+CELL_TABLE_FILES: dict[str, str] = {
+    "ops": OPS_FILE,
+    "steps": STEPS_FILE,
+    "counters": COUNTERS_FILE,
+    "train": TRAIN_FILE,
+    "moe": ROUTING_FILE,
+    "sockets": SOCKETS_FILE,
+    "wire_flows": WIRE_FLOWS_FILE,
+    "nccl_ops": NCCL_OPS_FILE,
+    "cell": CELL_FILE,
+}
+
+# --------------------------------------------------------------------------------------------
+# Raw files of one cell (what the runner leaves in its raw/ directory, read by the parse step)
+# --------------------------------------------------------------------------------------------
+
+# raw/: the runner's record of the cell (link shape, nodes, start/end, qdisc stats, clock).
+RUN_FILE = "run.json"
+# raw/<node>/: what the interface counter sampler and the socket sampler of a node write.
+NODE_COUNTERS_FILE = "counters.parquet"
+NODE_SOCKETS_FILE = "sockets.parquet"
+
+
+def rank_table_file(table: str, rank: int | str) -> str:
+    """raw/<node>/ file of one rank's ``table`` (``"ops", 3`` -> ``"ops_rank3.parquet"``);
+    ``rank="*"`` gives the glob pattern of every rank's."""
+    return f"{table}_rank{rank}.parquet"
+
+
+def rank_meta_file(rank: int | str) -> str:
+    """raw/<node>/ file of what one rank reports about itself (``3`` -> ``"rank3.json"``);
+    ``rank="*"`` gives the glob pattern of every rank's."""
+    return f"rank{rank}.json"
+
 
 # --------------------------------------------------------------------------------------------
 # Metric tables (compute_cell_metrics writes them per cell, aggregate_cells concatenates them)
@@ -74,6 +115,28 @@ SUMMARY_FILE = "summary.parquet"
 def table_file(name: str) -> str:
     """The file name of metric table ``name`` (``"summary"`` -> ``"summary.parquet"``)."""
     return f"{name}.parquet"
+
+
+# The tables of an imported trace (results/imports/<name>/), in the order import_trace declares
+# them: the ops table and the op-level metrics a measured cell also gets.
+IMPORT_TABLES: tuple[str, ...] = ("ops", "summary", "op_volume", "msg_sizes", "comm_matrix")
+# The tables predict_cell writes per cell: the predicted ops, predicted vs measured, step time.
+PREDICT_CELL_TABLES: tuple[str, ...] = ("ops", "compare", "timing")
+# The files of one prediction scenario by name (the fields of predict.scenarios.ScenarioFiles).
+SCENARIO_FILES: dict[str, str] = {
+    "traffic": "traffic.parquet",
+    "node_matrix": "node_matrix.parquet",
+    "rank_matrix": "rank_matrix.parquet",
+    "meta": "scenario.json",
+}
+
+
+def with_params(params: Mapping[str, Any], frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` led by one constant column per parameter, in ``params``' order (parameters
+    first, as in every table); a column of ``frame`` with a parameter's name is replaced."""
+    # Scalars broadcast over the index: far cheaper than building per-row lists.
+    lead = pd.DataFrame(dict(params), index=frame.index)
+    return pd.concat([lead, frame.drop(columns=list(params), errors="ignore")], axis=1)
 
 
 # --------------------------------------------------------------------------------------------

@@ -135,7 +135,12 @@ def make_raw(
 def built(tmp_path: Path) -> tuple[dict[str, Any], dict[str, Path]]:
     cell = make_cell()
     raw = make_raw(tmp_path, cell)
-    paths = build_cell_tables(raw, cell, warmup_steps=1, paths=cell_table_paths(tmp_path / "trace"))
+    paths = build_cell_tables(
+        raw,
+        CellSettings.from_mapping(cell),
+        warmup_steps=1,
+        paths=cell_table_paths(tmp_path / "trace"),
+    )
     return cell, paths
 
 
@@ -228,7 +233,9 @@ def test_counters_node_index_comes_from_run_json(tmp_path: Path) -> None:
     # Directory names that do not encode (or sort like) the node index.
     cell = make_cell()
     raw = make_raw(tmp_path, cell, names=("alpha", "beta"), indices=(1, 0))
-    paths = build_cell_tables(raw, cell, warmup_steps=0, paths=cell_table_paths(tmp_path / "t"))
+    paths = build_cell_tables(
+        raw, CellSettings.from_mapping(cell), warmup_steps=0, paths=cell_table_paths(tmp_path / "t")
+    )
     counters = pd.read_parquet(paths["counters"])
     # alpha is node 1 (its counters start at 2_000_000), beta node 0 (1_000_000).
     first = counters.groupby("node")["rx_bytes"].min().to_dict()
@@ -258,7 +265,9 @@ def test_cell_json(built: tuple[dict[str, Any], dict[str, Path]]) -> None:
 def test_cell_json_rate(tmp_path: Path, bw: str, bps: int | None) -> None:
     cell = make_cell(bw=bw, delay="10ms", loss="0.5pct")
     raw = make_raw(tmp_path, cell)
-    paths = build_cell_tables(raw, cell, warmup_steps=2, paths=cell_table_paths(tmp_path / "t"))
+    paths = build_cell_tables(
+        raw, CellSettings.from_mapping(cell), warmup_steps=2, paths=cell_table_paths(tmp_path / "t")
+    )
     meta = json.loads(paths["cell"].read_text())
     assert meta["bw_bps"] == bps
     assert meta["warmup_steps"] == 2
@@ -279,7 +288,12 @@ def test_missing_raw_files(tmp_path: Path, pattern: str, fragment: str) -> None:
     for path in raw.glob(f"*/{pattern}"):
         path.unlink()
     with pytest.raises(FileNotFoundError) as info:
-        build_cell_tables(raw, cell, warmup_steps=1, paths=cell_table_paths(tmp_path / "t"))
+        build_cell_tables(
+            raw,
+            CellSettings.from_mapping(cell),
+            warmup_steps=1,
+            paths=cell_table_paths(tmp_path / "t"),
+        )
     assert fragment in str(info.value)
     assert str(raw) in str(info.value)
 
@@ -289,4 +303,9 @@ def test_missing_run_json(tmp_path: Path) -> None:
     raw = make_raw(tmp_path, cell)
     (raw / "run.json").unlink()
     with pytest.raises(FileNotFoundError, match="run.json"):
-        build_cell_tables(raw, cell, warmup_steps=1, paths=cell_table_paths(tmp_path / "t"))
+        build_cell_tables(
+            raw,
+            CellSettings.from_mapping(cell),
+            warmup_steps=1,
+            paths=cell_table_paths(tmp_path / "t"),
+        )

@@ -1,15 +1,16 @@
-# Traces recorded elsewhere: loaded into the ops table and given the op-level metrics.
+# Traces recorded elsewhere: loaded into the ops table and given the op-level metrics. The
+# tables' names come from the data contract.
+from commscope.contracts import IMPORT_TABLES, table_file
 
 
 rule import_trace:
     input:
         lookup(dpath="imports/{name}/paths", within=config),
     output:
-        ops="results/imports/{name}/ops.parquet",
-        summary="results/imports/{name}/summary.parquet",
-        op_volume="results/imports/{name}/op_volume.parquet",
-        msg_sizes="results/imports/{name}/msg_sizes.parquet",
-        comm_matrix="results/imports/{name}/comm_matrix.parquet",
+        **{
+            table: f"results/imports/{{name}}/{table_file(table)}"
+            for table in IMPORT_TABLES
+        },
     log:
         "results/logs/import_trace/{name}.log",
     conda:

@@ -1,5 +1,7 @@
 # The analytical model per cell: predict one steady step and compare with what was measured
 # (bytes and messages exactly; step time with the alpha-beta model fed by the microbenchmarks).
+# The tables' names come from the data contract.
+from commscope.contracts import PREDICT_CELL_TABLES, table_file
 
 
 rule predict_cell:
@@ -9,9 +11,10 @@ rule predict_cell:
         cell=rules.parse_cell.output.cell,
         fits=microbench_fits,
     output:
-        ops=f"{RUNS}/{CELL}/predict/ops.parquet",
-        compare=f"{RUNS}/{CELL}/predict/compare.parquet",
-        timing=f"{RUNS}/{CELL}/predict/timing.parquet",
+        **{
+            table: f"{RUNS}/{CELL}/predict/{table_file(table)}"
+            for table in PREDICT_CELL_TABLES
+        },
     log:
         f"results/logs/predict_cell/{CELL}.log",
     conda:

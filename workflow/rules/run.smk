@@ -1,4 +1,6 @@
-# Run one sweep cell on the cluster, then turn its raw per-node files into tidy tables.
+# Run one sweep cell on the cluster, then turn its raw per-node files into tidy tables. The
+# tables' names come from the data contract.
+from commscope.contracts import CELL_TABLE_FILES
 
 
 rule run_cell:
@@ -27,15 +29,10 @@ rule parse_cell:
     input:
         rules.run_cell.output,
     output:
-        ops=f"{RUNS}/{CELL}/trace/ops.parquet",
-        steps=f"{RUNS}/{CELL}/trace/steps.parquet",
-        counters=f"{RUNS}/{CELL}/trace/counters.parquet",
-        train=f"{RUNS}/{CELL}/trace/train.parquet",
-        moe=f"{RUNS}/{CELL}/trace/moe.parquet",
-        sockets=f"{RUNS}/{CELL}/trace/sockets.parquet",
-        wire_flows=f"{RUNS}/{CELL}/trace/wire_flows.parquet",
-        nccl_ops=f"{RUNS}/{CELL}/trace/nccl_ops.parquet",
-        cell=f"{RUNS}/{CELL}/trace/cell.json",
+        **{
+            table: f"{RUNS}/{CELL}/trace/{file}"
+            for table, file in CELL_TABLE_FILES.items()
+        },
     log:
         f"results/logs/parse_cell/{CELL}.log",
     conda:

@@ -1,17 +1,18 @@
 # Predictions beyond the cluster: the named scenarios of `predictions:` (e.g. seed 002's GPT
 # models on 16 and 32 GPUs), predicted analytically in seconds, nothing launched. Each rule
 # takes only its own scenario through params:, so editing one scenario reruns only it (and
-# the table and figure that gather them all).
+# the table and figure that gather them all). File names come from the data contract.
+from commscope.contracts import SCENARIO_FILES
 
 PREDICTIONS = "results/predictions"
 
 
 rule predict_scenario:
     output:
-        traffic=f"{PREDICTIONS}/{{name}}/traffic.parquet",
-        node_matrix=f"{PREDICTIONS}/{{name}}/node_matrix.parquet",
-        rank_matrix=f"{PREDICTIONS}/{{name}}/rank_matrix.parquet",
-        meta=f"{PREDICTIONS}/{{name}}/scenario.json",
+        **{
+            key: f"{PREDICTIONS}/{{name}}/{file}"
+            for key, file in SCENARIO_FILES.items()
+        },
     log:
         "results/logs/predict_scenario/{name}.log",
     conda:
@@ -39,11 +40,10 @@ rule scenario_heatmap:
 rule predictions_table:
     input:
         traffic=expand(
-            f"{PREDICTIONS}/{{name}}/traffic.parquet",
-            name=sorted(config["predictions"]),
+            rules.predict_scenario.output.traffic, name=sorted(config["predictions"])
         ),
         meta=expand(
-            f"{PREDICTIONS}/{{name}}/scenario.json", name=sorted(config["predictions"])
+            rules.predict_scenario.output.meta, name=sorted(config["predictions"])
         ),
     output:
         f"{PREDICTIONS}/table.parquet",
@@ -58,7 +58,7 @@ rule predictions_table:
 rule predictions_heatmaps:
     input:
         expand(
-            f"{PREDICTIONS}/{{name}}/node_matrix.parquet",
+            rules.predict_scenario.output.node_matrix,
             name=sorted(config["predictions"]),
         ),
     output:

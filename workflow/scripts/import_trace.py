@@ -2,8 +2,9 @@
 
 from pathlib import Path
 
+from commscope.contracts import IMPORT_TABLES
 from commscope.logs import log_to
-from commscope.metrics.imported import IMPORT_TABLES, analyze_import_files
+from commscope.metrics.imported import analyze_import_files
 
 with log_to(snakemake.log[0]):
     analyze_import_files(

@@ -18,19 +18,19 @@ from commscope.cell.pcap import read_pcap, wire_flows
 from commscope.cluster.clock import offset_at
 from commscope.config import cell_id
 from commscope.contracts import (
-    CELL_FILE,
-    COUNTERS_FILE,
-    OPS_FILE,
-    ROUTING_FILE,
+    CELL_TABLE_FILES,
+    NODE_COUNTERS_FILE,
+    NODE_SOCKETS_FILE,
+    RUN_FILE,
     SOCKET_SAMPLE_COLUMNS,
-    SOCKETS_FILE,
-    STEPS_FILE,
     SWEEP_AXES,
     WIRE_FLOW_COLUMNS,
-    WIRE_FLOWS_FILE,
+    rank_meta_file,
+    rank_table_file,
 )
 from commscope.importers.nccl_log import load_nccl_log
 from commscope.spec.link import LinkShape
+from commscope.spec.settings import CellSettings
 
 # Per table, the columns that hold a node's own clock (ns) and get its offset removed.
 _TIME_COLUMNS = {
@@ -41,11 +41,18 @@ _TIME_COLUMNS = {
 }
 
 
-def _with_params(frame: pd.DataFrame, cell: Mapping[str, Any]) -> pd.DataFrame:
+def _cell_params(cell: CellSettings) -> dict[str, Any]:
+    """The cell's sweep values in the sweep's order (every axis set: the cell trains)."""
+    return {axis: getattr(cell, axis) for axis in SWEEP_AXES}
+
+
+def _append_params(frame: pd.DataFrame, params: dict[str, Any]) -> pd.DataFrame:
+    """``frame`` followed by the cell's axes and its ``cell`` id as constant columns (after the
+    data: the raw tables' own columns lead, unlike the metric tables)."""
     frame = frame.copy()
-    for axis in SWEEP_AXES:
-        frame[axis] = cell[axis]
-    frame["cell"] = cell_id(cell)
+    for axis, value in params.items():
+        frame[axis] = value
+    frame["cell"] = cell_id(params)
     return frame
 
 
@@ -120,20 +127,6 @@ def _clock(run_meta: dict[str, Any], node_index: dict[str, int]) -> dict[str, An
     return clock
 
 
-# The per-cell tables and their default file names (what parse_cell declares as outputs).
-CELL_TABLE_FILES = {
-    "ops": OPS_FILE,
-    "steps": STEPS_FILE,
-    "counters": COUNTERS_FILE,
-    "train": "train.parquet",
-    "moe": ROUTING_FILE,
-    "sockets": SOCKETS_FILE,
-    "wire_flows": WIRE_FLOWS_FILE,
-    "nccl_ops": "nccl_ops.parquet",
-    "cell": CELL_FILE,
-}
-
-
 def cell_table_paths(out_dir: Path) -> dict[str, Path]:
     """The default path of every per-cell table (see ``CELL_TABLE_FILES``) under ``out_dir``."""
     return {name: Path(out_dir) / file for name, file in CELL_TABLE_FILES.items()}
@@ -143,19 +136,20 @@ def _node_tables(
     raw_dir: Path, node_index: dict[str, int], clock: dict[str, Any] | None
 ) -> dict[str, pd.DataFrame]:
     """The ops, steps, counters and sockets of every node, each on the orchestrator's clock."""
-    ops = _concat(list(raw_dir.glob("*/ops_rank*.parquet")), "ops_rank*.parquet", raw_dir)
-    steps = _concat(list(raw_dir.glob("*/steps_rank*.parquet")), "steps_rank*.parquet", raw_dir)
+    ops_files, steps_files = rank_table_file("ops", "*"), rank_table_file("steps", "*")
+    ops = _concat(list(raw_dir.glob(f"*/{ops_files}")), ops_files, raw_dir)
+    steps = _concat(list(raw_dir.glob(f"*/{steps_files}")), steps_files, raw_dir)
     ops = to_orchestrator_clock(ops, _TIME_COLUMNS["ops"], clock)
     steps = to_orchestrator_clock(steps, _TIME_COLUMNS["steps"], clock)
-    counters = _per_node(raw_dir, "counters.parquet", node_index)
+    counters = _per_node(raw_dir, NODE_COUNTERS_FILE, node_index)
     if not counters:
-        raise FileNotFoundError(f"no counters.parquet under {raw_dir}: did the sampler run?")
+        raise FileNotFoundError(f"no {NODE_COUNTERS_FILE} under {raw_dir}: did the sampler run?")
     counters_df = pd.concat(counters, ignore_index=True)
     counters_df = counters_df[
         ["node", "iface", "t_ns", "tx_bytes", "rx_bytes", "tx_packets", "rx_packets"]
     ]
     counters_df = to_orchestrator_clock(counters_df, _TIME_COLUMNS["counters"], clock)
-    sockets = _per_node(raw_dir, "sockets.parquet", node_index)
+    sockets = _per_node(raw_dir, NODE_SOCKETS_FILE, node_index)
     sockets_df = (
         pd.concat(sockets, ignore_index=True)
         if sockets
@@ -174,7 +168,7 @@ def _rank_tables(raw_dir: Path) -> dict[str, pd.DataFrame]:
     """Per-step loss and MoE routing: every rank writes them (empty for dense models)."""
     tables = {}
     for table in ("train", "moe"):
-        files = sorted(raw_dir.glob(f"*/{table}_rank*.parquet"))
+        files = sorted(raw_dir.glob(f"*/{rank_table_file(table, '*')}"))
         tables[table] = (
             pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
             if files
@@ -184,13 +178,13 @@ def _rank_tables(raw_dir: Path) -> dict[str, pd.DataFrame]:
 
 
 def _cell_meta(
-    cell: Mapping[str, Any], warmup_steps: int, run_meta: dict[str, Any], ranks: list[dict]
+    params: dict[str, Any], warmup_steps: int, run_meta: dict[str, Any], ranks: list[dict]
 ) -> dict[str, Any]:
     """cell.json: the cell, what ran (world, backend, torch, plan) and how it was measured."""
     shape = LinkShape(**run_meta["shape"])
     return {
-        "cell": cell_id(cell),
-        "params": {axis: cell[axis] for axis in SWEEP_AXES},
+        "cell": cell_id(params),
+        "params": params,
         "world_size": ranks[0]["world_size"] if ranks else None,
         "backend": ranks[0]["backend"] if ranks else None,
         "bw_bps": shape.rate_bps,
@@ -210,26 +204,36 @@ def _cell_meta(
 
 
 def build_cell_tables(
-    raw_dir: Path, cell: Mapping[str, Any], warmup_steps: int, paths: Mapping[str, Path]
+    raw_dir: Path,
+    cell: CellSettings | Mapping[str, Any],
+    warmup_steps: int,
+    paths: Mapping[str, Path],
 ) -> dict[str, Path]:
     """Write one cell's tables (ops, steps, counters, train, moe, sockets, wire_flows, nccl_ops
     parquet and cell.json) to ``paths`` (one per name of ``CELL_TABLE_FILES``, e.g. the rule's
-    declared outputs or :func:`cell_table_paths`); returns them."""
+    declared outputs or :func:`cell_table_paths`); returns them.
+
+    ``cell`` is a training cell (every sweep axis set); a mapping of its sweep values is read
+    with :meth:`CellSettings.from_mapping` (as the rule script does before calling)."""
+    if not isinstance(cell, CellSettings):
+        cell = CellSettings.from_mapping(cell)
+    params = _cell_params(cell)
     raw_dir = Path(raw_dir)
     paths = {name: Path(paths[name]) for name in CELL_TABLE_FILES}
     for path in paths.values():
         path.parent.mkdir(parents=True, exist_ok=True)
-    run_meta = json.loads((raw_dir / "run.json").read_text())
+    run_meta = json.loads((raw_dir / RUN_FILE).read_text())
     node_index = {n["name"]: int(n["index"]) for n in run_meta["nodes"]}
     clock = _clock(run_meta, node_index)
     tables = {**_node_tables(raw_dir, node_index, clock), **_rank_tables(raw_dir)}
     ranks = sorted(
-        (json.loads(p.read_text()) for p in raw_dir.glob("*/rank*.json")), key=lambda m: m["rank"]
+        (json.loads(p.read_text()) for p in raw_dir.glob(f"*/{rank_meta_file('*')}")),
+        key=lambda m: m["rank"],
     )
     tables["wire_flows"] = _pcap_flows(raw_dir, run_meta["nodes"], clock)[WIRE_FLOW_COLUMNS]
     tables["nccl_ops"] = _nccl_ops(raw_dir, ranks)
     for name, frame in tables.items():
-        _with_params(frame, cell).to_parquet(paths[name], index=False)
-    meta = _cell_meta(cell, warmup_steps, run_meta, ranks)
+        _append_params(frame, params).to_parquet(paths[name], index=False)
+    meta = _cell_meta(params, warmup_steps, run_meta, ranks)
     paths["cell"].write_text(json.dumps(meta, indent=2, default=str))
     return paths

@@ -42,6 +42,7 @@ import math
 from collections.abc import Callable
 
 from commscope.collectives.traffic import DEFAULT_BACKEND, GLOO
+from commscope.contracts import P2P_OPS
 
 # Bandwidth-optimal rings (NCCL for large messages): latency terms per op on n ranks.
 RING_STEPS: dict[str, Callable[[int], int]] = {
@@ -81,7 +82,7 @@ def latency_steps(op: str, n: int, backend: str = DEFAULT_BACKEND) -> int:
 def wire_bytes(op: str, nbytes: float, n: int, backend: str = DEFAULT_BACKEND) -> float:
     """Bytes one rank moves for one op of ``nbytes`` (ops-table convention) on ``n`` ranks
     (see the module table)."""
-    if n <= 1 and op not in ("send", "recv"):
+    if n <= 1 and op not in P2P_OPS:
         return 0.0
     if _is_gloo(backend):
         if op == "reduce_scatter":

@@ -21,6 +21,7 @@ from typing import Any
 from commscope.cluster.hosts import Cluster, Host, on_all
 from commscope.cluster.provision import provision, state_dir
 from commscope.cluster.shaping import host_has_netem, shaped
+from commscope.contracts import RUN_FILE
 from commscope.experiment.launch import Torchrun, kill_tagged, new_tag, torchrun_everywhere
 from commscope.experiment.probes import CellProbes, NodeTools, node_tools
 from commscope.spec.link import LinkShape, check_shape_supported
@@ -140,7 +141,7 @@ def _measure(
     log.info("samplers stopped, links unshaped")
     meta["nodes"] = on_all(hosts, lambda h: _fetch(h, remote_dirs[h.name], out_dir))
     log.info("fetched every node's files")
-    (out_dir / "run.json").write_text(json.dumps(meta, indent=2, default=str))
+    (out_dir / RUN_FILE).write_text(json.dumps(meta, indent=2, default=str))
     if failures:
         raise CellFailed("training failed on " + "; ".join(failures))
 

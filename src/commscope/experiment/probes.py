@@ -19,6 +19,7 @@ from typing import Any, Protocol, TypeVar
 from commscope.cluster.clock import estimate_offset
 from commscope.cluster.hosts import Host, NodeSpec
 from commscope.cluster.shaping import qdisc_stats
+from commscope.contracts import NODE_COUNTERS_FILE, NODE_SOCKETS_FILE
 from commscope.experiment.launch import tag_pattern
 from commscope.spec.settings import RunSettings
 
@@ -124,14 +125,14 @@ class PeriodicSampler:
 def counter_sampler(hz: int, limit_s: float, tag: str) -> PeriodicSampler:
     """Interface byte/packet counters at ``hz`` (:mod:`commscope.node.sampler`)."""
     return PeriodicSampler(
-        SAMPLER_MODULE, "--iface", "exp_iface", hz, limit_s, tag, "counters.parquet", "sampler.log"
+        SAMPLER_MODULE, "--iface", "exp_iface", hz, limit_s, tag, NODE_COUNTERS_FILE, "sampler.log"
     )
 
 
 def socket_stats(hz: float, limit_s: float, tag: str) -> PeriodicSampler:
     """TCP's own view of every training socket at ``hz`` (:mod:`commscope.node.sockstats`)."""
     return PeriodicSampler(
-        SOCKSTATS_MODULE, "--addr", "exp_addr", hz, limit_s, tag, "sockets.parquet", "sockstats.log"
+        SOCKSTATS_MODULE, "--addr", "exp_addr", hz, limit_s, tag, NODE_SOCKETS_FILE, "sockstats.log"
     )
 
 

@@ -54,7 +54,7 @@ from typing import Any
 
 import pandas as pd
 
-from commscope.contracts import DTYPE_SIZES, parse_ranks
+from commscope.contracts import DTYPE_SIZES, P2P_OPS, parse_ranks
 from commscope.export import (
     PHASES,
     ComputeSpan,
@@ -273,7 +273,7 @@ def _comm_type_attrs(
     source, destination and tag of a send/recv, type (and root) of a collective."""
     op = rec["op"]
     attrs: list[bytes] = []
-    if op in ("send", "recv"):
+    if op in P2P_OPS:
         node_type = COMM_SEND_NODE if op == "send" else COMM_RECV_NODE
         peer = rec["peer"]
         src, dst = (rank, peer) if op == "send" else (peer, rank)

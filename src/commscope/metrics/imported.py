@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from commscope.contracts import table_file
+from commscope.contracts import IMPORT_TABLES, table_file
 from commscope.importers import load_trace
 from commscope.metrics.matrix import comm_matrix
 from commscope.metrics.volume import message_sizes, op_volume
@@ -32,13 +32,10 @@ def load_import(paths: list[Path], name: str) -> pd.DataFrame:
     return ops
 
 
-IMPORT_TABLES = ("ops", "op_volume", "msg_sizes", "comm_matrix", "summary")
-
-
 def analyze_import_files(paths: list[Path], name: str, outputs: Mapping[str, Path]) -> pd.DataFrame:
     """Write the ops table and its op-level metrics of one import to the given files, one per
-    name of :data:`IMPORT_TABLES` (``ops``, ``op_volume``, ``msg_sizes``, ``comm_matrix``,
-    ``summary``); return its one-row summary."""
+    name of :data:`commscope.contracts.IMPORT_TABLES` (``ops``, ``summary``, ``op_volume``,
+    ``msg_sizes``, ``comm_matrix``); return its one-row summary."""
     missing = [t for t in IMPORT_TABLES if t not in outputs]
     if missing:
         raise ValueError(f"imports.{name}: no output path for tables {missing}")

@@ -1,4 +1,4 @@
-/* Interface counter sampler, the native core of `python -m commscope.sampler`.
+/* Interface counter sampler, the native core of `python -m commscope.node.sampler`.
  *
  * usage: commscope-sampler IFACE HZ MAX_SECONDS OUT.bin [PROC_NET_DEV]
  *

@@ -118,7 +118,7 @@ def native_binary(cache_dir: Path | None = None, source: Path = SOURCE) -> Path 
     is rebuilt; the build goes to a temporary name renamed into place, so nodes sharing the
     cache directory never run a half-written binary."""
     if not source.exists():
-        print(f"commscope.sampler: {source} missing", file=sys.stderr)
+        print(f"commscope.node.sampler: {source} missing", file=sys.stderr)
         return None
     digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
     cache = cache_dir if cache_dir is not None else _cache_dir()
@@ -127,7 +127,7 @@ def native_binary(cache_dir: Path | None = None, source: Path = SOURCE) -> Path 
         return binary
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
-        print("commscope.sampler: no C compiler (cc, gcc)", file=sys.stderr)
+        print("commscope.node.sampler: no C compiler (cc, gcc)", file=sys.stderr)
         return None
     try:
         cache.mkdir(parents=True, exist_ok=True)
@@ -136,12 +136,12 @@ def native_binary(cache_dir: Path | None = None, source: Path = SOURCE) -> Path 
             [cc, "-O2", "-o", str(tmp), str(source)], capture_output=True, text=True, timeout=120
         )
         if build.returncode != 0:
-            print(f"commscope.sampler: {cc} failed:\n{build.stderr}", file=sys.stderr)
+            print(f"commscope.node.sampler: {cc} failed:\n{build.stderr}", file=sys.stderr)
             tmp.unlink(missing_ok=True)
             return None
         tmp.rename(binary)
     except (OSError, subprocess.SubprocessError) as err:
-        print(f"commscope.sampler: cannot build the C sampler: {err}", file=sys.stderr)
+        print(f"commscope.node.sampler: cannot build the C sampler: {err}", file=sys.stderr)
         return None
     return binary
 
@@ -218,12 +218,12 @@ def main() -> None:
     if args.impl == "c" and binary is None:
         parser.error("--impl c: the C sampler cannot be built here")
     if binary is not None:
-        print(f"commscope.sampler: native C sampler {binary}", file=sys.stderr, flush=True)
+        print(f"commscope.node.sampler: native C sampler {binary}", file=sys.stderr, flush=True)
         frame = sample_native(
             binary, args.iface, args.hz, args.max_seconds, started=children, stop=stop
         )
     else:
-        print("commscope.sampler: Python sampler", file=sys.stderr, flush=True)
+        print("commscope.node.sampler: Python sampler", file=sys.stderr, flush=True)
         frame = sample(args.iface, args.hz, args.max_seconds, stop)
     frame.insert(0, "iface", args.iface)
     tmp = args.out.with_suffix(".tmp")

@@ -21,9 +21,9 @@ researcher asks for, all from the single traffic model
 * ``rank_matrix``: rank x rank bytes per traffic type (sparse).
 
 Default vs customized mapping differ exactly in the intra/inter split: the same bytes, on
-different links. Every table repeats the scenario's parameters (:data:`PARAM_COLUMNS`), so
-tables of several scenarios concatenate; :func:`scenario_tables` makes the compact report
-table from written scenario directories.
+different links. Every table repeats the scenario's parameters
+(:data:`SCENARIO_PARAM_COLUMNS`), so tables of several scenarios concatenate;
+:func:`scenario_tables` makes the compact report table from written scenario directories.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from typing import Any
 
 import pandas as pd
 
+from commscope.contracts import SCENARIO_FILES, with_params
 from commscope.predict.compare import summarize
 from commscope.predict.matrix import node_matrix, rank_matrix
 from commscope.predict.ops import TRAFFIC_TYPES, predict_ops
@@ -93,8 +94,9 @@ SCENARIO_DEFAULTS: dict[str, Any] = {
     "tied_embeddings": None,
     "dtype_bytes": 2,  # fp16/bf16 training
 }
-# The scenario's parameters repeated in every table it writes.
-PARAM_COLUMNS = [
+# The scenario's parameters repeated in every table it writes (not the sweep cells'
+# contracts.PARAM_COLUMNS: a scenario is no cell).
+SCENARIO_PARAM_COLUMNS = [
     "scenario",
     "model",
     "pp",
@@ -109,7 +111,7 @@ PARAM_COLUMNS = [
     "framework",
 ]
 TRAFFIC_COLUMNS = [
-    *PARAM_COLUMNS,
+    *SCENARIO_PARAM_COLUMNS,
     "rank",
     "node",
     "traffic",
@@ -124,7 +126,7 @@ TRAFFIC_COLUMNS = [
     "sizes",
 ]
 TABLE_COLUMNS = [
-    *PARAM_COLUMNS,
+    *SCENARIO_PARAM_COLUMNS,
     "traffic",
     "rank0_messages",
     "rank0_bytes",
@@ -159,7 +161,7 @@ class Scenario:
         return self.nodes * self.gpus_per_node
 
     def params(self) -> dict[str, Any]:
-        """The values of :data:`PARAM_COLUMNS`."""
+        """The values of :data:`SCENARIO_PARAM_COLUMNS`."""
         return {
             "scenario": self.name,
             "model": self.model_name,
@@ -264,7 +266,7 @@ class ScenarioPrediction:
 
 def _sum_traffic(traffic: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     cols = ["messages", "bytes", "sent_bytes", "intra_node_bytes", "inter_node_bytes"]
-    params = [c for c in PARAM_COLUMNS if c in traffic.columns]
+    params = [c for c in SCENARIO_PARAM_COLUMNS if c in traffic.columns]
     out = traffic.groupby([*params, *keys], as_index=False, sort=True)[cols].sum()
     return out[[*params, *keys, *cols]]
 
@@ -300,9 +302,9 @@ def predict_scenario(spec: dict[str, Any], name: str = "") -> ScenarioPrediction
     traffic["traffic"] = pd.Categorical(traffic["traffic"], categories=TRAFFIC_TYPES)
     traffic = traffic.sort_values(["rank", "traffic"]).reset_index(drop=True)
     traffic["traffic"] = traffic["traffic"].astype(str)
-    traffic = _with_params(params, traffic)[TRAFFIC_COLUMNS]
-    nodes = _with_params(params, node_matrix(ops, by_traffic=True))
-    ranks = _with_params(params, ranks)
+    traffic = with_params(params, traffic)[TRAFFIC_COLUMNS]
+    nodes = with_params(params, node_matrix(ops, by_traffic=True))
+    ranks = with_params(params, ranks)
     meta = {
         "scenario": name,
         "description": sc.description,
@@ -319,19 +321,16 @@ def predict_scenario(spec: dict[str, Any], name: str = "") -> ScenarioPrediction
     return ScenarioPrediction(sc, ops, traffic, nodes, ranks, seconds, meta)
 
 
-def _with_params(params: dict[str, Any], frame: pd.DataFrame) -> pd.DataFrame:
-    out = frame.copy()
-    for i, (key, value) in enumerate(params.items()):
-        out.insert(i, key, value)
-    return out
-
-
 def traffic_table(traffic: pd.DataFrame, seconds: float | None = None) -> pd.DataFrame:
     """One scenario's report rows from its traffic table: per traffic type (and ``all``),
     rank 0's messages, payload bytes and message sizes, the job's messages, payload and
     transmitted bytes, the intra/inter-node split and the inter-node share of transmitted
     bytes (NaN when nothing is transmitted)."""
-    params = {c: traffic[c].iloc[0] for c in PARAM_COLUMNS if c in traffic.columns and len(traffic)}
+    params = {
+        c: traffic[c].iloc[0]
+        for c in SCENARIO_PARAM_COLUMNS
+        if c in traffic.columns and len(traffic)
+    }
     per = _sum_traffic(traffic, ["traffic"]).drop(columns=list(params))
     order = {t: i for i, t in enumerate(TRAFFIC_TYPES)}
     per = per.sort_values("traffic", key=lambda t: t.map(order).fillna(len(order)))
@@ -350,14 +349,8 @@ def traffic_table(traffic: pd.DataFrame, seconds: float | None = None) -> pd.Dat
     job["messages"] = job["messages"].astype("int64")
     job["bytes"] = job["bytes"].astype("int64")
     job["predict_seconds"] = float("nan") if seconds is None else float(seconds)
-    for i, (key, value) in enumerate(params.items()):
-        job.insert(i, key, value)
+    job = with_params(params, job)
     return job[[c for c in TABLE_COLUMNS if c in job.columns]]
-
-
-# File names of a scenario written into a directory (``commscope predict --out``); the workflow
-# declares its own paths and passes them as :class:`ScenarioFiles`.
-SCENARIO_FILES = ("traffic.parquet", "node_matrix.parquet", "rank_matrix.parquet", "scenario.json")
 
 
 @dataclass(frozen=True)
@@ -372,8 +365,9 @@ class ScenarioFiles:
 
     @classmethod
     def in_dir(cls, out_dir: Path) -> ScenarioFiles:
-        """The files of :data:`SCENARIO_FILES` inside ``out_dir``."""
-        return cls(*(Path(out_dir) / f for f in SCENARIO_FILES))
+        """The files of :data:`commscope.contracts.SCENARIO_FILES` inside ``out_dir`` (a
+        directory of ``commscope predict --out``; the workflow declares its own paths)."""
+        return cls(**{name: Path(out_dir) / file for name, file in SCENARIO_FILES.items()})
 
     def paths(self) -> list[Path]:
         return [self.traffic, self.node_matrix, self.rank_matrix, self.meta]
@@ -381,8 +375,8 @@ class ScenarioFiles:
 
 def write_scenario(pred: ScenarioPrediction, out: Path | ScenarioFiles) -> list[Path]:
     """Write the traffic table, node and rank matrices and the scenario's JSON (the resolved
-    spec and the prediction time) to ``out``: its files, or :data:`SCENARIO_FILES` in a
-    directory."""
+    spec and the prediction time) to ``out``: its files, or
+    :data:`commscope.contracts.SCENARIO_FILES` in a directory."""
     files = out if isinstance(out, ScenarioFiles) else ScenarioFiles.in_dir(out)
     for path in files.paths():
         path.parent.mkdir(parents=True, exist_ok=True)

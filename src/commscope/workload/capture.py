@@ -40,6 +40,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from commscope.contracts import P2P_OPS, ROOTED_OPS
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -82,8 +84,6 @@ _OUT_ARGS = ("output_tensors", "output_tensor", "output", "outputs")
 _PEER_ARGS = ("dst", "src")
 _ROOT_ARGS = ("root_rank", "root", "src")
 _AUTOGRAD_KEYS = ("AutogradCPU", "AutogradCUDA")
-_ROOTED = ("broadcast", "reduce", "gather", "scatter")
-_P2P = ("send", "recv")
 
 
 @dataclass
@@ -158,8 +158,10 @@ class _ArgSpec:
         self.names = names
         self.ins = [(names.index(a), a) for a in _IN_ARGS if a in names]
         self.outs = [(names.index(a), a) for a in _OUT_ARGS if a in names]
-        self.peer = [(names.index(a), a) for a in _PEER_ARGS if a in names] if op in _P2P else []
-        self.root = [(names.index(a), a) for a in _ROOT_ARGS if a in names] if op in _ROOTED else []
+        self.peer = [(names.index(a), a) for a in _PEER_ARGS if a in names] if op in P2P_OPS else []
+        self.root = (
+            [(names.index(a), a) for a in _ROOT_ARGS if a in names] if op in ROOTED_OPS else []
+        )
         # Uneven all-to-all: the per-destination row counts of the input (c10d and functional).
         self.splits = names.index("input_split_sizes") if "input_split_sizes" in names else -1
         self.group = "process_group" if "process_group" in names else "group_name"
@@ -372,7 +374,7 @@ def _watch(out: Any, op: str, t_end: list, row: int) -> bool:
     try:
         fut = work.get_future()
     except RuntimeError:  # "Work::getFuture not implemented" (gloo send/recv, reduce-scatter)
-        (_POLLER if op in _P2P else _WAITER).add(work, t_end, row)
+        (_POLLER if op in P2P_OPS else _WAITER).add(work, t_end, row)
         return True
     fut.add_done_callback(functools.partial(_set_end, t_end, row))
     return True

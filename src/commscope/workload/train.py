@@ -19,6 +19,7 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
+from commscope.contracts import rank_meta_file, rank_table_file
 from commscope.spec.plan import ParallelPlan
 from commscope.workload import capture
 from commscope.workload.entry import main, rank_device
@@ -59,18 +60,18 @@ def run(spec: dict) -> Path:
     ops.insert(0, "rank", rank)
     ops.insert(1, "node", node)
     ops.insert(2, "local_rank", local_rank)
-    ops.to_parquet(out_dir / f"ops_rank{rank}.parquet", index=False)
+    ops.to_parquet(out_dir / rank_table_file("ops", rank), index=False)
     steps = pd.DataFrame(log.rows, columns=["step", "phase", "t_start_ns", "t_end_ns"])
     steps.insert(0, "rank", rank)
     steps.insert(1, "node", node)
-    steps.to_parquet(out_dir / f"steps_rank{rank}.parquet", index=False)
+    steps.to_parquet(out_dir / rank_table_file("steps", rank), index=False)
     train = pd.DataFrame(trainer.stats, columns=["step", "train_loss"])
     train.insert(0, "rank", rank)
-    train.to_parquet(out_dir / f"train_rank{rank}.parquet", index=False)
+    train.to_parquet(out_dir / rank_table_file("train", rank), index=False)
     moe_cols = ["step", "layer", "dst_rank", "tokens_sent", "tokens_received", "dropped"]
     moe = pd.DataFrame(trainer.moe_rows, columns=moe_cols)
     moe.insert(0, "rank", rank)
-    moe.to_parquet(out_dir / f"moe_rank{rank}.parquet", index=False)
+    moe.to_parquet(out_dir / rank_table_file("moe", rank), index=False)
     meta = {
         "rank": rank,
         "node": node,
@@ -82,7 +83,7 @@ def run(spec: dict) -> Path:
         "plan": asdict(trainer.plan),
         "torch": torch.__version__,
     }
-    (out_dir / f"rank{rank}.json").write_text(json.dumps(meta, indent=2))
+    (out_dir / rank_meta_file(rank)).write_text(json.dumps(meta, indent=2))
     dist.destroy_process_group()
     return out_dir
 
