@@ -12,7 +12,15 @@ from synthetic import make_ddp_cell, make_hybrid_cell
 
 import commscope
 from commscope import metrics, units
-from commscope.metrics.study import bytes_per_step_by_op
+from commscope.metrics.io import aggregate_tables
+from commscope.metrics.study import (
+    STUDY_SOURCES,
+    STUDY_TABLES,
+    alpha_beta_curve,
+    bytes_per_step_by_op,
+    cross_node_share,
+    derive_study_tables,
+)
 from commscope.plots import matrices, scenarios
 from commscope.plots.cell import plot_cell_throughput
 from commscope.plots.study import STUDY_FIGURES, plot_study, study_figure_paths, study_table_paths
@@ -108,9 +116,16 @@ def test_plot_study_writes_every_figure(study: dict, tmp_path: Path) -> None:
 def test_plot_study_survives_empty_tables(study: dict, tmp_path: Path) -> None:
     agg = tmp_path / "agg"
     agg.mkdir()
+    empty = tmp_path / "empty"
+    empty.mkdir()
     for name in metrics.METRIC_TABLES:
         table = pd.read_parquet(study["agg"] / f"{name}.parquet")
-        table.iloc[0:0].to_parquet(agg / f"{name}.parquet")
+        table.iloc[0:0].to_parquet(empty / f"{name}.parquet")
+    # The aggregate job's way: the study tables derived from the (empty) aggregated tables.
+    aggregate_tables(
+        {name: [empty / f"{name}.parquet"] for name in metrics.METRIC_TABLES},
+        {name: agg / f"{name}.parquet" for name in (*metrics.METRIC_TABLES, *STUDY_TABLES)},
+    )
     for path in _study_figures(agg, tmp_path / "fig"):
         assert path.read_bytes()[:8] == PNG_MAGIC
 
@@ -119,7 +134,7 @@ def test_plot_study_survives_an_aggregate_without_matrices(study: dict, tmp_path
     # An aggregate written before the matrix tables existed: "no data" figures, no failure.
     agg = tmp_path / "agg"
     agg.mkdir()
-    for name in set(metrics.METRIC_TABLES) - {"comm_matrix", "node_matrix"}:
+    for name in {*metrics.METRIC_TABLES, *STUDY_TABLES} - {"comm_matrix", "node_matrix"}:
         (agg / f"{name}.parquet").write_bytes((study["agg"] / f"{name}.parquet").read_bytes())
     paths = _study_figures(agg, tmp_path / "fig")
     assert [p.name for p in paths] == [f"{name}.png" for name in STUDY_FIGURES]
@@ -311,3 +326,25 @@ def test_scenario_heatmaps(tmp_path: Path) -> None:
     assert grid.to_numpy().sum() == pytest.approx(job["sent_bytes"])
     assert title.startswith("tp-across\n") and f"{job['inter_node_share']:.1%} of bytes" in title
     _assert_png(scenarios.plot_scenario_heatmaps([], tmp_path / "empty.png"))
+
+
+def test_aggregate_writes_the_study_tables(study: dict) -> None:
+    # The aggregate job derives the tables the study figures draw; plots only read them.
+    agg = study["agg"]
+    sources = {name: pd.read_parquet(agg / f"{name}.parquet") for name in STUDY_SOURCES}
+    for name, table in derive_study_tables(sources).items():
+        pd.testing.assert_frame_equal(
+            pd.read_parquet(agg / f"{name}.parquet"), table.reset_index(drop=True)
+        )
+    assert set(STUDY_TABLES) <= set(study_table_paths(agg))
+
+
+def test_cross_node_share_and_alpha_beta_curve() -> None:
+    grid = pd.DataFrame([[3.0, 1.0], [0.0, 4.0]])
+    assert cross_node_share(grid) == pytest.approx(1 / 8)
+    assert cross_node_share(pd.DataFrame([[0.0]])) is None
+    fit = {"alpha_s": 1e-3, "beta_Bps": 1e6, "group_size": 2, "backend": "gloo"}
+    sizes, times = alpha_beta_curve(fit, "reduce_scatter", 1024, 2**20, points=5)
+    assert len(sizes) == len(times) == 5 and sizes[0] == 1024
+    # gloo's reduce-scatter is a full all-reduce: on 2 ranks the whole buffer crosses the link.
+    assert times[-1] == pytest.approx(1e-3 + 2**20 / 1e6)

@@ -8,7 +8,12 @@ import pandas as pd
 from synthetic import make_ddp_cell
 
 from commscope import metrics
-from commscope.report.sections import crosscheck_cells, crosscheck_strategies
+from commscope.report.sections import (
+    busbw_factor_forms,
+    busbw_text,
+    crosscheck_cells,
+    crosscheck_strategies,
+)
 
 
 def _study(root: Path, wire_flows: bool) -> Path:
@@ -60,3 +65,14 @@ def test_crosscheck_cells_counts_matrix_pairs_from_the_capture(tmp_path: Path) -
 def test_sections_are_empty_without_inputs(tmp_path: Path) -> None:
     missing = tmp_path / "crosscheck.parquet", tmp_path / "matrix_check.parquet"
     assert crosscheck_cells(*missing).empty and crosscheck_strategies(missing[0]).empty
+
+
+def test_microbenchmark_text_names_the_factors_the_code_uses() -> None:
+    # The report's busbw definitions come from collectives.ring, per backend.
+    nccl, gloo = busbw_factor_forms("nccl"), busbw_factor_forms("gloo")
+    assert nccl["allreduce"] == gloo["allreduce"] == "2(n-1)/n"
+    assert nccl["reduce_scatter"] == "(n-1)/n" and gloo["reduce_scatter"] == "2(n-1)/n"
+    assert nccl["broadcast"] == "1" and gloo["broadcast"] == "ceil(log2 n)"
+    text = busbw_text()
+    assert "reduce_scatter x 2(n-1)/n (a full all-reduce)" in text
+    assert "broadcast x ceil(log2 n)" in text

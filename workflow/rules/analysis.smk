@@ -25,6 +25,10 @@ rule cell_metrics:
         "../scripts/cell_metrics.py"
 
 
+# The aggregate job also derives the study tables the study figures draw (commscope.metrics.study).
+from commscope.metrics.study import STUDY_TABLES
+
+
 rule aggregate:
     input:
         **{
@@ -35,7 +39,10 @@ rule aggregate:
             for table in METRIC_TABLES
         },
     output:
-        **{table: f"results/aggregate/{table_file(table)}" for table in METRIC_TABLES},
+        **{
+            table: f"results/aggregate/{table_file(table)}"
+            for table in (*METRIC_TABLES, *STUDY_TABLES)
+        },
     log:
         "results/logs/aggregate.log",
     conda:

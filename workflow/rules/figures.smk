@@ -1,5 +1,6 @@
 # Figures per cell and across cells, and the learning-run tables and figures.
 from commscope.contracts import table_file
+from commscope.plots.study import STUDY_FIGURE_TABLES, STUDY_FIGURES
 
 
 rule cell_figure:
@@ -18,21 +19,15 @@ rule cell_figure:
 
 
 rule study_figures:
-    # The tables commscope.plots.study.plot_study draws (STUDY_TABLES) and its figures
-    # (STUDY_FIGURES), by name.
+    # The tables commscope.plots.study.plot_study draws (the aggregate job's derived study
+    # tables and the aggregated matrices) and its figures, by name.
     input:
-        msg_sizes=f"results/aggregate/{table_file('msg_sizes')}",
-        summary=f"results/aggregate/{table_file('summary')}",
-        op_volume=f"results/aggregate/{table_file('op_volume')}",
-        step_times=f"results/aggregate/{table_file('step_times')}",
-        node_matrix=f"results/aggregate/{table_file('node_matrix')}",
-        comm_matrix=f"results/aggregate/{table_file('comm_matrix')}",
+        **{
+            name: f"results/aggregate/{table_file(name)}"
+            for name in STUDY_FIGURE_TABLES
+        },
     output:
-        msg_size_cdf="results/figures/msg_size_cdf.png",
-        step_time_vs_bw="results/figures/step_time_vs_bw.png",
-        bytes_per_step_by_op="results/figures/bytes_per_step_by_op.png",
-        comm_matrix_nodes="results/figures/comm_matrix_nodes.png",
-        comm_matrix_ranks="results/figures/comm_matrix_ranks.png",
+        **{name: f"results/figures/{name}.png" for name in STUDY_FIGURES},
     log:
         "results/logs/study_figures.log",
     conda:

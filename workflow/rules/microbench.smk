@@ -58,12 +58,16 @@ rule microbench_tables:
         "../scripts/microbench_tables.py"
 
 
+# The figures' names come from the package that draws them.
+from commscope.plots.bench import BENCH_FIGURES
+
+
 rule microbench_figures:
     input:
         summary=rules.microbench_tables.output.summary,
         fit=rules.microbench_tables.output.fit,
     output:
-        directory(f"{BENCH}/figures"),
+        **{name: f"{BENCH}/figures/{name}.png" for name in BENCH_FIGURES},
     log:
         "results/logs/microbench_figures.log",
     conda:

@@ -1,13 +1,15 @@
-"""Rule aggregate: concatenate every cell's metric tables, table by table."""
+"""Rule aggregate: concatenate every cell's metric tables, table by table, and derive the study
+tables (means over repeats, message-size CDFs, bytes per step) the study figures draw."""
 
 from pathlib import Path
 
 from commscope.contracts import METRIC_TABLES
 from commscope.logs import log_to
 from commscope.metrics.io import aggregate_tables
+from commscope.metrics.study import STUDY_TABLES
 
 with log_to(snakemake.log[0]):
     aggregate_tables(
         {table: [Path(p) for p in snakemake.input[table]] for table in METRIC_TABLES},
-        {table: Path(snakemake.output[table]) for table in METRIC_TABLES},
+        {table: Path(snakemake.output[table]) for table in (*METRIC_TABLES, *STUDY_TABLES)},
     )

@@ -3,11 +3,11 @@
 from pathlib import Path
 
 from commscope.logs import log_to
-from commscope.plots.bench import bench_figures_from
+from commscope.plots.bench import BENCH_FIGURES, bench_figures_from
 
 with log_to(snakemake.log[0]):
     bench_figures_from(
         summary=Path(snakemake.input.summary),
         fit=Path(snakemake.input.fit),
-        out_dir=Path(snakemake.output[0]),
+        figures={name: Path(snakemake.output[name]) for name in BENCH_FIGURES},
     )

@@ -11,7 +11,7 @@ with log_to(snakemake.log[0]):
         # Study figures in name order, then those of the stages whose figures depend on the data.
         study_figures=sorted(map(Path, snakemake.input.figures))
         + sorted(Path(snakemake.input.learning).glob("*.png"))
-        + [p for d in snakemake.input.microbench_figures for p in sorted(Path(d).glob("*.png"))]
+        + sorted(map(Path, snakemake.input.microbench_figures))
         + [Path(snakemake.input.prediction_heatmaps[0])],
         cell_figures=dict(
             zip(snakemake.params.cells, map(Path, snakemake.input.cell_figures), strict=True)

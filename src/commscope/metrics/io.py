@@ -1,7 +1,8 @@
 """Files in, files out: the only functions the Snakemake scripts call.
 
-The workflow's scripts call :func:`write_cell_metrics` and :func:`aggregate_tables` with the
-files their rules declare (no directory from which the package would pick names);
+The workflow's scripts call :func:`write_cell_metrics` and :func:`aggregate_tables` (which also
+writes the derived study tables, :data:`~commscope.metrics.study.STUDY_TABLES`) with the files
+their rules declare (no directory from which the package would pick names);
 :func:`compute_cell_metrics` and :func:`aggregate_cells` are the directory-based conveniences
 for tests and interactive use, with the contract's file names (:mod:`commscope.contracts`).
 """
@@ -38,6 +39,7 @@ from commscope.metrics.framework import WIRE_COLUMNS, wire_vs_framework
 from commscope.metrics.matrix import comm_matrix, node_matrix
 from commscope.metrics.sockets import socket_stats
 from commscope.metrics.steps import step_times, training_window
+from commscope.metrics.study import STUDY_SOURCES, STUDY_TABLES, derive_study_tables
 from commscope.metrics.summary import cell_summary
 from commscope.metrics.volume import message_sizes, op_volume
 
@@ -132,12 +134,17 @@ def compute_cell_metrics(cell_dir: Path, out_dir: Path) -> None:
 
 def aggregate_tables(inputs: Mapping[str, Sequence[Path]], outputs: Mapping[str, Path]) -> None:
     """Concatenate each metric table across cells: ``inputs[name]`` (one file per cell; a
-    missing file is skipped) into ``outputs[name]``, for every name in ``outputs``.
+    missing file is skipped) into ``outputs[name]``, for every metric table named in
+    ``outputs``; then derive every study table of :data:`STUDY_TABLES` named in ``outputs``
+    (:func:`~commscope.metrics.study.derive_study_tables`) from the concatenated
+    :data:`STUDY_SOURCES` as written, which ``outputs`` must then name too.
 
     Tables carry their cell parameters, so this is a plain concat. A table no cell produced is
     still written (empty) so downstream rules always find their inputs.
     """
     for name, out in outputs.items():
+        if name in STUDY_TABLES:
+            continue
         frames = [pd.read_parquet(p) for p in inputs.get(name, ()) if Path(p).exists()]
         non_empty = [f for f in frames if not f.empty]
         if non_empty:
@@ -148,14 +155,26 @@ def aggregate_tables(inputs: Mapping[str, Sequence[Path]], outputs: Mapping[str,
             table = pd.DataFrame()
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         table.to_parquet(out, index=False)
+    derived = [name for name in STUDY_TABLES if name in outputs]
+    if not derived:
+        return
+    missing = [name for name in STUDY_SOURCES if name not in outputs]
+    if missing:
+        raise ValueError(f"aggregate_tables: study tables need the aggregated {missing}")
+    # Read back what was written, so the study tables see exactly the files a reader sees.
+    study = derive_study_tables({name: pd.read_parquet(outputs[name]) for name in STUDY_SOURCES})
+    for name in derived:
+        Path(outputs[name]).parent.mkdir(parents=True, exist_ok=True)
+        study[name].to_parquet(outputs[name], index=False)
 
 
 def aggregate_cells(metric_dirs: list[Path], out_dir: Path) -> None:
     """:func:`aggregate_tables` over directories: every table of :data:`METRIC_TABLES` from
-    ``<dir>/<table>.parquet`` of each of ``metric_dirs`` into ``out_dir/<table>.parquet``."""
+    ``<dir>/<table>.parquet`` of each of ``metric_dirs`` into ``out_dir/<table>.parquet``,
+    and the :data:`STUDY_TABLES` derived from them beside."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     aggregate_tables(
         {name: [Path(d) / table_file(name) for d in metric_dirs] for name in METRIC_TABLES},
-        {name: out_dir / table_file(name) for name in METRIC_TABLES},
+        {name: out_dir / table_file(name) for name in (*METRIC_TABLES, *STUDY_TABLES)},
     )

@@ -1,17 +1,28 @@
-"""Study-level tables derived from the aggregated metric tables, for the study figures.
+"""Study-level tables derived from the aggregated metric tables, for the figures and the report.
 
 Each is a pure DataFrame -> DataFrame function over tables of many cells (the concatenations
-:func:`commscope.metrics.aggregate_cells` writes), so a figure only draws what they return.
+:func:`commscope.metrics.aggregate_cells` writes), so a figure only draws what they return. The
+aggregate job writes :data:`STUDY_TABLES` (:func:`derive_study_tables`) beside the concatenated
+tables; the small helpers at the end are the arithmetic the figures' titles and fit lines show.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+import numpy as np
 import pandas as pd
 
+from commscope.collectives.ring import bench_wire_bytes
 from commscope.metrics.volume import size_cdf
 
 # Parameters that, besides strategy and model, tell series apart in sweep plots.
 SERIES_AXES = ("nodes", "ranks_per_node", "delay", "jitter", "loss")
+# The derived study tables the aggregate job writes (results/aggregate/<name>.parquet) and the
+# study figures draw, by name; see derive_study_tables.
+STUDY_TABLES: tuple[str, ...] = ("msg_size_cdf", "step_time_over_repeats", "bytes_per_step_by_op")
+# The aggregated metric tables they are derived from.
+STUDY_SOURCES: tuple[str, ...] = ("msg_sizes", "summary", "op_volume", "step_times")
 
 
 def measured_size_cdf(msgs: pd.DataFrame) -> pd.DataFrame:
@@ -70,3 +81,79 @@ def bytes_per_step_by_op(op_volume: pd.DataFrame, step_table: pd.DataFrame) -> p
         .reset_index()
     )
     return out[cols]
+
+
+def derive_study_tables(tables: Mapping[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+    """Every table of :data:`STUDY_TABLES`, by name, from the aggregated metric tables
+    ``tables`` (at least :data:`STUDY_SOURCES`): :func:`measured_size_cdf`,
+    :func:`step_time_over_repeats` and :func:`bytes_per_step_by_op`."""
+    return {
+        "msg_size_cdf": measured_size_cdf(tables["msg_sizes"]),
+        "step_time_over_repeats": step_time_over_repeats(tables["summary"]),
+        "bytes_per_step_by_op": bytes_per_step_by_op(tables["op_volume"], tables["step_times"]),
+    }
+
+
+def cross_node_share(grid: pd.DataFrame) -> float | None:
+    """Share of the bytes of a square node x node matrix (sender rows, receiver columns, same
+    node order on both axes) that cross nodes: everything off the diagonal over the total;
+    None when the matrix carries no bytes."""
+    diagonal = float(np.trace(grid.to_numpy())) if len(grid) else 0.0
+    total = float(grid.to_numpy().sum())
+    return (total - diagonal) / total if total > 0 else None
+
+
+def alpha_beta_curve(
+    fit: Mapping[str, object], op: str, lo: float, hi: float, points: int = 50
+) -> tuple[np.ndarray, list[float]]:
+    """The times ``t = alpha + wire / beta`` an alpha-beta ``fit`` row (alpha_s, beta_Bps,
+    group_size, backend; :func:`commscope.bench.analysis.fit_table`) predicts for benchmark
+    ``op`` at ``points`` sizes spaced evenly on a log scale from ``lo`` to ``hi`` (nccl-tests
+    size convention), wire bytes from :func:`commscope.collectives.ring.bench_wire_bytes`.
+    Returns (sizes, times)."""
+    sizes = np.geomspace(lo, hi, points)
+    n = int(fit["group_size"])
+    backend = fit["backend"]
+    return sizes, [
+        fit["alpha_s"] + bench_wire_bytes(op, s, n, backend) / fit["beta_Bps"] for s in sizes
+    ]
+
+
+def crosscheck_per_cell(check: pd.DataFrame, matrix: pd.DataFrame) -> pd.DataFrame:
+    """One row per cell: does the wire agree with the recorded ops?
+
+    From the aggregated ``crosscheck`` table (per node and direction) and ``matrix_check``
+    table (per node pair, from packet headers; empty without a capture): the wire/framework
+    ratio of the cell's tx bytes (headers included, column ``wire/ops``), the largest
+    unexplained share on any node and direction, how many node pairs of the wire matrix agree
+    with the framework matrix, and whether everything passed (``agree``). Empty when
+    ``check`` is."""
+    if check.empty:
+        return pd.DataFrame()
+    keys = ["cell", "strategy", "model", "nodes", "ranks_per_node", "bw"]
+    tx = check[check["direction"] == "tx"]
+    per_cell = tx.groupby(keys, as_index=False).agg(
+        wire_bytes=("wire_bytes", "sum"), framework_bytes=("framework_bytes", "sum")
+    )
+    per_cell["wire/ops"] = per_cell["wire_bytes"] / per_cell["framework_bytes"]
+    check = check.assign(edge_share=check["edge_bytes"] / check["framework_bytes"])
+    worst = check.groupby("cell", as_index=False).agg(
+        unexplained_max_pct=("unexplained_fraction", lambda s: 100 * s.abs().max()),
+        unresolved_max_pct=("edge_share", lambda s: 100 * s.max()),
+        nodes_passed=("passed", "all"),
+    )
+    table = per_cell.merge(worst, on="cell")
+    if not matrix.empty:
+        pairs = matrix.groupby("cell", as_index=False).agg(
+            pairs=("passed", "size"),
+            pairs_passed=("passed", "sum"),
+            matrix_ratio_min=("ratio", "min"),
+            matrix_ratio_max=("ratio", "max"),
+        )
+        table = table.merge(pairs, on="cell", how="left")
+        table["matrix_passed"] = table["pairs"].notna() & (table["pairs_passed"] == table["pairs"])
+    else:
+        table["matrix_passed"] = True  # no packet capture: nothing to compare
+    table["agree"] = table["nodes_passed"] & table["matrix_passed"]
+    table = table.drop(columns=["cell"]).sort_values(keys[1:]).reset_index(drop=True)
+    return table

@@ -7,7 +7,7 @@ output.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +19,11 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from commscope.bench.analysis import op_wire_bytes
+from commscope.metrics.study import alpha_beta_curve
 from commscope.plots._style import DPI
 from commscope.units import binary_size_label
 
+# The figures of the microbenchmark stage, by name (file stem: <name>.png).
 BENCH_FIGURES = ("busbw_vs_size", "time_vs_size")
 
 
@@ -90,26 +91,37 @@ def time_vs_size(summary: pd.DataFrame, fit: pd.DataFrame, path: Path) -> Path:
         f = fit[(fit["op"] == op) & (fit["link"] == link)]
         if f.empty:
             return
-        rec = f.iloc[0]
-        sizes = np.geomspace(d["bytes"].min(), d["bytes"].max(), 50)
-        n = int(rec["group_size"])
-        backend = rec["backend"]
-        t = [rec["alpha_s"] + op_wire_bytes(op, s, n, backend) / rec["beta_Bps"] for s in sizes]
+        sizes, t = alpha_beta_curve(f.iloc[0], op, d["bytes"].min(), d["bytes"].max())
         ax.plot(sizes, t, "-", lw=1, color=color)
 
     return _per_op_figure(summary, path, "time (s)", "link (line: alpha-beta fit)", draw)
 
 
-def bench_figures(summary: pd.DataFrame, fit: pd.DataFrame, out_dir: Path) -> list[Path]:
-    """Write :data:`BENCH_FIGURES` as PNGs into ``out_dir``."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+def bench_figure_paths(out_dir: Path) -> dict[str, Path]:
+    """The :data:`BENCH_FIGURES` files in ``out_dir``, by figure name."""
+    return {name: Path(out_dir) / f"{name}.png" for name in BENCH_FIGURES}
+
+
+def draw_bench_figures(
+    summary: pd.DataFrame, fit: pd.DataFrame, figures: Mapping[str, Path]
+) -> list[Path]:
+    """Write each of :data:`BENCH_FIGURES` to ``figures[name]``; return the paths in that
+    order."""
+    for path in figures.values():
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
     return [
-        busbw_vs_size(summary, out_dir / "busbw_vs_size.png"),
-        time_vs_size(summary, fit, out_dir / "time_vs_size.png"),
+        busbw_vs_size(summary, figures["busbw_vs_size"]),
+        time_vs_size(summary, fit, figures["time_vs_size"]),
     ]
 
 
-def bench_figures_from(summary: Path, fit: Path, out_dir: Path) -> list[Path]:
-    """:func:`bench_figures` from the ``summary.parquet`` and ``fit.parquet`` files given."""
-    return bench_figures(pd.read_parquet(summary), pd.read_parquet(fit), out_dir)
+def bench_figures(summary: pd.DataFrame, fit: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """Write :data:`BENCH_FIGURES` as ``<name>.png`` into ``out_dir`` (a convenience for tests
+    and interactive use)."""
+    return draw_bench_figures(summary, fit, bench_figure_paths(out_dir))
+
+
+def bench_figures_from(summary: Path, fit: Path, figures: Mapping[str, Path]) -> list[Path]:
+    """:func:`draw_bench_figures` from the ``summary.parquet`` and ``fit.parquet`` files given,
+    to the files ``figures`` names."""
+    return draw_bench_figures(pd.read_parquet(summary), pd.read_parquet(fit), figures)

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
+from commscope.metrics.study import cross_node_share
 from commscope.plots._style import _frame, _plural, _styled
 from commscope.plots.matrices import _draw_matrices
 
@@ -24,9 +24,8 @@ def _scenario_panel(node_mat: pd.DataFrame) -> tuple[str, pd.DataFrame, list[int
     nodes = sorted(set(grid.index) | set(grid.columns))
     grid = grid.reindex(index=nodes, columns=nodes, fill_value=0.0)
     first = node_mat.iloc[0] if len(node_mat) else pd.Series(dtype=object)
-    diagonal = float(np.trace(grid.to_numpy())) if len(grid) else 0.0
-    total = float(grid.to_numpy().sum())
-    share = f"; {(total - diagonal) / total:.1%} of bytes cross nodes" if total > 0 else ""
+    crossing = cross_node_share(grid)
+    share = f"; {crossing:.1%} of bytes cross nodes" if crossing is not None else ""
     title = str(first.get("scenario", ""))
     if "pp" in first:
         title += (

@@ -1,5 +1,6 @@
 """Figures across cells: message sizes, step time vs bandwidth, bytes per step by op, and the
-communication matrices (:mod:`.matrices`), from the aggregated metric tables."""
+communication matrices (:mod:`.matrices`), drawn from the aggregated tables and the study
+tables the aggregate job derives (:data:`commscope.metrics.study.STUDY_TABLES`)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,8 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.ticker import FuncFormatter
 
-from commscope.metrics.study import (
-    SERIES_AXES,
-    bytes_per_step_by_op,
-    measured_size_cdf,
-    step_time_over_repeats,
-)
+from commscope.contracts import table_file
+from commscope.metrics.study import SERIES_AXES, STUDY_TABLES
 from commscope.plots._style import _new_figure, _no_data, _palette, _save, _styled
 from commscope.plots.matrices import plot_comm_matrices
 from commscope.units import bytes_tick
@@ -29,16 +26,18 @@ STUDY_FIGURES = (
     "comm_matrix_nodes",
     "comm_matrix_ranks",
 )
-# The aggregated tables plot_study reads, by metric table name.
-STUDY_TABLES = ("msg_sizes", "summary", "op_volume", "step_times", "node_matrix", "comm_matrix")
+# The tables plot_study reads from the aggregate directory, by table name: the derived study
+# tables and the aggregated tables the communication matrices draw.
+STUDY_FIGURE_TABLES = (*STUDY_TABLES, "summary", "node_matrix", "comm_matrix")
 
 
 def plot_study(tables: Mapping[str, Path], figures: Mapping[str, Path]) -> list[Path]:
     """Draw the cross-cell figures from the aggregated tables; return their paths.
 
-    ``tables`` maps each name of :data:`STUDY_TABLES` to its aggregated parquet file,
-    ``figures`` each name of :data:`STUDY_FIGURES` to the PNG to write (see
-    :func:`study_figure_paths`). The derived tables come from :mod:`commscope.metrics.study`.
+    ``tables`` maps each name of :data:`STUDY_FIGURE_TABLES` to its parquet file in the
+    aggregate directory, ``figures`` each name of :data:`STUDY_FIGURES` to the PNG to write
+    (see :func:`study_table_paths`, :func:`study_figure_paths`). The derived tables
+    (:data:`~commscope.metrics.study.STUDY_TABLES`) are the aggregate job's; this only draws.
 
     ``msg_size_cdf.png``: message-size CDF per strategy (measured steps only, log x).
     ``step_time_vs_bw.png``: mean step time vs bandwidth cap per strategy, error bars are the
@@ -49,22 +48,18 @@ def plot_study(tables: Mapping[str, Path], figures: Mapping[str, Path]) -> list[
     One panel per model when several models were run. Every figure is always written (with a
     "no data" note when its table is empty) so pipeline outputs are predictable.
     """
-    summary = pd.read_parquet(tables["summary"])
     return [
-        plot_size_cdf(
-            measured_size_cdf(pd.read_parquet(tables["msg_sizes"])), figures["msg_size_cdf"]
+        plot_size_cdf(pd.read_parquet(tables["msg_size_cdf"]), figures["msg_size_cdf"]),
+        plot_step_time_vs_bw(
+            pd.read_parquet(tables["step_time_over_repeats"]), figures["step_time_vs_bw"]
         ),
-        plot_step_time_vs_bw(step_time_over_repeats(summary), figures["step_time_vs_bw"]),
         plot_bytes_per_step(
-            bytes_per_step_by_op(
-                pd.read_parquet(tables["op_volume"]), pd.read_parquet(tables["step_times"])
-            ),
-            figures["bytes_per_step_by_op"],
+            pd.read_parquet(tables["bytes_per_step_by_op"]), figures["bytes_per_step_by_op"]
         ),
         *plot_comm_matrices(
             tables["node_matrix"],
             tables["comm_matrix"],
-            summary,
+            pd.read_parquet(tables["summary"]),
             figures["comm_matrix_nodes"],
             figures["comm_matrix_ranks"],
         ),
@@ -72,8 +67,8 @@ def plot_study(tables: Mapping[str, Path], figures: Mapping[str, Path]) -> list[
 
 
 def study_table_paths(aggregate_dir: Path) -> dict[str, Path]:
-    """The :data:`STUDY_TABLES` files in an aggregate directory, by table name."""
-    return {name: Path(aggregate_dir) / f"{name}.parquet" for name in STUDY_TABLES}
+    """The :data:`STUDY_FIGURE_TABLES` files in an aggregate directory, by table name."""
+    return {name: Path(aggregate_dir) / table_file(name) for name in STUDY_FIGURE_TABLES}
 
 
 def study_figure_paths(out_dir: Path) -> dict[str, Path]:

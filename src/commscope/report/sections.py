@@ -8,15 +8,19 @@ inputs (a stage turned off) give empty frames, which the report shows as "no row
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from commscope.collectives.ring import busbw_factor
+from commscope.collectives.traffic import DEFAULT_BACKEND, GLOO
 from commscope.contracts import PARAM_COLUMNS
 from commscope.metrics import crosscheck_by_strategy
 from commscope.metrics.learning import learning_table
+from commscope.metrics.study import crosscheck_per_cell
 from commscope.predict.cell import comparison_table, timing_table
 from commscope.units import fmt_bps, fmt_bytes, fmt_count, fmt_ms, fmt_ratio
 
@@ -102,44 +106,10 @@ def _read(path: Path) -> pd.DataFrame:
 
 
 def crosscheck_cells(crosscheck: Path, matrix_check: Path) -> pd.DataFrame:
-    """One row per cell: does the wire agree with the recorded ops?
-
-    From the aggregated ``crosscheck`` table (per node and direction) and ``matrix_check``
-    table (per node pair, from packet headers): the wire/framework ratio of the cell's tx
-    bytes (headers included), the largest unexplained share on any node and direction, how
-    many node pairs of the wire matrix agree with the framework matrix, and whether everything
-    passed."""
-    check = _read(crosscheck)
-    if check.empty:
-        return pd.DataFrame()
-    keys = ["cell", "strategy", "model", "nodes", "ranks_per_node", "bw"]
-    tx = check[check["direction"] == "tx"]
-    per_cell = tx.groupby(keys, as_index=False).agg(
-        wire_bytes=("wire_bytes", "sum"), framework_bytes=("framework_bytes", "sum")
-    )
-    per_cell["wire/ops"] = per_cell["wire_bytes"] / per_cell["framework_bytes"]
-    check = check.assign(edge_share=check["edge_bytes"] / check["framework_bytes"])
-    worst = check.groupby("cell", as_index=False).agg(
-        unexplained_max_pct=("unexplained_fraction", lambda s: 100 * s.abs().max()),
-        unresolved_max_pct=("edge_share", lambda s: 100 * s.max()),
-        nodes_passed=("passed", "all"),
-    )
-    table = per_cell.merge(worst, on="cell")
-    matrix = _read(matrix_check)
-    if not matrix.empty:
-        pairs = matrix.groupby("cell", as_index=False).agg(
-            pairs=("passed", "size"),
-            pairs_passed=("passed", "sum"),
-            matrix_ratio_min=("ratio", "min"),
-            matrix_ratio_max=("ratio", "max"),
-        )
-        table = table.merge(pairs, on="cell", how="left")
-        table["matrix_passed"] = table["pairs"].notna() & (table["pairs_passed"] == table["pairs"])
-    else:
-        table["matrix_passed"] = True  # no packet capture: nothing to compare
-    table["agree"] = table["nodes_passed"] & table["matrix_passed"]
-    table = table.drop(columns=["cell"]).sort_values(keys[1:]).reset_index(drop=True)
-    return table
+    """One row per cell: does the wire agree with the recorded ops? The aggregated
+    ``crosscheck`` and ``matrix_check`` files through
+    :func:`commscope.metrics.study.crosscheck_per_cell`."""
+    return crosscheck_per_cell(_read(crosscheck), _read(matrix_check))
 
 
 def crosscheck_strategies(crosscheck: Path) -> pd.DataFrame:
@@ -210,17 +180,75 @@ def microbench_fits(fit_path: Path) -> pd.DataFrame:
     return table[cols].sort_values(["bw", "op"]).reset_index(drop=True)
 
 
+# The microbenchmark's ops (nccl-tests' names), in the order the report lists them.
+BENCH_OPS = ("allreduce", "allgather", "reduce_scatter", "alltoall", "broadcast", "sendrecv")
+# The closed forms a bus bandwidth factor takes, to name collectives.ring's factors in the text.
+_FACTOR_FORMS: dict[str, Callable[[int], float]] = {
+    "2(n-1)/n": lambda n: 2 * (n - 1) / n,
+    "(n-1)/n": lambda n: (n - 1) / n,
+    "ceil(log2 n)": lambda n: float(math.ceil(math.log2(n))),
+    "1": lambda n: 1.0,
+}
+# What gloo runs where its factor differs from nccl-tests' (docs/microbench.md).
+_GLOO_ALGORITHMS = {"reduce_scatter": "a full all-reduce", "broadcast": "a binomial tree"}
+
+
+def busbw_factor_forms(backend: str) -> dict[str, str]:
+    """The closed form of :func:`commscope.collectives.ring.busbw_factor` of each of
+    :data:`BENCH_OPS` under ``backend`` (e.g. ``"2(n-1)/n"``), found by evaluating it on groups
+    of 2 to 64 ranks, so the report's text says what the code computes."""
+    forms = {}
+    for op in BENCH_OPS:
+        values = [(n, busbw_factor(op, n, backend)) for n in range(2, 65)]
+        names = [
+            name
+            for name, form in _FACTOR_FORMS.items()
+            if all(math.isclose(v, form(n)) for n, v in values)
+        ]
+        if not names:
+            raise ValueError(f"busbw factor of {op!r} under {backend!r} has no closed form here")
+        forms[op] = names[0]
+    return forms
+
+
+def _factor_list(forms: dict[str, str]) -> str:
+    """``"allreduce x 2(n-1)/n; allgather, ... x (n-1)/n"``: ops with one factor together."""
+    groups: dict[str, list[str]] = {}
+    for op, form in forms.items():
+        groups.setdefault(form, []).append(op)
+    return "; ".join(f"{', '.join(ops)} x {form}" for form, ops in groups.items())
+
+
+def busbw_text() -> str:
+    """How busbw is defined per backend, with the factors of :func:`busbw_factor_forms`."""
+    nccl = busbw_factor_forms(DEFAULT_BACKEND)
+    gloo = busbw_factor_forms(GLOO)
+    differ = [
+        f"{op} x {form} ({_GLOO_ALGORITHMS.get(op, 'as measured')})"
+        for op, form in gloo.items()
+        if form != nccl[op]
+    ]
+    gloo_text = (
+        f"; gloo the same except, as it runs on the wire, {' and '.join(differ)}"
+        if differ
+        else "; gloo the same"
+    )
+    return (
+        f"busbw = algbw x the factor of the algorithm the backend runs: NCCL as nccl-tests "
+        f"defines it ({_factor_list(nccl)}){gloo_text}. So busbw is what each rank's link "
+        "carries per second under either backend"
+    )
+
+
 # How to read each section, shown under its title (texts, not numbers: these never change with
 # the data).
 _BENCH_UTILIZATION_INTRO = (
     "Each collective alone between 2 nodes (1 rank each) on every link "
-    "setting of the study, message sizes from 1 KiB upward by x4 (docs/microbench.md)."
-    " busbw uses nccl-tests' definitions (allreduce algbw x 2(n-1)/n; allgather, "
-    "reduce_scatter, alltoall x (n-1)/n; broadcast, sendrecv x 1); utilization = "
-    "busbw / cap. A size whose one iteration would exceed run time limits is "
-    "skipped, so the largest size can be below 64 MiB on slow links. gloo runs "
-    "reduce_scatter as a full all-reduce (half the rate) and moves the two directions "
-    "of allgather/alltoall one after the other; sendrecv is one-way with a 4-byte "
+    "setting of the study, message sizes from 1 KiB upward by x4 (docs/microbench.md). "
+    + busbw_text()
+    + "; utilization = busbw / cap. A size whose one iteration would exceed run time limits is "
+    "skipped, so the largest size can be below 64 MiB on slow links. gloo moves the two "
+    "directions of allgather/alltoall one after the other; sendrecv is one-way with a 4-byte "
     "acknowledgement (as osu_bw)."
 )
 _BENCH_FIT_INTRO = (
