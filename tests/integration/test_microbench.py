@@ -12,11 +12,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from commscope.bench.analysis import analyse_link, summarize
+from commscope.bench.analysis import analyse_link, summarize_bench
 from commscope.bench.run import MICROBENCH_MODULE
 from commscope.cluster.hosts import Cluster
 from commscope.cluster.netns import provision_netns, teardown_netns
 from commscope.experiment.cell import run_cell
+from commscope.spec.link import LinkSetting
 from commscope.spec.settings import CellSettings, RunSettings, Workload
 
 from .conftest import integration_skip_reason
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.integration
 
 NAME = "csmb"
 RUN = {"timeout_s": 120, "sample_hz": 200, "master_port": 29541}
-LINK = {"bw": "50mbit", "delay": "0ms", "jitter": "0ms", "loss": "0pct"}
+LINK = LinkSetting("50mbit", "0ms", "0ms", "0pct")
 
 
 @pytest.fixture(scope="module")
@@ -52,11 +53,11 @@ def test_busbw_reaches_the_cap(cluster: Cluster, tmp_path: Path) -> None:
         "min_iters": 2,
         "max_iters": 10,
     }
-    cell = CellSettings.from_mapping({"nodes": 2, "ranks_per_node": 1, **LINK})
+    cell = CellSettings(nodes=2, ranks_per_node=1, **LINK.as_dict())
     workload = Workload(MICROBENCH_MODULE, spec)
     raw = run_cell(cluster, cell, workload, RunSettings.from_mapping(RUN), tmp_path / "raw")
     fit = analyse_link(raw, LINK, tmp_path / "tables")
-    summary = summarize(pd.read_parquet(tmp_path / "tables" / "bench.parquet"))
+    summary = summarize_bench(pd.read_parquet(tmp_path / "tables" / "bench.parquet"))
     big = summary[summary["bytes"] == 4 << 20].set_index("op")
     # One-way send/recv streams at the cap less headers (0.95-0.96 measured), never above it
     # (tbf counts frames, goodput is less).

@@ -8,12 +8,11 @@ from pathlib import Path
 import pandas as pd
 import torch.multiprocessing as mp
 
-from commscope.bench.analysis import load_raw, summarize
+from commscope.bench.analysis import load_raw, summarize_bench
+from commscope.spec.link import UNSHAPED
 from commscope.workload.microbench import OPS
 
 from .gloo import free_port
-
-LINK = {"bw": "50mbit", "delay": "0ms", "jitter": "0ms", "loss": "0pct"}
 
 
 def _worker(rank: int, port: int, out: str) -> None:
@@ -42,8 +41,8 @@ def test_worker_on_loopback_gloo(tmp_path: Path) -> None:
     per = timed.groupby(["op", "bytes", "rank"]).size().unstack("rank")
     assert (per[0] == per[1]).all() and per[0].between(2, 4).all()
     assert set(raw.loc[raw.op == "allgather", "bytes"]) == {1024, 4096, 65536}
-    tidy = load_raw(tmp_path, {**LINK, "bw": "none"})
+    tidy = load_raw(tmp_path, UNSHAPED)
     assert (tidy["ranks"] == 2).all() and (tidy["nodes"] == 2).all()
-    summary = summarize(tidy)
+    summary = summarize_bench(tidy)
     assert len(summary) == 6 * 3 and summary["utilization"].isna().all()
     assert (summary["busbw_Bps"] > 0).all()

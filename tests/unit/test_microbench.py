@@ -3,6 +3,7 @@ tests/integration/test_microbench_gloo.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -16,20 +17,20 @@ from commscope.bench.analysis import (
     fit_alpha_beta,
     fit_table,
     link_alpha_beta,
-    link_id,
     link_settings,
-    message_sizes,
     op_wire_bytes,
     ring_steps,
-    summarize,
+    summarize_bench,
 )
 from commscope.bench.run import bench_spec
 from commscope.collectives.ring import wire_bytes
 from commscope.collectives.traffic import ring_send_bytes
 from commscope.plots.bench import bench_figures
+from commscope.spec.link import LinkSetting
+from commscope.spec.settings import MicrobenchSettings, RunSettings, benchmark_sizes
 from commscope.workload.microbench import OPS, iterations, sendrecv_pair, size_numel
 
-LINK = {"bw": "50mbit", "delay": "0ms", "jitter": "0ms", "loss": "0pct"}
+LINK = LinkSetting("50mbit", "0ms", "0ms", "0pct")
 
 
 def test_busbw_factors_are_nccl_tests() -> None:
@@ -71,11 +72,11 @@ def test_alpha_beta_wire_bytes_match_the_traffic_model(backend: str) -> None:
 
 
 def test_sizes_and_size_conventions() -> None:
-    sizes = message_sizes(1024, 64 << 20, 4)
+    sizes = benchmark_sizes(1024, 64 << 20, 4)
     assert sizes[0] == 1024 and sizes[-1] == 64 << 20 and len(sizes) == 9
-    assert message_sizes(1000, 5000, 2) == [1000, 2000, 4000]
+    assert benchmark_sizes(1000, 5000, 2) == [1000, 2000, 4000]
     with pytest.raises(ValueError, match="factor"):
-        message_sizes(1024, 2048, 1)
+        benchmark_sizes(1024, 2048, 1)
     # S is the full (gathered / scattered / sent) buffer; split ops round to a multiple of n.
     assert size_numel("allreduce", 4096, 3) == 1024
     assert size_numel("allgather", 4096, 3) == 1023
@@ -119,12 +120,12 @@ def test_fit_recovers_known_alpha_beta() -> None:
 
 def _synthetic_tidy(alpha: float, beta: float, bw: str) -> pd.DataFrame:
     rows = []
-    link = {**LINK, "bw": bw}
+    link = dataclasses.replace(LINK, bw=bw)
     for op in ("allreduce", "sendrecv"):
-        for size in message_sizes(1024, 16 << 20, 4):
+        for size in benchmark_sizes(1024, 16 << 20, 4):
             t = alpha * (2 if op == "allreduce" else 1) + op_wire_bytes(op, size, 2) / beta
             for it in range(3):
-                rows.append({**link, "link": link_id(link), "nodes": 2, "ranks_per_node": 1,
+                rows.append({**link.as_dict(), "link": link.id, "nodes": 2, "ranks_per_node": 1,
                              "backend": "gloo", "op": op, "bytes": size, "group_size": 2,
                              "iteration": it, "time_s": t * (1 + 0.01 * (it - 1)),
                              "ranks": 2})  # fmt: skip
@@ -133,7 +134,7 @@ def _synthetic_tidy(alpha: float, beta: float, bw: str) -> pd.DataFrame:
 
 def test_summary_utilization_and_fit_table(tmp_path: Path) -> None:
     beta = 0.95 * 50e6 / 8
-    summary = summarize(_synthetic_tidy(100e-6, beta, "50mbit"))
+    summary = summarize_bench(_synthetic_tidy(100e-6, beta, "50mbit"))
     big = summary[(summary.bytes == 16 << 20) & (summary.op == "allreduce")].iloc[0]
     assert big.iterations == 3
     assert big.busbw_Bps == pytest.approx(big.algbw_Bps)  # 2(n-1)/n = 1 for n = 2
@@ -180,11 +181,21 @@ def test_bench_spec_from_config_block() -> None:
     from commscope.config import validate_config
 
     cfg = validate_config({"models": {"m": {"batch": 1}}, "sweep": _SWEEP})
-    spec = bench_spec(cfg["microbench"], cfg["run"])
+    spec = bench_spec(
+        MicrobenchSettings.from_block(cfg["microbench"]), RunSettings.from_mapping(cfg["run"])
+    )
     assert spec["ops"] == list(OPS)
-    assert spec["sizes"] == message_sizes(1024, 64 << 20, 4)
+    assert spec["sizes"] == benchmark_sizes(1024, 64 << 20, 4)
     assert spec["pg_timeout_s"] == cfg["run"]["timeout_s"]
     assert cfg["run"]["socket_hz"] == 10 and cfg["run"]["pcap"] is True
+    # The typed settings reject keys they do not know (enabled/links choose what runs).
+    with pytest.raises(ValueError, match="enabled"):
+        MicrobenchSettings.from_mapping(cfg["microbench"])
+    with pytest.raises(ValueError, match="rate"):
+        LinkSetting.from_mapping({"bw": "1gbit", "rate": "1gbit"})
+    link = LinkSetting.from_mapping({"bw": "1gbit"})
+    assert link == LinkSetting.from_wildcards({**link.as_dict(), "nodes": 2})
+    assert link.id == "bw~1gbit/delay~0ms/jitter~0ms/loss~0pct"
 
 
 _SWEEP = {"strategy": ["ddp"], "model": ["m"], "nodes": [2], "ranks_per_node": [1],

@@ -7,9 +7,13 @@ from snakemake.utils import Paramspace
 
 from commscope.cluster.provision import load_inventory, teardown
 from commscope.config import check_study, strategy_spec
-from commscope.bench.analysis import LINK_AXES, fit_links
-from commscope.bench.analysis import link_id, link_settings, message_sizes
-from commscope.spec.settings import ClusterSettings
+from commscope.bench.analysis import BENCH_FILES, fit_links, link_settings
+from commscope.spec.link import LINK_AXES, LinkSetting
+from commscope.spec.settings import (
+    MICROBENCH_SCOPE_KEYS,
+    ClusterSettings,
+    MicrobenchSettings,
+)
 
 
 def _netem_probe():
@@ -76,23 +80,33 @@ def teardown_cluster():
 # Collective microbenchmarks: the link settings they run on (docs/microbench.md).
 MICROBENCH = config["microbench"]
 BENCH = "results/microbench"
-LINK = link_id({axis: f"{{{axis}}}" for axis in LINK_AXES})
-BENCH_TABLES = ("bench", "summary", "fit")
-# Bad size settings stop the workflow at load time, naming the keys.
-message_sizes(MICROBENCH["min_bytes"], MICROBENCH["max_bytes"], MICROBENCH["factor"])
+# One link setting's directory, with a wildcard per axis.
+LINK = LinkSetting(*(f"{{{axis}}}" for axis in LINK_AXES)).id
 BENCH_LINKS = link_settings(MICROBENCH["links"], CELLS)
-# The benchmark's own settings: editing which links to run reruns no benchmark.
-BENCH_SETTINGS = {k: v for k, v in MICROBENCH.items() if k not in ("links", "enabled")}
+# The benchmark's own settings (plain config values: params compare as written): editing
+# which links to run reruns no benchmark.
+BENCH_SETTINGS = {k: v for k, v in MICROBENCH.items() if k not in MICROBENCH_SCOPE_KEYS}
+# Bad settings (sizes, unknown keys) stop the workflow at load time, naming the keys.
+MicrobenchSettings.from_mapping(BENCH_SETTINGS)
+
+
+def bench_outputs(directory):
+    """The analysis tables under ``directory``, by name (one link's or all links')."""
+    return {table: f"{directory}/{file}" for table, file in BENCH_FILES.items()}
 
 
 def link_of(wildcards):
-    """The link setting named by a job's bw/delay/jitter/loss wildcards."""
-    return {axis: str(wildcards[axis]) for axis in LINK_AXES}
+    """The link setting named by a job's bw/delay/jitter/loss wildcards (a plain dict)."""
+    return LinkSetting.from_wildcards(wildcards).as_dict()
 
 
 def microbench_fits(wildcards):
     """Fits predict_cell reads (its link's, and the unshaped one's for intra-node ops)."""
     return expand(
-        f"{BENCH}/{{link}}/fit.parquet",
-        link=fit_links(link_of(wildcards), BENCH_LINKS["link"], MICROBENCH["enabled"]),
+        f"{BENCH}/{{link}}/{BENCH_FILES['fit']}",
+        link=fit_links(
+            LinkSetting.from_wildcards(wildcards),
+            BENCH_LINKS["link"],
+            MICROBENCH["enabled"],
+        ),
     )

@@ -25,9 +25,7 @@ rule microbench_analyse:
     input:
         rules.microbench_run.output,
     output:
-        bench=f"{BENCH}/{LINK}/bench.parquet",
-        summary=f"{BENCH}/{LINK}/summary.parquet",
-        fit=f"{BENCH}/{LINK}/fit.parquet",
+        **bench_outputs(f"{BENCH}/{LINK}"),
     log:
         f"results/logs/microbench_analyse/{LINK}.log",
     conda:
@@ -41,15 +39,11 @@ rule microbench_analyse:
 rule microbench_tables:
     input:
         **{
-            table: expand(
-                f"{BENCH}/{{link}}/{table}.parquet", link=BENCH_LINKS["link"]
-            )
-            for table in BENCH_TABLES
+            table: expand(path, link=BENCH_LINKS["link"])
+            for table, path in bench_outputs(f"{BENCH}/{{link}}").items()
         },
     output:
-        bench=f"{BENCH}/bench.parquet",
-        summary=f"{BENCH}/summary.parquet",
-        fit=f"{BENCH}/fit.parquet",
+        **bench_outputs(BENCH),
     log:
         "results/logs/microbench_tables.log",
     conda:

@@ -2,13 +2,11 @@
 
 from pathlib import Path
 
-from commscope.bench.analysis import combine_tables
+from commscope.bench.analysis import BENCH_TABLES, combine_tables
 from commscope.logs import log_to
-
-TABLES = ("bench", "summary", "fit")
 
 with log_to(snakemake.log[0]):
     combine_tables(
-        {table: [Path(p) for p in snakemake.input[table]] for table in TABLES},
-        {table: Path(snakemake.output[table]) for table in TABLES},
+        {table: [Path(p) for p in snakemake.input[table]] for table in BENCH_TABLES},
+        {table: Path(snakemake.output[table]) for table in BENCH_TABLES},
     )

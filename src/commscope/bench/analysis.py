@@ -38,14 +38,12 @@ import pandas as pd
 from commscope.collectives.ring import bench_steps as ring_steps
 from commscope.collectives.ring import bench_wire_bytes as op_wire_bytes
 from commscope.collectives.ring import busbw_factor
-from commscope.config import AXIS_DEFAULTS
-from commscope.contracts import SUMMARY_FILE
-from commscope.spec.link import LinkShape
+from commscope.spec.link import LINK_AXES, UNSHAPED, LinkSetting, LinkShape
 
-LINK_AXES: tuple[str, ...] = ("bw", "delay", "jitter", "loss")
-UNSHAPED = {"bw": "none", "delay": "0ms", "jitter": "0ms", "loss": "0pct"}
-# The tables of one link setting's analysis (and of all links combined), by name.
-BENCH_FILES = {"bench": "bench.parquet", "summary": SUMMARY_FILE, "fit": "fit.parquet"}
+# The tables of one link setting's analysis (and of all links combined), by name: the rules'
+# outputs and the scripts' files are built from this tuple.
+BENCH_TABLES: tuple[str, ...] = ("bench", "summary", "fit")
+BENCH_FILES = {name: f"{name}.parquet" for name in BENCH_TABLES}
 # tbf's bucket (64 KB, shaping.TBF_MIN_BURST_BYTES) passes a smaller message at line rate, so
 # on a capped link the fit uses sizes from 4x that up, where the cap governs the time.
 FIT_MIN_BYTES_CAPPED = 256 * 1024
@@ -62,30 +60,20 @@ FIT_COLUMNS = [*LINK_AXES, "link", "nodes", "ranks_per_node", "backend", "op", "
 # ─────────────────────────────────────────────────────────── link settings
 
 
-def link_id(link: Mapping[str, Any]) -> str:
-    """Directory path of one link setting, e.g. ``bw~50mbit/delay~0ms/jitter~0ms/loss~0pct``."""
-    return "/".join(f"{axis}~{link[axis]}" for axis in LINK_AXES)
-
-
 def link_settings(links: str | Sequence[Mapping[str, Any]], cells: pd.DataFrame) -> pd.DataFrame:
     """The link settings to benchmark: every distinct (bw, delay, jitter, loss) of the sweep
-    ``cells`` when ``links == "sweep"``, else the given list (missing axes take the sweep's
-    defaults). Sorted, one row per setting, with a ``link`` column (:func:`link_id`)."""
+    ``cells`` when ``links == "sweep"``, else the config's list (missing axes take
+    :data:`~commscope.spec.link.LINK_DEFAULTS`). Sorted, one row per setting, with a ``link``
+    column (:attr:`LinkSetting.id <commscope.spec.link.LinkSetting.id>`)."""
     if isinstance(links, str):
         if links != "sweep":
             raise ValueError(f"microbench.links: {links!r} must be 'sweep' or a list of links")
         frame = cells[list(LINK_AXES)].drop_duplicates()
     else:
-        rows = [
-            {
-                axis: str(link.get(axis, (AXIS_DEFAULTS.get(axis) or [None])[0]))
-                for axis in LINK_AXES
-            }
-            for link in links
-        ]
+        rows = [LinkSetting.from_mapping(link).as_dict() for link in links]
         frame = pd.DataFrame(rows, columns=list(LINK_AXES)).drop_duplicates()
     frame = frame.astype(str).sort_values(list(LINK_AXES)).reset_index(drop=True)
-    frame["link"] = [link_id(r) for r in frame.to_dict("records")]
+    frame["link"] = [LinkSetting.from_mapping(r).id for r in frame.to_dict("records")]
     return frame
 
 
@@ -95,29 +83,10 @@ def cap_bytes_per_s(bw: str) -> float:
     return float("nan") if rate is None else rate / 8
 
 
-# ─────────────────────────────────────────────────────────── definitions
-
-
-def message_sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
-    """Sizes from ``min_bytes`` up to ``max_bytes`` (included when on the grid), each ``factor``
-    times the last: 1 KiB .. 64 MiB by 4 gives 1K, 4K, 16K, ..., 64M (9 sizes)."""
-    if min_bytes < 4 or max_bytes < min_bytes or factor < 2:
-        raise ValueError(
-            f"microbench sizes: need 4 <= min_bytes <= max_bytes and factor >= 2 "
-            f"(got min_bytes={min_bytes}, max_bytes={max_bytes}, factor={factor})"
-        )
-    sizes = []
-    size = int(min_bytes)
-    while size <= max_bytes:
-        sizes.append(size)
-        size *= int(factor)
-    return sizes
-
-
 # ─────────────────────────────────────────────────────────── tables
 
 
-def load_raw(raw_dir: Path, link: Mapping[str, Any]) -> pd.DataFrame:
+def load_raw(raw_dir: Path, link: LinkSetting) -> pd.DataFrame:
     """Tidy table of one link setting's run (``run_cell`` output dir with one folder per node):
     one row per (op, bytes, timed iteration), ``time_s`` the maximum over the ranks that took
     part, ``ranks`` how many did; warm-up iterations are dropped. Columns: :data:`TIDY_COLUMNS`."""
@@ -139,13 +108,13 @@ def load_raw(raw_dir: Path, link: Mapping[str, Any]) -> pd.DataFrame:
     out["nodes"] = world // rpn
     out["ranks_per_node"] = rpn
     out["backend"] = metas[0]["backend"] if metas else "unknown"
-    for axis in LINK_AXES:
-        out[axis] = str(link[axis])
-    out["link"] = link_id(link)
+    for axis, value in link.as_dict().items():
+        out[axis] = value
+    out["link"] = link.id
     return out[TIDY_COLUMNS]
 
 
-def summarize(tidy: pd.DataFrame) -> pd.DataFrame:
+def summarize_bench(tidy: pd.DataFrame) -> pd.DataFrame:
     """Per (link, op, size): median time, algbw, busbw and utilization (module docstring).
     Columns: :data:`SUMMARY_COLUMNS`."""
     keys = [*LINK_AXES, "link", "nodes", "ranks_per_node", "backend", "op", "bytes", "group_size"]
@@ -239,29 +208,27 @@ def fit_table(summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def analyse_link_files(
-    raw_dir: Path, link: Mapping[str, Any], bench: Path, summary: Path, fit: Path
+    raw_dir: Path, link: LinkSetting, outputs: Mapping[str, Path]
 ) -> pd.DataFrame:
     """Tidy (``bench``), summary and fit tables of one link setting's run (``raw_dir``),
-    written to the given files; returns the fit."""
+    written to ``outputs[name]`` for each name of :data:`BENCH_TABLES`; returns the fit."""
     tidy = load_raw(raw_dir, link)
-    summary_table = summarize(tidy)
+    summary_table = summarize_bench(tidy)
     fit_tab = fit_table(summary_table)
-    for path, table in ((bench, tidy), (summary, summary_table), (fit, fit_tab)):
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        table.to_parquet(path, index=False)
+    tables = {"bench": tidy, "summary": summary_table, "fit": fit_tab}
+    for name in BENCH_TABLES:
+        path = Path(outputs[name])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tables[name].to_parquet(path, index=False)
     return fit_tab
 
 
-def analyse_link(raw_dir: Path, link: Mapping[str, Any], out_dir: Path) -> pd.DataFrame:
-    """:func:`analyse_link_files` into ``out_dir`` as ``bench.parquet``, ``summary.parquet``
-    and ``fit.parquet``; returns the fit."""
+def analyse_link(raw_dir: Path, link: LinkSetting, out_dir: Path) -> pd.DataFrame:
+    """:func:`analyse_link_files` into ``out_dir`` as :data:`BENCH_FILES` (``bench.parquet``,
+    ``summary.parquet`` and ``fit.parquet``); returns the fit."""
     out_dir = Path(out_dir)
     return analyse_link_files(
-        raw_dir,
-        link,
-        out_dir / BENCH_FILES["bench"],
-        out_dir / BENCH_FILES["summary"],
-        out_dir / BENCH_FILES["fit"],
+        raw_dir, link, {name: out_dir / file for name, file in BENCH_FILES.items()}
     )
 
 
@@ -269,7 +236,7 @@ def combine_tables(
     inputs: Mapping[str, Sequence[Path]], outputs: Mapping[str, Path]
 ) -> dict[str, pd.DataFrame]:
     """Concatenate every link's table ``name`` (the files ``inputs[name]``) into
-    ``outputs[name]``, for each name in ``outputs`` (``bench``, ``summary``, ``fit``)."""
+    ``outputs[name]``, for each name in ``outputs`` (:data:`BENCH_TABLES`)."""
     tables = {}
     for name, out in outputs.items():
         frames = [pd.read_parquet(p) for p in inputs.get(name, ())]
@@ -289,22 +256,22 @@ def combine(link_dirs: Sequence[Path], out_dir: Path) -> dict[str, pd.DataFrame]
     )
 
 
-def fit_links(link: Mapping[str, Any], bench_links: Iterable[str], enabled: bool) -> list[str]:
-    """The link settings (:func:`link_id`) whose fits a cell on ``link`` reads for its timing
+def fit_links(link: LinkSetting, bench_links: Iterable[str], enabled: bool) -> list[str]:
+    """The link settings (their ids) whose fits a cell on ``link`` reads for its timing
     prediction: its own and, when benchmarked anyway, the unshaped one (for intra-node ops);
     none when the microbenchmark is disabled. The workflow turns them into file paths."""
     if not enabled:
         return []
-    own, unshaped = link_id(link), link_id(UNSHAPED)
+    own, unshaped = link.id, UNSHAPED.id
     if unshaped in set(bench_links) and own != unshaped:
         return [own, unshaped]
     return [own]
 
 
-def link_alpha_beta(fit: pd.DataFrame, link: Mapping[str, Any]) -> dict[str, tuple[float, float]]:
+def link_alpha_beta(fit: pd.DataFrame, link: LinkSetting) -> dict[str, tuple[float, float]]:
     """``{op: (alpha_step_s, beta_Bps)}`` of one link setting, in the predictor's op names
     (sendrecv also as send and recv); empty when the fit has no row for that link."""
-    sel = fit[fit["link"] == link_id(link)]
+    sel = fit[fit["link"] == link.id]
     out = {}
     for rec in sel.to_dict("records"):
         if not (math.isfinite(rec["alpha_step_s"]) and rec["beta_Bps"] > 0):

@@ -13,19 +13,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from commscope.bench.analysis import (
-    LINK_AXES,
-    UNSHAPED,
-    cap_bytes_per_s,
-    link_alpha_beta,
-    link_id,
-)
+from commscope.bench.analysis import cap_bytes_per_s, link_alpha_beta
 from commscope.collectives.traffic import DEFAULT_BACKEND
 from commscope.contracts import SWEEP_AXES
 from commscope.metrics import step_times
 from commscope.predict.compare import compare_measured
 from commscope.predict.ops import predict_ops
 from commscope.predict.timing import effective_bandwidth, predict_step_time
+from commscope.spec.link import UNSHAPED
+from commscope.spec.settings import CellSettings
 
 TIMING_COLUMNS = [
     "cell", *SWEEP_AXES, "bandwidth_source", "intranode_source", "compute_source",
@@ -59,17 +55,17 @@ def predict_cell(
     given); returns the comparison.
     """
     meta = json.loads(Path(cell_json).read_text())
-    params = meta["params"]
-    pred = predict_ops(model_spec, plan_spec, int(params["nodes"]), int(params["ranks_per_node"]))
+    params = meta["params"]  # as recorded: the tables carry these values unchanged
+    cell = CellSettings.from_mapping(params)
+    pred = predict_ops(model_spec, plan_spec, cell.nodes, cell.ranks_per_node)
     measured = pd.read_parquet(ops)
     compare = compare_measured(pred, measured, model_spec, plan_spec, warmup_steps=warmup_steps)
     step_rows = pd.read_parquet(steps)
     fits = pd.concat([pd.read_parquet(p) for p in fit_paths]) if fit_paths else None
     timing = predict_timing(
-        pred, measured, step_rows, params, warmup_steps, fits, backend=meta.get("backend")
+        pred, measured, step_rows, cell, warmup_steps, fits, backend=meta.get("backend")
     )
-    timing.insert(0, "cell", meta["cell"])
-    for frame in (pred, compare):
+    for frame in (pred, compare, timing):
         frame.insert(0, "cell", meta["cell"])
         for axis in SWEEP_AXES:
             frame[axis] = params[axis]
@@ -144,26 +140,25 @@ class CellLinks:
 
 def cell_links(
     ops: pd.DataFrame,
-    params: dict[str, Any],
+    cell: CellSettings,
     fits: pd.DataFrame | None,
     backend: str = DEFAULT_BACKEND,
 ) -> CellLinks:
     """The cell's link model (see :func:`predict_timing`): the microbenchmark fits of its link
     setting and of the unshaped one when ``fits`` has rows, else the trace's effective
     bandwidth (wire bytes of ``backend``'s algorithms), else the configured cap."""
-    link = {axis: str(params[axis]) for axis in LINK_AXES}
-    rpn = int(params["ranks_per_node"])
+    link = cell.link
     inter = intra = None
     if fits is not None and not fits.empty:
         inter = link_alpha_beta(fits, link)
         intra = link_alpha_beta(fits, UNSHAPED)
-        bw_source = f"microbench {link_id(link)}" if inter else "microbench (no fit for link)"
-        intra_source = f"microbench {link_id(UNSHAPED)}" if intra else "same as internode"
+        bw_source = f"microbench {link.id}" if inter else "microbench (no fit for link)"
+        intra_source = f"microbench {UNSHAPED.id}" if intra else "same as internode"
         intra = intra or inter
     else:
         bw_source, intra_source = "trace effective bandwidth", "trace effective bandwidth"
-    eff = effective_bandwidth(ops, rpn, backend=backend)
-    cap = cap_bytes_per_s(link["bw"])
+    eff = effective_bandwidth(ops, cell.ranks_per_node, backend=backend)
+    cap = cap_bytes_per_s(link.bw)
     fallback = math.inf if math.isnan(cap) else cap
     beta_inter = eff["internode"] if math.isfinite(eff["internode"]) else fallback
     beta_intra = eff["intranode"] if math.isfinite(eff["intranode"]) else beta_inter
@@ -174,13 +169,13 @@ def predict_timing(
     pred: pd.DataFrame,
     ops: pd.DataFrame,
     steps: pd.DataFrame,
-    params: dict[str, Any],
+    cell: CellSettings,
     warmup_steps: int,
     fits: pd.DataFrame | None = None,
     backend: str | None = None,
 ) -> pd.DataFrame:
     """Predicted vs measured step time of one cell (one row, :data:`TIMING_COLUMNS` but
-    ``cell``).
+    ``cell`` and the sweep axes, which :func:`predict_cell` adds as the cell recorded them).
 
     Bandwidth (:func:`cell_links`): with ``fits`` (microbenchmark ``fit.parquet`` rows), per-op
     alpha and beta of the cell's link setting for ops that cross nodes, and of the unshaped
@@ -193,7 +188,7 @@ def predict_timing(
     Measured step: median over steady steps of first rank in to last rank out.
     """
     backend = backend or DEFAULT_BACKEND
-    links = cell_links(ops, params, fits, backend)
+    links = cell_links(ops, cell, fits, backend)
     split = rank_step_split(ops, steps, warmup_steps)
     per_rank = split.groupby("rank")[["compute_s", "comm_s", "step_s"]].median()
     flops = pred.attrs["predict"]["flops"]
@@ -211,8 +206,7 @@ def predict_timing(
         links.ab_intranode,
         backend,
     )
-    row = {axis: params[axis] for axis in SWEEP_AXES}
-    row.update(
+    row = dict(
         bandwidth_source=links.bandwidth_source,
         intranode_source=links.intranode_source,
         compute_source="trace: step time outside communication ops",

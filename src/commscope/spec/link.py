@@ -1,4 +1,5 @@
-"""What a link looks like: :class:`LinkShape` and the parsers of the sweep's rate, time and loss
+"""What a link looks like: the sweep's link axes (:data:`LINK_AXES`, their defaults, one setting
+as :class:`LinkSetting`), :class:`LinkShape` and the parsers of the sweep's rate, time and loss
 strings. Torch-free and host-free (plain data with validation): Snakemake's config checks use it
 without touching a node; :mod:`commscope.cluster.shaping` turns a shape into tc commands.
 """
@@ -7,8 +8,16 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import Any
+
+# The sweep axes that shape a link, in the order they appear in paths and tables.
+LINK_AXES: tuple[str, ...] = ("bw", "delay", "jitter", "loss")
+# What a link axis left out means (a sweep block, a microbenchmark link): no impairment. ``bw``
+# has none: every sweep block and every listed link names its rate ("none": no cap).
+LINK_DEFAULTS: dict[str, str] = {"delay": "0ms", "jitter": "0ms", "loss": "0pct"}
 
 # What tc answers when the kernel lacks sch_netem (probed by commscope.cluster.shaping).
 NETEM_UNKNOWN = "Specified qdisc kind is unknown"
@@ -153,3 +162,48 @@ def check_shape_supported(shape: LinkShape, has_netem: bool) -> None:
         f"(tc: {NETEM_UNKNOWN}); remove delay/jitter/loss from the sweep or run on a kernel "
         "with sch_netem"
     )
+
+
+@dataclass(frozen=True)
+class LinkSetting:
+    """One link setting as the sweep writes it: ``bw``, ``delay``, ``jitter``, ``loss`` (loss
+    path-safe, e.g. ``0.5pct``), as strings. :attr:`id` names its directory; :meth:`shape`
+    parses it into the :class:`LinkShape` tc applies."""
+
+    bw: str
+    delay: str = LINK_DEFAULTS["delay"]
+    jitter: str = LINK_DEFAULTS["jitter"]
+    loss: str = LINK_DEFAULTS["loss"]
+
+    @classmethod
+    def from_mapping(cls, link: Mapping[str, Any]) -> LinkSetting:
+        """From a link's values (a config entry, a rule's ``params.link``); missing delay,
+        jitter and loss take :data:`LINK_DEFAULTS`. ValueError naming any key that is not an
+        axis, so that a renamed key fails loudly instead of being ignored."""
+        unknown = sorted(set(link) - set(LINK_AXES))
+        if unknown:
+            raise ValueError(f"link: unknown keys {unknown}; known: {list(LINK_AXES)}")
+        return cls(**{axis: str(value) for axis, value in link.items()})
+
+    @classmethod
+    def from_wildcards(cls, values: Mapping[str, Any]) -> LinkSetting:
+        """The link axes of a job's wildcards, or of any mapping that has all four among other
+        keys (a cell's sweep values)."""
+        return cls(*(str(values[axis]) for axis in LINK_AXES))
+
+    @property
+    def id(self) -> str:
+        """Directory path of this setting, e.g. ``bw~50mbit/delay~0ms/jitter~0ms/loss~0pct``."""
+        return "/".join(f"{axis}~{value}" for axis, value in self.as_dict().items())
+
+    def as_dict(self) -> dict[str, str]:
+        """``{axis: value}`` in :data:`LINK_AXES` order (a rule's plain ``params.link``)."""
+        return {axis: getattr(self, axis) for axis in LINK_AXES}
+
+    def shape(self) -> LinkShape:
+        """The tc shape this setting asks for."""
+        return LinkShape.parse(self.bw, self.delay, self.jitter, f"{loss_pct(self.loss)}%")
+
+
+# The unshaped link: no cap, no impairment (the microbenchmark's reference for intra-node ops).
+UNSHAPED = LinkSetting(bw="none")

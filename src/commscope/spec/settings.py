@@ -1,8 +1,8 @@
 """Typed settings the runner passes around: one sweep cell, the ``run:`` block, the ``cluster:``
-block and the workload torchrun starts. Frozen and torch-free; each is built once from its config
-mapping (Snakemake's ``params``, already validated against the schema and given its defaults) with
-``from_mapping``, which rejects unknown keys so that a renamed key fails loudly instead of being
-ignored.
+block, the ``microbench:`` block's benchmark settings and the workload torchrun starts. Frozen
+and torch-free; each is built once from its config mapping (Snakemake's ``params``, already
+validated against the schema and given its defaults) with ``from_mapping``, which rejects
+unknown keys so that a renamed key fails loudly instead of being ignored.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from commscope.spec.link import LinkShape, loss_pct
+from commscope.spec.link import LINK_AXES, LINK_DEFAULTS, LinkSetting, LinkShape
 
 
 def _known(cls: type, mapping: Mapping[str, Any], what: str) -> dict[str, Any]:
@@ -35,9 +35,9 @@ class CellSettings:
     nodes: int
     ranks_per_node: int
     bw: str
-    delay: str = "0ms"
-    jitter: str = "0ms"
-    loss: str = "0pct"
+    delay: str = LINK_DEFAULTS["delay"]
+    jitter: str = LINK_DEFAULTS["jitter"]
+    loss: str = LINK_DEFAULTS["loss"]
     strategy: str | None = None
     model: str | None = None
     steps: int | None = None
@@ -57,7 +57,7 @@ class CellSettings:
         for key in ("nodes", "ranks_per_node", "steps", "repeat"):
             if kw.get(key) is not None:
                 kw[key] = int(kw[key])
-        for key in ("bw", "delay", "jitter", "loss", "strategy", "model"):
+        for key in (*LINK_AXES, "strategy", "model"):
             if kw.get(key) is not None:
                 kw[key] = str(kw[key])
         return cls(**kw)
@@ -66,13 +66,18 @@ class CellSettings:
     def world_size(self) -> int:
         return self.nodes * self.ranks_per_node
 
+    @property
+    def link(self) -> LinkSetting:
+        """The cell's link setting (its bw, delay, jitter and loss)."""
+        return LinkSetting(self.bw, self.delay, self.jitter, self.loss)
+
     def link_shape(self) -> LinkShape:
         """The tc shape the cell asks for."""
-        return LinkShape.parse(self.bw, self.delay, self.jitter, f"{loss_pct(self.loss)}%")
+        return self.link.shape()
 
     def as_dict(self) -> dict[str, Any]:
         """The axes this cell sets, in the sweep's order (as the config wrote them)."""
-        order = ("strategy", "model", "nodes", "ranks_per_node", "bw", "delay", "jitter", "loss")
+        order = ("strategy", "model", "nodes", "ranks_per_node", *LINK_AXES)
         values = {k: getattr(self, k) for k in (*order, "steps", "repeat")}
         return {k: v for k, v in values.items() if v is not None}
 
@@ -137,6 +142,86 @@ class ClusterSettings:
         if "connect_timeout_s" in kw:
             kw["connect_timeout_s"] = float(kw["connect_timeout_s"])
         return cls(**{k: v if k == "connect_timeout_s" else str(v) for k, v in kw.items()})
+
+
+def benchmark_sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
+    """Sizes from ``min_bytes`` up to ``max_bytes`` (included when on the grid), each ``factor``
+    times the last: 1 KiB .. 64 MiB by 4 gives 1K, 4K, 16K, ..., 64M (9 sizes)."""
+    if min_bytes < 4 or max_bytes < min_bytes or factor < 2:
+        raise ValueError(
+            f"microbench sizes: need 4 <= min_bytes <= max_bytes and factor >= 2 "
+            f"(got min_bytes={min_bytes}, max_bytes={max_bytes}, factor={factor})"
+        )
+    sizes = []
+    size = int(min_bytes)
+    while size <= max_bytes:
+        sizes.append(size)
+        size *= int(factor)
+    return sizes
+
+
+# Keys of the config's ``microbench:`` block that choose whether and on which links the
+# benchmark runs, not how: not part of :class:`MicrobenchSettings` (editing them reruns no
+# benchmark).
+MICROBENCH_SCOPE_KEYS: tuple[str, ...] = ("enabled", "links")
+
+
+@dataclass(frozen=True)
+class MicrobenchSettings:
+    """The config's ``microbench:`` block less :data:`MICROBENCH_SCOPE_KEYS`: how one link
+    setting is benchmarked (docs/microbench.md; the schema describes each key).
+
+    ``nodes`` x ``ranks_per_node`` ranks run ``ops`` at :attr:`sizes` (``min_bytes`` times
+    powers of ``factor`` up to ``max_bytes``); per (op, size) ``warmup_iters`` untimed
+    iterations while one takes at most ``warmup_max_s``, then ``budget_s`` worth of timed ones
+    clamped to [``min_iters``, ``max_iters``], sizes skipped once one is expected to take longer
+    than ``max_op_s``. No defaults here: the schema fills them (one place for them).
+    """
+
+    nodes: int
+    ranks_per_node: int
+    ops: tuple[str, ...]
+    min_bytes: int
+    max_bytes: int
+    factor: int
+    budget_s: float
+    max_op_s: float
+    min_iters: int
+    max_iters: int
+    warmup_iters: int
+    warmup_max_s: float
+
+    def __post_init__(self) -> None:
+        benchmark_sizes(self.min_bytes, self.max_bytes, self.factor)  # raises naming the keys
+
+    @classmethod
+    def from_mapping(cls, microbench: Mapping[str, Any]) -> MicrobenchSettings:
+        """From the block's benchmark keys (no ``enabled``/``links``: :meth:`from_block` drops
+        them)."""
+        kw = _known(cls, microbench, "microbench")
+        ints = ("nodes", "ranks_per_node", "min_bytes", "max_bytes", "factor", "min_iters",
+                "max_iters", "warmup_iters")  # fmt: skip
+        for key in ints:
+            if key in kw:
+                kw[key] = int(kw[key])
+        for key in ("budget_s", "max_op_s", "warmup_max_s"):
+            if key in kw:
+                kw[key] = float(kw[key])
+        if "ops" in kw:
+            kw["ops"] = tuple(str(op) for op in kw["ops"])
+        return cls(**kw)
+
+    @classmethod
+    def from_block(cls, microbench: Mapping[str, Any]) -> MicrobenchSettings:
+        """From the whole ``microbench:`` block, less :data:`MICROBENCH_SCOPE_KEYS`."""
+        return cls.from_mapping(
+            {k: v for k, v in microbench.items() if k not in MICROBENCH_SCOPE_KEYS}
+        )
+
+    @property
+    def sizes(self) -> list[int]:
+        """The message sizes benchmarked (:func:`benchmark_sizes`)."""
+        return benchmark_sizes(self.min_bytes, self.max_bytes, self.factor)
 
 
 @dataclass(frozen=True)
