@@ -110,6 +110,20 @@ METRIC_TABLES: tuple[str, ...] = (
 )
 # The one-row-per-cell (or per-import, per-link) headline table of a result directory.
 SUMMARY_FILE = "summary.parquet"
+# The study tables the aggregate job derives from the aggregated metric tables
+# (results/aggregate/<name>.parquet; commscope.metrics.study.derive_study_tables).
+STUDY_TABLES: tuple[str, ...] = ("msg_size_cdf", "step_time_over_repeats", "bytes_per_step_by_op")
+# The cross-cell figures (results/figures/<name>.png) and the aggregate tables they draw.
+STUDY_FIGURES: tuple[str, ...] = (
+    "msg_size_cdf",
+    "step_time_vs_bw",
+    "bytes_per_step_by_op",
+    "comm_matrix_nodes",
+    "comm_matrix_ranks",
+)
+STUDY_FIGURE_TABLES: tuple[str, ...] = (*STUDY_TABLES, "summary", "node_matrix", "comm_matrix")
+# The microbenchmark figures (results/microbench/figures/<name>.png).
+BENCH_FIGURES: tuple[str, ...] = ("busbw_vs_size", "time_vs_size")
 
 
 def table_file(name: str) -> str:

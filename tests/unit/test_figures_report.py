@@ -12,10 +12,10 @@ from synthetic import make_ddp_cell, make_hybrid_cell
 
 import commscope
 from commscope import metrics, units
+from commscope.contracts import STUDY_FIGURES, STUDY_TABLES
 from commscope.metrics.io import aggregate_tables
 from commscope.metrics.study import (
     STUDY_SOURCES,
-    STUDY_TABLES,
     alpha_beta_curve,
     bytes_per_step_by_op,
     cross_node_share,
@@ -23,7 +23,7 @@ from commscope.metrics.study import (
 )
 from commscope.plots import matrices, scenarios
 from commscope.plots.cell import plot_cell_throughput
-from commscope.plots.study import STUDY_FIGURES, plot_study, study_figure_paths, study_table_paths
+from commscope.plots.study import plot_study, study_figure_paths, study_table_paths
 from commscope.report import render_report, software_versions, strategy_table
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

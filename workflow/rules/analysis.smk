@@ -26,7 +26,7 @@ rule cell_metrics:
 
 
 # The aggregate job also derives the study tables the study figures draw (commscope.metrics.study).
-from commscope.metrics.study import STUDY_TABLES
+from commscope.contracts import STUDY_TABLES
 
 
 rule aggregate:

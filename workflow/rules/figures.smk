@@ -1,6 +1,6 @@
 # Figures per cell and across cells, and the learning-run tables and figures.
 from commscope.contracts import table_file
-from commscope.plots.study import STUDY_FIGURE_TABLES, STUDY_FIGURES
+from commscope.contracts import STUDY_FIGURE_TABLES, STUDY_FIGURES
 
 
 rule cell_figure:

@@ -53,7 +53,7 @@ rule microbench_tables:
 
 
 # The figures' names come from the package that draws them.
-from commscope.plots.bench import BENCH_FIGURES
+from commscope.contracts import BENCH_FIGURES
 
 
 rule microbench_figures:

@@ -3,10 +3,9 @@ tables (means over repeats, message-size CDFs, bytes per step) the study figures
 
 from pathlib import Path
 
-from commscope.contracts import METRIC_TABLES
+from commscope.contracts import METRIC_TABLES, STUDY_TABLES
 from commscope.logs import log_to
 from commscope.metrics.io import aggregate_tables
-from commscope.metrics.study import STUDY_TABLES
 
 with log_to(snakemake.log[0]):
     aggregate_tables(

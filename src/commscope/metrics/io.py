@@ -1,7 +1,7 @@
 """Files in, files out: the only functions the Snakemake scripts call.
 
 The workflow's scripts call :func:`write_cell_metrics` and :func:`aggregate_tables` (which also
-writes the derived study tables, :data:`~commscope.metrics.study.STUDY_TABLES`) with the files
+writes the derived study tables, :data:`~commscope.contracts.STUDY_TABLES`) with the files
 their rules declare (no directory from which the package would pick names);
 :func:`compute_cell_metrics` and :func:`aggregate_cells` are the directory-based conveniences
 for tests and interactive use, with the contract's file names (:mod:`commscope.contracts`).
@@ -23,6 +23,7 @@ from commscope.contracts import (
     ROUTING_FILE,
     SOCKETS_FILE,
     STEPS_FILE,
+    STUDY_TABLES,
     WIRE_FLOWS_FILE,
     table_file,
 )
@@ -39,7 +40,7 @@ from commscope.metrics.framework import WIRE_COLUMNS, wire_vs_framework
 from commscope.metrics.matrix import comm_matrix, node_matrix
 from commscope.metrics.sockets import socket_stats
 from commscope.metrics.steps import step_times, training_window
-from commscope.metrics.study import STUDY_SOURCES, STUDY_TABLES, derive_study_tables
+from commscope.metrics.study import STUDY_SOURCES, derive_study_tables
 from commscope.metrics.summary import cell_summary
 from commscope.metrics.volume import message_sizes, op_volume
 

@@ -18,9 +18,6 @@ from commscope.metrics.volume import size_cdf
 
 # Parameters that, besides strategy and model, tell series apart in sweep plots.
 SERIES_AXES = ("nodes", "ranks_per_node", "delay", "jitter", "loss")
-# The derived study tables the aggregate job writes (results/aggregate/<name>.parquet) and the
-# study figures draw, by name; see derive_study_tables.
-STUDY_TABLES: tuple[str, ...] = ("msg_size_cdf", "step_time_over_repeats", "bytes_per_step_by_op")
 # The aggregated metric tables they are derived from.
 STUDY_SOURCES: tuple[str, ...] = ("msg_sizes", "summary", "op_volume", "step_times")
 

@@ -19,12 +19,12 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from commscope.contracts import BENCH_FIGURES
 from commscope.metrics.study import alpha_beta_curve
 from commscope.plots._style import DPI
 from commscope.units import binary_size_label
 
 # The figures of the microbenchmark stage, by name (file stem: <name>.png).
-BENCH_FIGURES = ("busbw_vs_size", "time_vs_size")
 
 
 def _grid(ops: list[str]) -> tuple[Figure, list]:

@@ -1,6 +1,6 @@
 """Figures across cells: message sizes, step time vs bandwidth, bytes per step by op, and the
 communication matrices (:mod:`.matrices`), drawn from the aggregated tables and the study
-tables the aggregate job derives (:data:`commscope.metrics.study.STUDY_TABLES`)."""
+tables the aggregate job derives (:data:`commscope.contracts.STUDY_TABLES`)."""
 
 from __future__ import annotations
 
@@ -13,22 +13,11 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.ticker import FuncFormatter
 
-from commscope.contracts import table_file
-from commscope.metrics.study import SERIES_AXES, STUDY_TABLES
+from commscope.contracts import STUDY_FIGURE_TABLES, STUDY_FIGURES, table_file
+from commscope.metrics.study import SERIES_AXES
 from commscope.plots._style import _new_figure, _no_data, _palette, _save, _styled
 from commscope.plots.matrices import plot_comm_matrices
 from commscope.units import bytes_tick
-
-STUDY_FIGURES = (
-    "msg_size_cdf",
-    "step_time_vs_bw",
-    "bytes_per_step_by_op",
-    "comm_matrix_nodes",
-    "comm_matrix_ranks",
-)
-# The tables plot_study reads from the aggregate directory, by table name: the derived study
-# tables and the aggregated tables the communication matrices draw.
-STUDY_FIGURE_TABLES = (*STUDY_TABLES, "summary", "node_matrix", "comm_matrix")
 
 
 def plot_study(tables: Mapping[str, Path], figures: Mapping[str, Path]) -> list[Path]:
@@ -37,7 +26,7 @@ def plot_study(tables: Mapping[str, Path], figures: Mapping[str, Path]) -> list[
     ``tables`` maps each name of :data:`STUDY_FIGURE_TABLES` to its parquet file in the
     aggregate directory, ``figures`` each name of :data:`STUDY_FIGURES` to the PNG to write
     (see :func:`study_table_paths`, :func:`study_figure_paths`). The derived tables
-    (:data:`~commscope.metrics.study.STUDY_TABLES`) are the aggregate job's; this only draws.
+    (:data:`~commscope.contracts.STUDY_TABLES`) are the aggregate job's; this only draws.
 
     ``msg_size_cdf.png``: message-size CDF per strategy (measured steps only, log x).
     ``step_time_vs_bw.png``: mean step time vs bandwidth cap per strategy, error bars are the
