@@ -18,7 +18,7 @@ import yaml
 
 # SWEEP_AXES and loss_pct stay importable from here (runner, predict, tests import them so).
 from commscope.contracts import SWEEP_AXES
-from commscope.spec.link import LinkShape, loss_pct
+from commscope.spec.link import LINK_AXES, LINK_DEFAULTS, LinkSetting, loss_pct
 from commscope.spec.plan import BUILTIN_STRATEGIES, validate_cell
 
 __all__ = [
@@ -92,9 +92,7 @@ def load_config(path: Path, schema_path: str | Path = SCHEMA_PATH) -> dict[str, 
 
 # Axes a sweep block may leave out (the schema's defaults, also inside a list of blocks).
 AXIS_DEFAULTS: dict[str, list[Any]] = {
-    "delay": ["0ms"],
-    "jitter": ["0ms"],
-    "loss": ["0pct"],
+    **{axis: [value] for axis, value in LINK_DEFAULTS.items()},
     "repeat": [0],
 }
 
@@ -162,11 +160,9 @@ def check_study(
                 f"ranks_per_node={cell.ranks_per_node} (world {world}): {msg}"
             )
     shapes = {}
-    for cell in cells[["bw", "delay", "jitter", "loss"]].drop_duplicates().itertuples(index=False):
+    for cell in cells[list(LINK_AXES)].drop_duplicates().itertuples(index=False):
         try:
-            shapes[cell] = LinkShape.parse(
-                cell.bw, cell.delay, cell.jitter, f"{loss_pct(cell.loss)}%"
-            )
+            shapes[cell] = LinkSetting(*cell).shape()
         except ValueError as err:
             problems.append(f"sweep: {err}")
     needs_netem = [c for c, s in shapes.items() if s.needs_netem]

@@ -30,13 +30,6 @@ def _per_cell(df: pd.DataFrame) -> Iterator[tuple[dict[str, Any], pd.DataFrame]]
         yield {c: sub[c].iloc[0] for c in _param_cols(sub)}, sub
 
 
-def _with_params(params: dict[str, Any], df: pd.DataFrame) -> pd.DataFrame:
-    """Prefix ``df`` with constant parameter columns (parameters first, as in every table)."""
-    # Scalars broadcast over the index: far cheaper than building per-row lists.
-    lead = pd.DataFrame(params, index=df.index)
-    return pd.concat([lead, df.drop(columns=list(params), errors="ignore")], axis=1)
-
-
 def _concat(frames: Iterable[pd.DataFrame], columns: Sequence[str]) -> pd.DataFrame:
     """Concatenate per-cell results; an empty input still gives the documented columns."""
     frames = [f for f in frames if not f.empty]

@@ -11,13 +11,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from commscope.contracts import with_params
 from commscope.metrics._common import (
     _NS_PER_MS,
     _NS_PER_S,
     _concat,
     _param_cols,
     _per_cell,
-    _with_params,
 )
 
 DEFAULT_BIN_MS: tuple[int, ...] = (1, 10, 100)
@@ -160,7 +160,7 @@ def throughput(counters: pd.DataFrame, bin_ms: float, origin_ns: int = 0) -> pd.
                 moved = np.diff(series.at(col, edges))
                 out[col.replace("_bytes", "_bps")] = moved * 8 * _NS_PER_S / bin_ns
             out["resolved"] = _resolved(series, bin_ns)
-            frames.append(_with_params(params, out[THROUGHPUT_COLUMNS]))
+            frames.append(with_params(params, out[THROUGHPUT_COLUMNS]))
     return _concat(frames, [*_param_cols(counters), *THROUGHPUT_COLUMNS])
 
 
@@ -224,7 +224,7 @@ def traffic_shape(
                         }
                     )
         if records:
-            rows.append(_with_params(params, pd.DataFrame(records)))
+            rows.append(with_params(params, pd.DataFrame(records)))
     return _concat(rows, [*_param_cols(counters), *SHAPE_COLUMNS])
 
 

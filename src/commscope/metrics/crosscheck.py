@@ -17,8 +17,7 @@ from commscope.collectives.traffic import (
     op_sends,
     protocol_bytes,
 )
-from commscope.contracts import table_file
-from commscope.metrics._common import _with_params
+from commscope.contracts import table_file, with_params
 from commscope.metrics.counters import wire_counts
 from commscope.metrics.sockets import retransmitted_bytes
 from commscope.metrics.window import check_window, ops_in_window
@@ -231,7 +230,7 @@ def crosscheck(
         for direction in ("tx", "rx")
     ]
     out = pd.concat(frames, ignore_index=True)
-    return _with_params(params, out[CROSSCHECK_COLUMNS])
+    return with_params(params, out[CROSSCHECK_COLUMNS])
 
 
 MATRIX_CHECK_COLUMNS = [
@@ -345,7 +344,7 @@ def matrix_check(
     out["unexplained_bytes"] = out["wire_payload_bytes"] - out["protocol_bytes"] - fw
     out["tolerance_bytes"] = _tolerance_bytes(fw.to_numpy(), n_steps, tolerance)
     out["passed"] = out["unexplained_bytes"].abs() <= out["tolerance_bytes"]
-    return _with_params(params, out[MATRIX_CHECK_COLUMNS])
+    return with_params(params, out[MATRIX_CHECK_COLUMNS])
 
 
 CROSSCHECK_SUMMARY_COLUMNS = [

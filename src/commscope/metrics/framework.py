@@ -12,7 +12,8 @@ import pandas as pd
 from commscope.cell.load import _backend_of
 from commscope.collectives.matrix import Placement
 from commscope.collectives.traffic import op_sends
-from commscope.metrics._common import _as_int_ns, _params_from, _with_params
+from commscope.contracts import with_params
+from commscope.metrics._common import _as_int_ns, _params_from
 from commscope.metrics.counters import counted_wire_bytes
 
 WIRE_COLUMNS = [
@@ -80,7 +81,7 @@ def wire_vs_framework(
     fw = out["framework_tx_bytes"].where(out["framework_tx_bytes"] > 0)
     out["wire_over_framework"] = out["wire_tx_bytes"].astype("float64") / fw
     out["node"] = out["node"].astype("int64")
-    return _with_params(params, out.reset_index(drop=True)[WIRE_COLUMNS])
+    return with_params(params, out.reset_index(drop=True)[WIRE_COLUMNS])
 
 
 def _framework_tx_per_node(ops: pd.DataFrame, meta: dict[str, Any]) -> pd.DataFrame:

@@ -9,12 +9,11 @@ import pandas as pd
 from commscope.collectives.matrix import Placement, positive_int, rank_matrix
 from commscope.collectives.matrix import node_matrix as build_node_matrix
 from commscope.collectives.traffic import DEFAULT_BACKEND
-from commscope.contracts import GROUP_KIND_COLUMN
+from commscope.contracts import GROUP_KIND_COLUMN, with_params
 from commscope.metrics._common import (
     _concat,
     _param_cols,
     _per_cell,
-    _with_params,
 )
 
 COMM_MATRIX_COLUMNS = ["src_rank", "dst_rank", "src_node", "dst_node", "op", "bytes"]
@@ -66,7 +65,7 @@ def comm_matrix(
         in_steps = cell_ops[cell_ops["step"].isin(steps)]
         per_step = rank_matrix(in_steps, ["op", *extra], backend, place, divide_by=len(steps))
         if not per_step.empty:
-            frames.append(_with_params(cell_params, per_step))
+            frames.append(with_params(cell_params, per_step))
     return _concat(frames, [*params, *cols])
 
 
@@ -85,7 +84,7 @@ def node_matrix(rank_matrix: pd.DataFrame) -> pd.DataFrame:
     frames = []
     for cell_params, sub in _per_cell(rank_matrix):
         summed = build_node_matrix(sub, positive_int(cell_params.get("nodes")))
-        frames.append(_with_params(cell_params, summed[NODE_MATRIX_COLUMNS]))
+        frames.append(with_params(cell_params, summed[NODE_MATRIX_COLUMNS]))
     return _concat(frames, [*params, *NODE_MATRIX_COLUMNS])
 
 

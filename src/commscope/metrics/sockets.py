@@ -7,8 +7,7 @@ import numpy as np
 import pandas as pd
 
 from commscope.cell.load import CellTraces
-from commscope.contracts import PARAM_COLUMNS
-from commscope.metrics._common import _with_params
+from commscope.contracts import PARAM_COLUMNS, with_params
 from commscope.metrics.window import check_window
 
 _CONNECTION = ["node", "src", "sport", "dst", "dport"]
@@ -133,7 +132,7 @@ def socket_stats(traces: CellTraces) -> pd.DataFrame:
             }
         )
     out = pd.DataFrame(records, columns=SOCKET_COLUMNS)
-    return _with_params(params, out)
+    return with_params(params, out)
 
 
 def retransmitted_bytes(sockets: pd.DataFrame, window: tuple[int, int]) -> pd.DataFrame:
