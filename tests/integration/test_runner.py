@@ -111,7 +111,10 @@ def test_cell_records_sockets_packets_and_clock(netns_cluster: Cluster, tmp_path
             s = sample[when]
             assert abs(s["offset_ns"]) <= s["uncertainty_ns"] + 1_000_000, s
     tables = build_cell_tables(
-        out, cell(bw="none", steps=3), 1, cell_table_paths(tmp_path / "trace")
+        out,
+        CellSettings.from_mapping(cell(bw="none", steps=3)),
+        1,
+        cell_table_paths(tmp_path / "trace"),
     )
     sockets = pd.read_parquet(tables["sockets"])
     assert set(sockets.node) == {0, 1}

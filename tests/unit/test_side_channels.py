@@ -17,6 +17,7 @@ from commscope.cell.parse import build_cell_tables, cell_table_paths, to_orchest
 from commscope.cell.pcap import read_pcap, wire_flows
 from commscope.cluster.clock import offset_at
 from commscope.node.sockstats import COLUMNS, TCP_INFO_FIELDS, socket_rows
+from commscope.spec.settings import CellSettings
 
 NCCL_LOG = Path(__file__).parents[1] / "data/external/nccl/nccl_init_coll_2ranks.log"
 ADDR = {"198.19.0.1": 0, "198.19.0.2": 1}
@@ -180,7 +181,12 @@ def test_build_cell_tables_applies_clock_and_reads_pcap_sockets_and_nccl(tmp_pat
         raw / "node1" / "x.pcap", [(T0 + offset + 10, _frame("198.19.0.2", "198.19.0.1"), 1514)]
     )
     shutil.copy(NCCL_LOG, raw / "node0" / "nccl.node-a.1201.log")
-    paths = build_cell_tables(raw, cell, warmup_steps=1, paths=cell_table_paths(tmp_path / "trace"))
+    paths = build_cell_tables(
+        raw,
+        CellSettings.from_mapping(cell),
+        warmup_steps=1,
+        paths=cell_table_paths(tmp_path / "trace"),
+    )
 
     ops_raw = pd.read_parquet(raw / "node1" / "ops_rank1.parquet")
     ops = pd.read_parquet(paths["ops"])

@@ -205,7 +205,7 @@ def _cell_meta(
 
 def build_cell_tables(
     raw_dir: Path,
-    cell: CellSettings | Mapping[str, Any],
+    cell: CellSettings,
     warmup_steps: int,
     paths: Mapping[str, Path],
 ) -> dict[str, Path]:
@@ -213,10 +213,8 @@ def build_cell_tables(
     parquet and cell.json) to ``paths`` (one per name of ``CELL_TABLE_FILES``, e.g. the rule's
     declared outputs or :func:`cell_table_paths`); returns them.
 
-    ``cell`` is a training cell (every sweep axis set); a mapping of its sweep values is read
-    with :meth:`CellSettings.from_mapping` (as the rule script does before calling)."""
-    if not isinstance(cell, CellSettings):
-        cell = CellSettings.from_mapping(cell)
+    ``cell`` is a training cell (every sweep axis set; the rule script reads the rule's params
+    with :meth:`CellSettings.from_mapping`)."""
     params = _cell_params(cell)
     raw_dir = Path(raw_dir)
     paths = {name: Path(paths[name]) for name in CELL_TABLE_FILES}

@@ -57,14 +57,14 @@ def predict_cell(
     meta = json.loads(Path(cell_json).read_text())
     params = meta["params"]  # as recorded: the tables carry these values unchanged
     cell = CellSettings.from_mapping(params)
-    pred = predict_ops(model_spec, plan_spec, cell.nodes, cell.ranks_per_node)
+    # The backend the cell ran: its algorithms put the predicted ops on the wire and time them.
+    backend = meta.get("backend") or DEFAULT_BACKEND
+    pred = predict_ops(model_spec, plan_spec, cell.nodes, cell.ranks_per_node, backend=backend)
     measured = pd.read_parquet(ops)
     compare = compare_measured(pred, measured, model_spec, plan_spec, warmup_steps=warmup_steps)
     step_rows = pd.read_parquet(steps)
     fits = pd.concat([pd.read_parquet(p) for p in fit_paths]) if fit_paths else None
-    timing = predict_timing(
-        pred, measured, step_rows, cell, warmup_steps, fits, backend=meta.get("backend")
-    )
+    timing = predict_timing(pred, measured, step_rows, cell, warmup_steps, fits, backend=backend)
     for frame in (pred, compare, timing):
         frame.insert(0, "cell", meta["cell"])
         for axis in SWEEP_AXES:
