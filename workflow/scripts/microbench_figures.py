@@ -2,8 +2,9 @@
 
 from pathlib import Path
 
-from commscope.contracts import BENCH_FIGURES, bench_figures_from
+from commscope.contracts import BENCH_FIGURES
 from commscope.logs import log_to
+from commscope.plots.bench import bench_figures_from
 
 with log_to(snakemake.log[0]):
     bench_figures_from(
