@@ -14,6 +14,8 @@ import pytest
 from synthetic import make_hybrid_cell
 
 from commscope import metrics as m
+from commscope.collectives.traffic import op_destinations, ring_send_bytes
+from commscope.contracts import KNOWN_OPS, METRIC_TABLES, PARAM_COLUMNS
 
 approx = pytest.approx
 S = 1_000_000
@@ -63,7 +65,7 @@ def _allreduce_in(groups: list[list[int]], nbytes: float = S, **kw: Any) -> list
 
 
 def test_op_destinations_per_op() -> None:
-    dest = m.op_destinations
+    dest = op_destinations
     group = "0,1,2,3"
     # Rings follow group order: the successor of rank 3 in "0,1,2,3" is 0, in "0,2,1,3" rank
     # 0 sends to 2.
@@ -116,7 +118,7 @@ def test_op_destinations_per_op() -> None:
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 7])
-@pytest.mark.parametrize("op", sorted(m.KNOWN_OPS))
+@pytest.mark.parametrize("op", sorted(KNOWN_OPS))
 def test_ring_send_bytes_is_the_total_of_op_destinations(op: str, n: int) -> None:
     # One model: per sender, the destinations add up to ring_send_bytes, for every op, group
     # size and place. Only a broadcast's non-root places differ (the last in the chain sends
@@ -126,18 +128,18 @@ def test_ring_send_bytes_is_the_total_of_op_destinations(op: str, n: int) -> Non
     peer = members[-1] if n > 1 else 99
 
     def total(rank: int, root: int = -1) -> float:
-        return sum(b for _, b in m.op_destinations(op, size, members, rank, peer, root))
+        return sum(b for _, b in op_destinations(op, size, members, rank, peer, root))
 
     for rank in members:
-        assert total(rank) == approx(m.ring_send_bytes(op, size, n)), rank
+        assert total(rank) == approx(ring_send_bytes(op, size, n)), rank
     if op not in {"broadcast", "reduce", "gather", "scatter"} or n < 2:
         return
     root = members[1]
-    assert total(root, root) == approx(m.ring_send_bytes(op, size, n, is_root=True))
+    assert total(root, root) == approx(ring_send_bytes(op, size, n, is_root=True))
     non_root = [total(r, root) for r in members if r != root]
-    assert sum(non_root) / len(non_root) == approx(m.ring_send_bytes(op, size, n, is_root=False))
+    assert sum(non_root) / len(non_root) == approx(ring_send_bytes(op, size, n, is_root=False))
     if op != "broadcast":
-        assert non_root == approx([m.ring_send_bytes(op, size, n, is_root=False)] * (n - 1))
+        assert non_root == approx([ring_send_bytes(op, size, n, is_root=False)] * (n - 1))
 
 
 def test_ring_totals_per_sender_equal_ring_send_bytes() -> None:
@@ -148,9 +150,10 @@ def test_ring_totals_per_sender_equal_ring_send_bytes() -> None:
             ops = pd.DataFrame([_op(r, op, nbytes, group) for r in members])
             mat = m.comm_matrix(ops)
             sent = mat.groupby("src_rank")["bytes"].sum()
-            assert sent.to_dict() == approx(
-                {r: m.ring_send_bytes(op, nbytes, 4) for r in members}
-            ), (group, op)
+            assert sent.to_dict() == approx({r: ring_send_bytes(op, nbytes, 4) for r in members}), (
+                group,
+                op,
+            )
             succ = {members[i]: members[(i + 1) % 4] for i in range(4)}
             assert dict(zip(mat["src_rank"], mat["dst_rank"], strict=True)) == succ
 
@@ -318,7 +321,7 @@ def test_mapping_moves_tp_traffic_on_and_off_the_network(
     assert set(ranks["group_kind"]) == {"tp", "dp"}  # no "world": warm-up and set-up left out
     assert ranks["bytes"].sum() == inter + intra
     assert ranks["strategy"].iloc[0] == ("dpxtp-tp-inside" if inside else "dpxtp-tp-across")
-    assert list(ranks.columns[: len(m.PARAM_COLUMNS)]) == list(m.PARAM_COLUMNS)
+    assert list(ranks.columns[: len(PARAM_COLUMNS)]) == list(PARAM_COLUMNS)
 
 
 def test_matrices_aggregate_across_cells(tmp_path: Path) -> None:
@@ -327,7 +330,7 @@ def test_matrices_aggregate_across_cells(tmp_path: Path) -> None:
         cell = make_hybrid_cell(tmp_path / "runs", tp_inside_node=inside)
         dirs.append(tmp_path / "metrics" / str(inside))
         m.compute_cell_metrics(cell, dirs[-1])
-    assert {"comm_matrix", "node_matrix"} <= set(m.METRIC_TABLES)
+    assert {"comm_matrix", "node_matrix"} <= set(METRIC_TABLES)
     m.aggregate_cells(dirs, tmp_path / "agg")
     nodes = pd.read_parquet(tmp_path / "agg" / "node_matrix.parquet")
     assert len(nodes) == 8

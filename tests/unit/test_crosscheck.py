@@ -10,12 +10,22 @@ import pandas as pd
 import pytest
 
 from commscope import metrics as m
+from commscope.collectives.moe import alltoall_splits_from_routing
+from commscope.collectives.traffic import (
+    GLOO_PREAMBLE_BYTES,
+    HEADER_BYTES_PER_PACKET,
+    gloo_ring_chunks,
+    op_destinations,
+    op_messages,
+    ring_send_bytes,
+)
+from commscope.contracts import ROUTING_FILE, SPLIT_COLUMN, WIRE_FLOWS_FILE
 
 MB = 1_000_000
 STEP_NS = 100_000_000
 T0 = 1_700_000_000_000_000_000
-HDR = m.HEADER_BYTES_PER_PACKET
-PRE = m.GLOO_PREAMBLE_BYTES
+HDR = HEADER_BYTES_PER_PACKET
+PRE = GLOO_PREAMBLE_BYTES
 
 
 # ------------------------------------------------------------------------ gloo's algorithms
@@ -23,20 +33,20 @@ PRE = m.GLOO_PREAMBLE_BYTES
 
 def test_gloo_ring_chunks_follow_allreduce_cc() -> None:
     # 10 float32 over 4 ranks: 8 segments of 2 elements (8 B), chunks of 2 segments.
-    assert m.gloo_ring_chunks(40, 4, element_size=4) == [16, 16, 8, 0]
+    assert gloo_ring_chunks(40, 4, element_size=4) == [16, 16, 8, 0]
     # Large buffers: segments capped at 1 MiB, still summing to S.
     big = 10 * 2**20 + 12
-    chunks = m.gloo_ring_chunks(big, 4, element_size=4)
+    chunks = gloo_ring_chunks(big, 4, element_size=4)
     assert sum(chunks) == big and len(chunks) == 4
 
 
 def test_gloo_allreduce_goes_to_the_previous_rank() -> None:
     s = 4 * MB
-    dests = m.op_destinations("allreduce", s, "0,1,2,3", 1, backend="gloo", element_size=4)
+    dests = op_destinations("allreduce", s, "0,1,2,3", 1, backend="gloo", element_size=4)
     assert [d for d, _ in dests] == [0]  # sendRank = rank - 1 in gloo's ring
     assert dests[0][1] == pytest.approx(1.5 * s)
     # The ring model of other backends sends to the next rank.
-    assert m.op_destinations("allreduce", s, "0,1,2,3", 1) == [(2, 1.5 * s)]
+    assert op_destinations("allreduce", s, "0,1,2,3", 1) == [(2, 1.5 * s)]
 
 
 def test_gloo_uneven_allreduce_sends_all_chunks_but_two() -> None:
@@ -44,7 +54,7 @@ def test_gloo_uneven_allreduce_sends_all_chunks_but_two() -> None:
     sent = {
         r: sum(
             b
-            for _, b in m.op_destinations(
+            for _, b in op_destinations(
                 "allreduce", 40, [0, 1, 2, 3], r, backend="gloo", element_size=4
             )
         )
@@ -58,28 +68,28 @@ def test_gloo_uneven_allreduce_sends_all_chunks_but_two() -> None:
 def test_gloo_reduce_scatter_is_a_full_allreduce() -> None:
     s = 2 * MB
     for n in (2, 4):
-        rs = m.ring_send_bytes("reduce_scatter", s, n, backend="gloo")
-        ar = m.ring_send_bytes("allreduce", s, n, backend="gloo")
+        rs = ring_send_bytes("reduce_scatter", s, n, backend="gloo")
+        ar = ring_send_bytes("allreduce", s, n, backend="gloo")
         assert rs == ar == pytest.approx(2 * (n - 1) / n * s)
-        assert m.ring_send_bytes("reduce_scatter", s, n) == pytest.approx((n - 1) / n * s)
+        assert ring_send_bytes("reduce_scatter", s, n) == pytest.approx((n - 1) / n * s)
 
 
 def test_gloo_broadcast_is_a_binomial_tree() -> None:
     s = 1000
     tree = {
-        r: m.op_destinations("broadcast", s, "0,1,2,3", r, root=0, backend="gloo") for r in range(4)
+        r: op_destinations("broadcast", s, "0,1,2,3", r, root=0, backend="gloo") for r in range(4)
     }
     assert tree == {0: [(1, s), (2, s)], 1: [(3, s)], 2: [], 3: []}
     # Root 2: virtual ranks shift, the tree is the same shape.
     shifted = {
-        r: m.op_destinations("broadcast", s, "0,1,2,3", r, root=2, backend="gloo") for r in range(4)
+        r: op_destinations("broadcast", s, "0,1,2,3", r, root=2, backend="gloo") for r in range(4)
     }
     assert shifted == {2: [(3, s), (0, s)], 3: [(1, s)], 0: [], 1: []}
     # Unknown root: the expectation over roots keeps the (n-1) S total.
     total = sum(
         b
         for r in range(4)
-        for _, b in m.op_destinations("broadcast", s, "0,1,2,3", r, backend="gloo")
+        for _, b in op_destinations("broadcast", s, "0,1,2,3", r, backend="gloo")
     )
     assert total == pytest.approx(3 * s)
 
@@ -87,21 +97,19 @@ def test_gloo_broadcast_is_a_binomial_tree() -> None:
 def test_gloo_allgather_alltoall_scatter_match_the_generic_model() -> None:
     for op, s in (("allgather", 1000), ("alltoall", 4000), ("send", 10)):
         for r in range(4):
-            assert m.op_destinations(op, s, "0,1,2,3", r, peer=(r + 1) % 4, backend="gloo") == (
-                m.op_destinations(op, s, "0,1,2,3", r, peer=(r + 1) % 4)
+            assert op_destinations(op, s, "0,1,2,3", r, peer=(r + 1) % 4, backend="gloo") == (
+                op_destinations(op, s, "0,1,2,3", r, peer=(r + 1) % 4)
             )
 
 
 def test_gloo_message_counts() -> None:
     # Two ranks, 256 KiB float32: 4 segments, each rank sends 2 per phase.
-    assert m.op_messages("allreduce", 262144, "0,1", 0, backend="gloo", element_size=4) == [
-        (1, 4.0)
-    ]
+    assert op_messages("allreduce", 262144, "0,1", 0, backend="gloo", element_size=4) == [(1, 4.0)]
     # Dissemination barrier: empty messages to rank + 1 and rank + 2.
-    assert m.op_messages("barrier", 1, "0,1,2,3", 3, backend="gloo") == [(0, 1.0), (1, 1.0)]
-    assert m.op_messages("allgather", 100, "0,1,2", 0, backend="gloo") == [(1, 4.0)]
-    assert m.op_messages("recv", 100, "0,1", 0, peer=1, backend="gloo") == []
-    assert m.op_messages("allreduce", 100, "0,1", 0, backend="nccl") == []
+    assert op_messages("barrier", 1, "0,1,2,3", 3, backend="gloo") == [(0, 1.0), (1, 1.0)]
+    assert op_messages("allgather", 100, "0,1,2", 0, backend="gloo") == [(1, 4.0)]
+    assert op_messages("recv", 100, "0,1", 0, peer=1, backend="gloo") == []
+    assert op_messages("allreduce", 100, "0,1", 0, backend="nccl") == []
 
 
 # ------------------------------------------------------------------ a two-node gloo cell
@@ -114,9 +122,9 @@ def _cell(extra_tx: float = 0.0, steps: int = 4, first_shift_ms: int = 0) -> m.C
     all-reduce (and its bytes on the wire) by that much, as a pipeline stage that finishes
     its step late does; rank 1's step 0 then ends after rank 0's step 1 has begun."""
     size = 1_000_000
-    msgs = m.op_messages("allreduce", size, "0,1", 0, backend="gloo", element_size=4)[0][1]
+    msgs = op_messages("allreduce", size, "0,1", 0, backend="gloo", element_size=4)[0][1]
     payload = sum(
-        b for _, b in m.op_destinations("allreduce", size, "0,1", 0, backend="gloo", element_size=4)
+        b for _, b in op_destinations("allreduce", size, "0,1", 0, backend="gloo", element_size=4)
     )
     protocol = PRE * (2 * msgs + msgs)  # each side sends its messages and acks the other's
     packets = 30
@@ -327,11 +335,9 @@ def test_matrix_check_puts_receive_notices_on_the_reverse_direction() -> None:
     )
     data, msgs = {}, {}
     for r in range(3):
-        for dst, b in m.op_destinations(
-            "allreduce", size, group, r, backend="gloo", element_size=4
-        ):
+        for dst, b in op_destinations("allreduce", size, group, r, backend="gloo", element_size=4):
             data[(r, dst)] = b
-        for dst, k in m.op_messages("allreduce", size, group, r, backend="gloo", element_size=4):
+        for dst, k in op_messages("allreduce", size, group, r, backend="gloo", element_size=4):
             msgs[(r, dst)] = k
     assert set(data) == {(1, 0), (2, 1), (0, 2)}  # to the predecessor
     flows = []
@@ -374,7 +380,7 @@ def test_compute_cell_metrics_reads_wire_flows(tmp_path: Path) -> None:
     flows = pd.DataFrame(
         [{"t_ns": T0 + STEP_NS + 1, "src_node": 0, "dst_node": 1, "bytes": 10, "packets": 1}]
     )
-    flows.to_parquet(trace / m.WIRE_FLOWS_FILE)
+    flows.to_parquet(trace / WIRE_FLOWS_FILE)
     m.compute_cell_metrics(trace, tmp_path / "metrics")
     assert len(pd.read_parquet(tmp_path / "metrics" / "matrix_check.parquet")) == 2
     check = pd.read_parquet(tmp_path / "metrics" / "crosscheck.parquet")
@@ -574,8 +580,8 @@ def test_alltoall_splits_come_from_the_routing_table() -> None:
         ]
     )
     counts = ops.iloc[:1].assign(seq=9, bytes=16, bytes_out=16, numel=2)  # per-expert counts
-    out = m.alltoall_splits_from_routing(pd.concat([ops, counts], ignore_index=True), routing)
-    assert out[m.SPLIT_COLUMN].iloc[:6].tolist() == [
+    out = alltoall_splits_from_routing(pd.concat([ops, counts], ignore_index=True), routing)
+    assert out[SPLIT_COLUMN].iloc[:6].tolist() == [
         "768,1280",
         "768,512",
         "768,1280",
@@ -583,10 +589,10 @@ def test_alltoall_splits_come_from_the_routing_table() -> None:
         "512,1024",
         "1280,1024",
     ]
-    assert pd.isna(out[m.SPLIT_COLUMN].iloc[6])  # not a token all-to-all: an even split
+    assert pd.isna(out[SPLIT_COLUMN].iloc[6])  # not a token all-to-all: an even split
     # The model then sends exactly those bytes to the other rank.
     row = out.iloc[0]
-    assert m.op_destinations("alltoall", row["bytes"], "0,1", 0, splits=row["split_bytes"]) == [
+    assert op_destinations("alltoall", row["bytes"], "0,1", 0, splits=row["split_bytes"]) == [
         (1, 1280.0)
     ]
 
@@ -597,17 +603,15 @@ def test_equal_totals_are_resolved_by_issue_order_and_ambiguity_is_left_alone() 
     ops = _moe_ops(
         [(0, 0, "fwd", 8, 8), (0, 1, "fwd", 8, 8), (0, 2, "bwd", 8, 8), (0, 3, "bwd", 8, 8)]
     )
-    out = m.alltoall_splits_from_routing(ops, routing)
-    assert out[m.SPLIT_COLUMN].tolist() == ["512,1536", "1280,768", "512,1536", "1280,768"]
+    out = alltoall_splits_from_routing(ops, routing)
+    assert out[SPLIT_COLUMN].tolist() == ["512,1536", "1280,768", "512,1536", "1280,768"]
     # Two layers with the same totals and different splits: no way to tell, left as recorded.
     two = _routing({"layers.0.mlp": {0: ([3, 5], [3, 2])}, "layers.1.mlp": {0: ([1, 7], [1, 4])}})
-    out = m.alltoall_splits_from_routing(_moe_ops([(0, 0, "fwd", 8, 5)]), two)
-    assert m.SPLIT_COLUMN not in out  # nothing filled: the ops come back as they were
+    out = alltoall_splits_from_routing(_moe_ops([(0, 0, "fwd", 8, 5)]), two)
+    assert SPLIT_COLUMN not in out  # nothing filled: the ops come back as they were
     # Splits the capture recorded are kept.
     recorded = _moe_ops([(0, 0, "fwd", 8, 5)]).assign(split_bytes="1024,1024")
-    assert m.alltoall_splits_from_routing(recorded, routing)[m.SPLIT_COLUMN].tolist() == [
-        "1024,1024"
-    ]
+    assert alltoall_splits_from_routing(recorded, routing)[SPLIT_COLUMN].tolist() == ["1024,1024"]
 
 
 def test_load_cell_fills_splits_from_moe_parquet(tmp_path: Path) -> None:
@@ -615,9 +619,9 @@ def test_load_cell_fills_splits_from_moe_parquet(tmp_path: Path) -> None:
     (tmp_path / "cell.json").write_text(json.dumps(cell.meta))
     cell.steps.to_parquet(tmp_path / "steps.parquet")
     _moe_ops([(0, 0, "fwd", 8, 5)]).to_parquet(tmp_path / "ops.parquet")
-    _routing({"layers.0.mlp": {0: ([3, 5], [3, 2])}}).to_parquet(tmp_path / m.ROUTING_FILE)
+    _routing({"layers.0.mlp": {0: ([3, 5], [3, 2])}}).to_parquet(tmp_path / ROUTING_FILE)
     loaded = m.load_cell(tmp_path)
-    assert loaded.ops[m.SPLIT_COLUMN].tolist() == ["768,1280"]
+    assert loaded.ops[SPLIT_COLUMN].tolist() == ["768,1280"]
     assert loaded.sockets.empty and loaded.counters.empty
 
 

@@ -12,7 +12,7 @@ from synthetic import make_ddp_cell, make_hybrid_cell
 
 import commscope
 from commscope import metrics, units
-from commscope.contracts import STUDY_FIGURES, STUDY_TABLES
+from commscope.contracts import METRIC_TABLES, STUDY_FIGURES, STUDY_TABLES
 from commscope.metrics.io import aggregate_tables
 from commscope.metrics.study import (
     STUDY_SOURCES,
@@ -118,13 +118,13 @@ def test_plot_study_survives_empty_tables(study: dict, tmp_path: Path) -> None:
     agg.mkdir()
     empty = tmp_path / "empty"
     empty.mkdir()
-    for name in metrics.METRIC_TABLES:
+    for name in METRIC_TABLES:
         table = pd.read_parquet(study["agg"] / f"{name}.parquet")
         table.iloc[0:0].to_parquet(empty / f"{name}.parquet")
     # The aggregate job's way: the study tables derived from the (empty) aggregated tables.
     aggregate_tables(
-        {name: [empty / f"{name}.parquet"] for name in metrics.METRIC_TABLES},
-        {name: agg / f"{name}.parquet" for name in (*metrics.METRIC_TABLES, *STUDY_TABLES)},
+        {name: [empty / f"{name}.parquet"] for name in METRIC_TABLES},
+        {name: agg / f"{name}.parquet" for name in (*METRIC_TABLES, *STUDY_TABLES)},
     )
     for path in _study_figures(agg, tmp_path / "fig"):
         assert path.read_bytes()[:8] == PNG_MAGIC
@@ -134,7 +134,7 @@ def test_plot_study_survives_an_aggregate_without_matrices(study: dict, tmp_path
     # An aggregate written before the matrix tables existed: "no data" figures, no failure.
     agg = tmp_path / "agg"
     agg.mkdir()
-    for name in {*metrics.METRIC_TABLES, *STUDY_TABLES} - {"comm_matrix", "node_matrix"}:
+    for name in {*METRIC_TABLES, *STUDY_TABLES} - {"comm_matrix", "node_matrix"}:
         (agg / f"{name}.parquet").write_bytes((study["agg"] / f"{name}.parquet").read_bytes())
     paths = _study_figures(agg, tmp_path / "fig")
     assert [p.name for p in paths] == [f"{name}.png" for name in STUDY_FIGURES]

@@ -19,6 +19,8 @@ from synthetic import (
 )
 
 from commscope import metrics as m
+from commscope.collectives.traffic import ring_send_bytes
+from commscope.contracts import METRIC_TABLES, PARAM_COLUMNS
 
 approx = pytest.approx
 
@@ -229,27 +231,27 @@ def test_shape_of_ddp_cell(traces: m.CellTraces) -> None:
 
 def test_ring_send_bytes() -> None:
     s = 1_000_000
-    assert m.ring_send_bytes("allreduce", s, 2) == s
-    assert m.ring_send_bytes("allreduce", s, 4) == 1.5 * s
-    assert m.ring_send_bytes("allreduce", s, 8) == 1.75 * s
-    assert m.ring_send_bytes("reduce_scatter", s, 4) == 0.75 * s
-    assert m.ring_send_bytes("allgather", s, 4) == 3 * s  # input is the shard
-    assert m.ring_send_bytes("alltoall", s, 4) == 0.75 * s
+    assert ring_send_bytes("allreduce", s, 2) == s
+    assert ring_send_bytes("allreduce", s, 4) == 1.5 * s
+    assert ring_send_bytes("allreduce", s, 8) == 1.75 * s
+    assert ring_send_bytes("reduce_scatter", s, 4) == 0.75 * s
+    assert ring_send_bytes("allgather", s, 4) == 3 * s  # input is the shard
+    assert ring_send_bytes("alltoall", s, 4) == 0.75 * s
     # Chain broadcast: the root and every rank but the last send S once; (n-1) S in total.
-    assert m.ring_send_bytes("broadcast", s, 4, is_root=True) == s
-    assert m.ring_send_bytes("broadcast", s, 4, is_root=False) == approx(2 / 3 * s)
-    assert m.ring_send_bytes("broadcast", s, 4) == 0.75 * s  # root unknown: even share
-    assert m.ring_send_bytes("reduce", s, 4, is_root=True) == 0
-    assert m.ring_send_bytes("scatter", 4 * s, 4, is_root=True) == 3 * s
-    assert m.ring_send_bytes("scatter", s, 4, is_root=False) == 0
-    assert m.ring_send_bytes("gather", s, 4, is_root=False) == s
-    assert m.ring_send_bytes("gather", s, 4, is_root=True) == 0
-    assert m.ring_send_bytes("send", s, 2) == s
-    assert m.ring_send_bytes("recv", s, 2) == 0
-    assert m.ring_send_bytes("barrier", 0, 4) == 0
-    assert m.ring_send_bytes("allreduce", s, 1) == 0  # a group of one talks to nobody
+    assert ring_send_bytes("broadcast", s, 4, is_root=True) == s
+    assert ring_send_bytes("broadcast", s, 4, is_root=False) == approx(2 / 3 * s)
+    assert ring_send_bytes("broadcast", s, 4) == 0.75 * s  # root unknown: even share
+    assert ring_send_bytes("reduce", s, 4, is_root=True) == 0
+    assert ring_send_bytes("scatter", 4 * s, 4, is_root=True) == 3 * s
+    assert ring_send_bytes("scatter", s, 4, is_root=False) == 0
+    assert ring_send_bytes("gather", s, 4, is_root=False) == s
+    assert ring_send_bytes("gather", s, 4, is_root=True) == 0
+    assert ring_send_bytes("send", s, 2) == s
+    assert ring_send_bytes("recv", s, 2) == 0
+    assert ring_send_bytes("barrier", 0, 4) == 0
+    assert ring_send_bytes("allreduce", s, 1) == 0  # a group of one talks to nobody
     with pytest.raises(ValueError, match="no traffic model"):
-        m.ring_send_bytes("all_to_all_single_typo", s, 2)
+        ring_send_bytes("all_to_all_single_typo", s, 2)
 
 
 def test_wire_vs_framework_per_node(traces: m.CellTraces) -> None:
@@ -337,7 +339,7 @@ def test_cell_summary_matches_known_answers(traces: m.CellTraces) -> None:
     assert row["bw_utilization"] == approx(0.084)
     assert row["p2p_byte_share"] == 0.0
     assert bool(row["shape_resolved_10ms"])
-    assert list(summary.columns[: len(m.PARAM_COLUMNS)]) == list(m.PARAM_COLUMNS)
+    assert list(summary.columns[: len(PARAM_COLUMNS)]) == list(PARAM_COLUMNS)
 
 
 def test_uncapped_cell_has_nan_utilization(tmp_path: Path) -> None:
@@ -356,7 +358,7 @@ def test_compute_and_aggregate_cells(tmp_path: Path) -> None:
         out = tmp_path / "metrics" / strategy
         m.compute_cell_metrics(cell, out)
         metric_dirs.append(out)
-    for name in m.METRIC_TABLES:
+    for name in METRIC_TABLES:
         assert (metric_dirs[0] / f"{name}.parquet").exists(), name
     tp = pd.read_parquet(metric_dirs[0] / "throughput.parquet")
     assert sorted(tp["bin_ms"].unique()) == [1, 10, 100]
@@ -364,7 +366,7 @@ def test_compute_and_aggregate_cells(tmp_path: Path) -> None:
     assert (tp["t_start_ns"] % (tp["bin_ms"] * MS) == 0).all()
 
     m.aggregate_cells(metric_dirs, tmp_path / "agg")
-    for name in m.METRIC_TABLES:
+    for name in METRIC_TABLES:
         per_cell = [pd.read_parquet(d / f"{name}.parquet") for d in metric_dirs]
         agg = pd.read_parquet(tmp_path / "agg" / f"{name}.parquet")
         assert len(agg) == sum(len(t) for t in per_cell), name

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from commscope import metrics as m
+from commscope.contracts import METRIC_TABLES, SOCKETS_FILE
 
 T0 = 1_700_000_000_000_000_000
 MS = 1_000_000
@@ -165,9 +166,9 @@ def test_compute_cell_metrics_writes_the_sockets_table(tmp_path: Path) -> None:
     traces.steps.to_parquet(trace / "steps.parquet")
     m.compute_cell_metrics(trace, tmp_path / "old")  # a run from before socket statistics
     assert pd.read_parquet(tmp_path / "old" / "sockets.parquet").empty
-    traces.sockets.to_parquet(trace / m.SOCKETS_FILE)
+    traces.sockets.to_parquet(trace / SOCKETS_FILE)
     m.compute_cell_metrics(trace, tmp_path / "new")
     table = pd.read_parquet(tmp_path / "new" / "sockets.parquet")
     assert table["node"].tolist() == [0, 1]
     assert table["bytes_retrans"].tolist() == [6000, 0]
-    assert "sockets" in m.METRIC_TABLES
+    assert "sockets" in METRIC_TABLES

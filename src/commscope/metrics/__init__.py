@@ -17,9 +17,9 @@ Definitions worth knowing before reading a number:
   really runs: gloo's own algorithms (ring all-reduce, reduce-scatter as a full all-reduce,
   binomial-tree broadcast, ...) for gloo cells, the bandwidth-optimal rings and chains that
   NCCL uses for large messages otherwise (see docs/crossvalidation.md).
-  :func:`op_destinations` (:mod:`commscope.collectives.traffic`) is the one model of who
+  ``op_destinations`` (:mod:`commscope.collectives.traffic`) is the one model of who
   sends how much to whom;
-  :func:`ring_send_bytes` (per-rank totals), :func:`wire_vs_framework` (whose inter-node
+  ``ring_send_bytes`` (per-rank totals), :func:`wire_vs_framework` (whose inter-node
   part is compared with the interface counters), :func:`comm_matrix` and the per-cell
   cross-validation (:func:`crosscheck`, :func:`matrix_check`) all derive from it.
 * the *communication matrix* (:func:`comm_matrix`, :func:`node_matrix`) gives those bytes
@@ -40,40 +40,14 @@ for the whole metric API:
   :mod:`.sockets` TCP's own statistics; :mod:`.summary` the one-row cell summary;
 * :mod:`.io` the files-in, files-out functions the Snakemake scripts call; :mod:`.imported`
   the op-level metrics of traces recorded elsewhere (``imports:``);
-* from lower layers: the traffic model (:mod:`commscope.collectives.traffic`), the MoE trace
-  repair (:mod:`commscope.collectives.moe`), trace loading (:mod:`commscope.cell.load`) and
-  the table, file and column names (:mod:`commscope.contracts`).
+* from a lower layer, the input of them all: trace loading (:mod:`commscope.cell.load`). The
+  traffic model (:mod:`commscope.collectives`) and the table, file and column names
+  (:mod:`commscope.contracts`) are imported from their own modules.
 """
 
 from __future__ import annotations
 
 from commscope.cell.load import CellTraces, load_cell, load_cell_files
-from commscope.collectives.moe import alltoall_splits_from_routing
-from commscope.collectives.traffic import (
-    DEFAULT_BACKEND,
-    GLOO,
-    GLOO_MAX_SEGMENT_BYTES,
-    GLOO_PREAMBLE_BYTES,
-    GLOO_RECEIVER_PREAMBLES,
-    GLOO_SENDER_PREAMBLES,
-    HEADER_BYTES_PER_PACKET,
-    gloo_ring_chunks,
-    op_destinations,
-    op_messages,
-    ring_send_bytes,
-)
-from commscope.contracts import (
-    GROUP_KIND_COLUMN,
-    KNOWN_OPS,
-    METRIC_TABLES,
-    P2P_OPS,
-    PARAM_COLUMNS,
-    ROUTING_FILE,
-    SOCKETS_FILE,
-    SPLIT_COLUMN,
-    WIRE_FLOW_COLUMNS,
-    WIRE_FLOWS_FILE,
-)
 from commscope.metrics.counters import (
     DEFAULT_BIN_MS,
     RESOLUTION_SLACK,
@@ -129,38 +103,20 @@ __all__ = [
     "CROSSCHECK_SUMMARY_COLUMNS",
     "CROSSCHECK_TOLERANCE",
     "CellTraces",
-    "DEFAULT_BACKEND",
     "DEFAULT_BIN_MS",
-    "GLOO",
-    "GLOO_MAX_SEGMENT_BYTES",
-    "GLOO_PREAMBLE_BYTES",
-    "GLOO_RECEIVER_PREAMBLES",
-    "GLOO_SENDER_PREAMBLES",
-    "GROUP_KIND_COLUMN",
-    "HEADER_BYTES_PER_PACKET",
-    "KNOWN_OPS",
     "MATRIX_CHECK_COLUMNS",
-    "METRIC_TABLES",
     "MSG_SIZE_COLUMNS",
     "NODE_MATRIX_COLUMNS",
-    "P2P_OPS",
-    "PARAM_COLUMNS",
     "RESOLUTION_SLACK",
-    "ROUTING_FILE",
     "SHAPE_COLUMNS",
-    "SOCKETS_FILE",
     "SOCKET_COLUMNS",
-    "SPLIT_COLUMN",
     "STEP_TIME_COLUMNS",
     "SUMMARY_BIN_MS",
     "SUMMARY_COLUMNS",
     "THROUGHPUT_COLUMNS",
     "WIRE_COLUMNS",
-    "WIRE_FLOWS_FILE",
-    "WIRE_FLOW_COLUMNS",
     "aggregate_cells",
     "aggregate_tables",
-    "alltoall_splits_from_routing",
     "bytes_per_step",
     "cell_metric_tables",
     "cell_summary",
@@ -170,7 +126,6 @@ __all__ = [
     "crosscheck",
     "crosscheck_by_strategy",
     "framework_node_bytes",
-    "gloo_ring_chunks",
     "load_cell",
     "load_cell_files",
     "matrix_check",
@@ -179,11 +134,8 @@ __all__ = [
     "ops_in_window",
     "node_matrix",
     "node_traffic_split",
-    "op_destinations",
-    "op_messages",
     "quiet_window",
     "retransmitted_bytes",
-    "ring_send_bytes",
     "size_cdf",
     "socket_stats",
     "step_times",
