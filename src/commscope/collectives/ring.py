@@ -100,22 +100,40 @@ def wire_bytes(op: str, nbytes: float, n: int, backend: str = DEFAULT_BACKEND) -
     }.get(op, 0.0)
 
 
+# A bus bandwidth factor: its closed form (as the report prints it) and its value on n ranks.
+BusbwFactor = tuple[str, Callable[[int], float]]
+_TWICE_RING: BusbwFactor = ("2(n-1)/n", lambda n: 2 * (n - 1) / n)
+_RING: BusbwFactor = ("(n-1)/n", lambda n: (n - 1) / n)
+_ONCE: BusbwFactor = ("1", lambda n: 1.0)
+# nccl-tests' factors (busbw = algbw x factor, the size in nccl-tests' convention).
+NCCL_BUSBW: dict[str, BusbwFactor] = {
+    "allreduce": _TWICE_RING,
+    "allgather": _RING,
+    "reduce_scatter": _RING,
+    "alltoall": _RING,
+    **dict.fromkeys(("broadcast", "sendrecv", "reduce", "send", "recv"), _ONCE),
+}
+# gloo's, where the algorithm it runs differs (module docstring): reduce-scatter is a full
+# all-reduce, broadcast a binomial tree; so busbw stays what each rank's link carries.
+GLOO_BUSBW: dict[str, BusbwFactor] = {
+    **NCCL_BUSBW,
+    "reduce_scatter": _TWICE_RING,
+    "broadcast": ("ceil(log2 n)", lambda n: float(_tree_depth(n)) if n > 1 else 1.0),
+}
+
+
+def busbw_factors(backend: str = DEFAULT_BACKEND) -> dict[str, BusbwFactor]:
+    """The bus bandwidth factor of every op under ``backend``: ``{op: (closed form, f(n))}``."""
+    return GLOO_BUSBW if _is_gloo(backend) else NCCL_BUSBW
+
+
 def busbw_factor(op: str, n: int, backend: str = DEFAULT_BACKEND) -> float:
-    """nccl-tests' bus bandwidth factor for ``op`` on a group of ``n`` ranks (``busbw = algbw
-    x factor``, the size in nccl-tests' convention); under gloo the factor of the algorithm
-    gloo runs (module docstring), so busbw stays what each rank's link carries per second."""
-    if _is_gloo(backend):
-        if op == "reduce_scatter":
-            return 2 * (n - 1) / n
-        if op == "broadcast":
-            return float(_tree_depth(n)) if n > 1 else 1.0
-    if op == "allreduce":
-        return 2 * (n - 1) / n
-    if op in ("allgather", "reduce_scatter", "alltoall"):
-        return (n - 1) / n
-    if op in ("broadcast", "sendrecv", "reduce", "send", "recv"):
-        return 1.0
-    raise ValueError(f"no busbw definition for op {op!r}")
+    """The bus bandwidth factor for ``op`` on a group of ``n`` ranks (:func:`busbw_factors`):
+    nccl-tests' under NCCL, that of the algorithm gloo runs under gloo."""
+    factors = busbw_factors(backend)
+    if op not in factors:
+        raise ValueError(f"no busbw definition for op {op!r}")
+    return factors[op][1](n)
 
 
 def predict_bytes(op: str, size: float, n: int) -> float:

@@ -8,14 +8,13 @@ inputs (a stage turned off) give empty frames, which the report shows as "no row
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from commscope.collectives.ring import busbw_factor
+from commscope.collectives.ring import busbw_factors
 from commscope.collectives.traffic import DEFAULT_BACKEND, GLOO
 from commscope.contracts import PARAM_COLUMNS
 from commscope.metrics import crosscheck_by_strategy
@@ -182,33 +181,16 @@ def microbench_fits(fit_path: Path) -> pd.DataFrame:
 
 # The microbenchmark's ops (nccl-tests' names), in the order the report lists them.
 BENCH_OPS = ("allreduce", "allgather", "reduce_scatter", "alltoall", "broadcast", "sendrecv")
-# The closed forms a bus bandwidth factor takes, to name collectives.ring's factors in the text.
-_FACTOR_FORMS: dict[str, Callable[[int], float]] = {
-    "2(n-1)/n": lambda n: 2 * (n - 1) / n,
-    "(n-1)/n": lambda n: (n - 1) / n,
-    "ceil(log2 n)": lambda n: float(math.ceil(math.log2(n))),
-    "1": lambda n: 1.0,
-}
 # What gloo runs where its factor differs from nccl-tests' (docs/microbench.md).
 _GLOO_ALGORITHMS = {"reduce_scatter": "a full all-reduce", "broadcast": "a binomial tree"}
 
 
 def busbw_factor_forms(backend: str) -> dict[str, str]:
-    """The closed form of :func:`commscope.collectives.ring.busbw_factor` of each of
-    :data:`BENCH_OPS` under ``backend`` (e.g. ``"2(n-1)/n"``), found by evaluating it on groups
-    of 2 to 64 ranks, so the report's text says what the code computes."""
-    forms = {}
-    for op in BENCH_OPS:
-        values = [(n, busbw_factor(op, n, backend)) for n in range(2, 65)]
-        names = [
-            name
-            for name, form in _FACTOR_FORMS.items()
-            if all(math.isclose(v, form(n)) for n, v in values)
-        ]
-        if not names:
-            raise ValueError(f"busbw factor of {op!r} under {backend!r} has no closed form here")
-        forms[op] = names[0]
-    return forms
+    """The closed form (e.g. ``"2(n-1)/n"``) of each of :data:`BENCH_OPS`' bus bandwidth factor
+    under ``backend``, from the table :func:`commscope.collectives.ring.busbw_factor` computes
+    with, so the report's text says what the code computes."""
+    factors = busbw_factors(backend)
+    return {op: factors[op][0] for op in BENCH_OPS}
 
 
 def _factor_list(forms: dict[str, str]) -> str:
