@@ -35,37 +35,39 @@ def is_missing(value: Any) -> bool:
         return False
 
 
+def _unit_of(
+    value: float, units: tuple[tuple[str, float], ...], below: str
+) -> tuple[str, float]:
+    """The largest unit ``(name, scale)`` of ``units`` (largest first) that ``value`` reaches,
+    else ``(below, 1.0)``."""
+    return next(((u, s) for u, s in units if value >= s), (below, 1.0))
+
+
 def fmt_bytes(value: Any, digits: int = 2) -> str:
     """``2000000`` -> ``'2.00 MB'`` (``digits`` decimals); NaN -> ``'n/a'``."""
     if is_missing(value):
         return "n/a"
     v = float(value)
-    for unit, scale in SI_BYTE_UNITS:
-        if abs(v) >= scale:
-            return f"{v / scale:.{digits}f} {unit}"
-    return f"{v:.0f} B"
+    unit, scale = _unit_of(abs(v), SI_BYTE_UNITS, "B")
+    return f"{v:.0f} B" if scale == 1.0 else f"{v / scale:.{digits}f} {unit}"
 
 
 def bytes_tick(value: float, _pos: object = None) -> str:
     """SI byte size for axis ticks, without trailing zeros: ``2e6`` -> ``'2 MB'``."""
-    for unit, scale in SI_BYTE_UNITS:
-        if abs(value) >= scale:
-            return f"{value / scale:g} {unit}"
-    return f"{value:g} B"
+    unit, scale = _unit_of(abs(value), SI_BYTE_UNITS, "B")
+    return f"{value / scale:g} {unit}"
 
 
 def binary_size_label(nbytes: float, _pos: object = None) -> str:
     """A power-of-two size as a short tick label: ``4096`` -> ``'4K'``, ``1 << 26`` -> ``'64M'``."""
-    for unit, scale in BINARY_UNITS:
-        if nbytes >= scale:
-            return f"{nbytes / scale:g}{unit}"
-    return f"{nbytes:g}"
+    unit, scale = _unit_of(nbytes, BINARY_UNITS, "")
+    return f"{nbytes / scale:g}{unit}"
 
 
 def si_byte_unit(top: float) -> tuple[str, float]:
     """The largest SI byte unit ``(name, bytes)`` that ``top`` reaches (``("B", 1.0)`` below
     1 kB), to scale a whole column or axis by one unit."""
-    return next(((u, s) for u, s in SI_BYTE_UNITS if top >= s), ("B", 1.0))
+    return _unit_of(top, SI_BYTE_UNITS, "B")
 
 
 def fmt_bps(value: Any) -> str:
@@ -73,10 +75,8 @@ def fmt_bps(value: Any) -> str:
     if is_missing(value):
         return "n/a"
     v = float(value)
-    for unit, scale in SI_BIT_RATE_UNITS:
-        if abs(v) >= scale:
-            return f"{v / scale:.1f} {unit}"
-    return f"{v:.0f} bit/s"
+    unit, scale = _unit_of(abs(v), SI_BIT_RATE_UNITS, "bit/s")
+    return f"{v:.0f} bit/s" if scale == 1.0 else f"{v / scale:.1f} {unit}"
 
 
 def fmt_ms(seconds: Any) -> str:

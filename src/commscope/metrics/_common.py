@@ -10,9 +10,6 @@ import pandas as pd
 
 from commscope.contracts import PARAM_COLUMNS
 
-_NS_PER_S = 1_000_000_000
-_NS_PER_MS = 1_000_000
-
 
 def _param_cols(df: pd.DataFrame) -> list[str]:
     """The cell parameter columns present in ``df``, in canonical order."""

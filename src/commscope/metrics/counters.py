@@ -13,12 +13,11 @@ import pandas as pd
 
 from commscope.contracts import with_params
 from commscope.metrics._common import (
-    _NS_PER_MS,
-    _NS_PER_S,
     _concat,
     _param_cols,
     _per_cell,
 )
+from commscope.units import NS_PER_MS, NS_PER_S
 
 DEFAULT_BIN_MS: tuple[int, ...] = (1, 10, 100)
 
@@ -137,7 +136,7 @@ def throughput(counters: pd.DataFrame, bin_ms: float, origin_ns: int = 0) -> pd.
 
     Columns: cell params, node, iface, bin_ms, t_start_ns, tx_bps, rx_bps, resolved.
     """
-    bin_ns = int(round(bin_ms * _NS_PER_MS))
+    bin_ns = int(round(bin_ms * NS_PER_MS))
     if bin_ns <= 0:
         raise ValueError(f"bin_ms must be positive, got {bin_ms}")
     frames = []
@@ -158,7 +157,7 @@ def throughput(counters: pd.DataFrame, bin_ms: float, origin_ns: int = 0) -> pd.
                 # Bytes per bin are tx_bps * bin_ms / 8000; not stored twice (this is the
                 # largest table: one row per node and millisecond).
                 moved = np.diff(series.at(col, edges))
-                out[col.replace("_bytes", "_bps")] = moved * 8 * _NS_PER_S / bin_ns
+                out[col.replace("_bytes", "_bps")] = moved * 8 * NS_PER_S / bin_ns
             out["resolved"] = _resolved(series, bin_ns)
             frames.append(with_params(params, out[THROUGHPUT_COLUMNS]))
     return _concat(frames, [*_param_cols(counters), *THROUGHPUT_COLUMNS])
@@ -208,7 +207,7 @@ def traffic_shape(
         records = []
         for node, iface, series in _counter_series(cell_counters):
             for bin_ms in bin_ms_list:
-                bin_ns = int(round(bin_ms * _NS_PER_MS))
+                bin_ns = int(round(bin_ms * NS_PER_MS))
                 edges = series.bins(start_ns, bin_ns, start_ns, end_ns)
                 resolved = _resolved(series, bin_ns)
                 for direction in ("tx", "rx"):
@@ -219,7 +218,7 @@ def traffic_shape(
                             "direction": direction,
                             "bin_ms": bin_ms,
                             **_shape_stats(series, f"{direction}_bytes", edges, resolved),
-                            "sample_interval_ms": series.sample_interval_ns / _NS_PER_MS,
+                            "sample_interval_ms": series.sample_interval_ns / NS_PER_MS,
                             "resolved": resolved,
                         }
                     )
@@ -240,7 +239,7 @@ def _shape_stats(
             "peak_to_mean": nan,
             "cov": nan,
         }
-    rate = np.diff(series.at(col, edges)) * 8 * _NS_PER_S / np.diff(edges)
+    rate = np.diff(series.at(col, edges)) * 8 * NS_PER_S / np.diff(edges)
     mean = float(rate.mean())
     peak, ratio, cov = nan, nan, nan
     if resolved:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from commscope.metrics._common import _NS_PER_S, _groupby, _param_cols
+from commscope.metrics._common import _groupby, _param_cols
+from commscope.units import NS_PER_S
 
 STEP_TIME_COLUMNS = [
     "step",
@@ -41,8 +42,8 @@ def step_times(steps: pd.DataFrame, warmup_steps: int) -> pd.DataFrame:
         last_start_ns=("t_start_ns", "max"),
         n_ranks=("rank", "nunique"),
     ).reset_index()
-    out["duration_s"] = (out["t_end_ns"] - out["t_start_ns"]) / _NS_PER_S
-    out["start_spread_s"] = (out["last_start_ns"] - out["t_start_ns"]) / _NS_PER_S
+    out["duration_s"] = (out["t_end_ns"] - out["t_start_ns"]) / NS_PER_S
+    out["start_spread_s"] = (out["last_start_ns"] - out["t_start_ns"]) / NS_PER_S
     out["warmup"] = out["step"] < warmup_steps
     return out[[*_param_cols(rows), *STEP_TIME_COLUMNS]]
 

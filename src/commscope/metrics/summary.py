@@ -8,11 +8,11 @@ import pandas as pd
 
 from commscope.cell.load import CellTraces
 from commscope.contracts import P2P_OPS
-from commscope.metrics._common import _NS_PER_S
 from commscope.metrics.counters import counted_wire_bytes, traffic_shape
 from commscope.metrics.framework import wire_vs_framework
 from commscope.metrics.matrix import comm_matrix, node_matrix, node_traffic_split
 from commscope.metrics.steps import step_times, training_window
+from commscope.units import NS_PER_S
 
 # Bin width at which cell_summary() reports burstiness: fine enough for the micro-bursts that
 # live below 10 ms to show, coarse enough for a 100 Hz sampler to resolve.
@@ -61,7 +61,7 @@ def _wire_summary(
     if n_measured and not traces.counters.empty:
         window = training_window(st)
         wire = counted_wire_bytes(traces.counters, window)
-        duration_s = (window[1] - window[0]) / _NS_PER_S
+        duration_s = (window[1] - window[0]) / NS_PER_S
         wire_row["wire_tx_bytes_per_step_per_node"] = (
             float(wire["wire_tx_bytes"].mean()) / n_measured
         )
