@@ -16,21 +16,18 @@ from typing import Any
 import pandas as pd
 import yaml
 
-# SWEEP_AXES and loss_pct stay importable from here (runner, predict, tests import them so).
 from commscope.contracts import SWEEP_AXES
-from commscope.spec.link import LINK_AXES, LINK_DEFAULTS, LinkSetting, loss_pct
+from commscope.spec.link import LINK_AXES, LINK_DEFAULTS, LinkSetting
 from commscope.spec.plan import BUILTIN_STRATEGIES, validate_cell
 
 __all__ = [
     "AXIS_DEFAULTS",
     "SCHEMA_PATH",
-    "SWEEP_AXES",
     "ConfigError",
     "cell_id",
     "cells_frame",
     "check_study",
     "load_config",
-    "loss_pct",
     "strategy_names",
     "strategy_spec",
     "sweep_blocks",

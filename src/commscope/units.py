@@ -35,9 +35,7 @@ def is_missing(value: Any) -> bool:
         return False
 
 
-def _unit_of(
-    value: float, units: tuple[tuple[str, float], ...], below: str
-) -> tuple[str, float]:
+def _unit_of(value: float, units: tuple[tuple[str, float], ...], below: str) -> tuple[str, float]:
     """The largest unit ``(name, scale)`` of ``units`` (largest first) that ``value`` reaches,
     else ``(below, 1.0)``."""
     return next(((u, s) for u, s in units if value >= s), (below, 1.0))

@@ -13,18 +13,18 @@ import yaml
 
 from commscope import config as cfgmod
 from commscope.config import (
-    SWEEP_AXES,
     ConfigError,
     cell_id,
     cells_frame,
     check_study,
     load_config,
-    loss_pct,
     strategy_names,
     strategy_spec,
     sweep_blocks,
     validate_config,
 )
+from commscope.contracts import SWEEP_AXES
+from commscope.spec.link import loss_pct
 from commscope.spec.models import model_config
 from commscope.spec.plan import BUILTIN_STRATEGIES, ParallelPlan
 

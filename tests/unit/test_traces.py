@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 from commscope.cell.parse import build_cell_tables, cell_table_paths
-from commscope.config import SWEEP_AXES, cell_id
+from commscope.config import cell_id
+from commscope.contracts import SWEEP_AXES
 from commscope.spec.settings import CellSettings
 from commscope.workload.capture import OpRecord
 

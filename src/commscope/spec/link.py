@@ -134,31 +134,29 @@ class LinkShape:
             loss_pct=_parse_loss_pct(loss),
         )
 
-    def describe(self) -> str:
-        """Short human form, e.g. ``rate=100mbit delay=10ms``."""
-        parts = [f"rate={tc_num(self.rate_bps / 1e6)}mbit" if self.rate_bps else "rate=unlimited"]
+    def impairments(self) -> list[str]:
+        """The delay, jitter and loss asked for, e.g. ``["delay=10ms", "loss=0.5%"]``."""
+        parts = []
         if self.delay_ms:
             parts.append(f"delay={tc_ms(self.delay_ms)}")
         if self.jitter_ms:
             parts.append(f"jitter={tc_ms(self.jitter_ms)}")
         if self.loss_pct:
             parts.append(f"loss={tc_num(self.loss_pct)}%")
-        return " ".join(parts)
+        return parts
+
+    def describe(self) -> str:
+        """Short human form, e.g. ``rate=100mbit delay=10ms``."""
+        rate = f"rate={tc_num(self.rate_bps / 1e6)}mbit" if self.rate_bps else "rate=unlimited"
+        return " ".join([rate, *self.impairments()])
 
 
 def check_shape_supported(shape: LinkShape, has_netem: bool) -> None:
     """Refuse a shape this kernel cannot apply, saying why: never silently drop delay/loss."""
     if not shape.needs_netem or has_netem:
         return
-    asked = []
-    if shape.delay_ms:
-        asked.append(f"delay={tc_ms(shape.delay_ms)}")
-    if shape.jitter_ms:
-        asked.append(f"jitter={tc_ms(shape.jitter_ms)}")
-    if shape.loss_pct:
-        asked.append(f"loss={tc_num(shape.loss_pct)}%")
     raise ValueError(
-        f"cell asks for {', '.join(asked)} but this kernel has no netem qdisc "
+        f"cell asks for {', '.join(shape.impairments())} but this kernel has no netem qdisc "
         f"(tc: {NETEM_UNKNOWN}); remove delay/jitter/loss from the sweep or run on a kernel "
         "with sch_netem"
     )
