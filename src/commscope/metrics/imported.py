@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from commscope.contracts import IMPORT_TABLES, table_file
+from commscope.contracts import IMPORT_TABLES
 from commscope.importers import load_trace
 from commscope.metrics.matrix import comm_matrix
 from commscope.metrics.volume import message_sizes, op_volume
@@ -51,13 +51,6 @@ def analyze_import_files(paths: list[Path], name: str, outputs: Mapping[str, Pat
         Path(outputs[table]).parent.mkdir(parents=True, exist_ok=True)
         tables[table].to_parquet(outputs[table], index=False)
     return tables["summary"]
-
-
-def analyze_import(paths: list[Path], name: str, out_dir: Path) -> pd.DataFrame:
-    """:func:`analyze_import_files` into ``out_dir`` as ``<table>.parquet``."""
-    out_dir = Path(out_dir)
-    outputs = {t: out_dir / table_file(t) for t in IMPORT_TABLES}
-    return analyze_import_files(paths, name, outputs)
 
 
 def import_summary(ops: pd.DataFrame, name: str) -> pd.DataFrame:
