@@ -16,6 +16,7 @@ from matplotlib.colors import LogNorm, Normalize
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
+from commscope.collectives.matrix import positive_int
 from commscope.contracts import PARAM_COLUMNS
 from commscope.plots._style import _new_figure, _no_data, _plural, _read_optional, _save, _styled
 
@@ -119,9 +120,9 @@ def plot_rank_matrix(rank_mat: pd.DataFrame, summary: pd.DataFrame, out_png: Pat
             **dict(zip(rows["dst_rank"], rows["dst_node"], strict=True)),
             **dict(zip(rows["src_rank"], rows["src_node"], strict=True)),
         }
-        world = _positive(cell.get("nodes")) * _positive(cell.get("ranks_per_node"))
+        world = positive_int(cell.get("nodes")) * positive_int(cell.get("ranks_per_node"))
         ranks = sorted(set(node_of) | set(range(world)))
-        rpn = _positive(cell.get("ranks_per_node"))
+        rpn = positive_int(cell.get("ranks_per_node"))
         # Ranks that never sent nor received still get a row, placed the way ranks are.
         nodes = [int(node_of.get(r, r // rpn if rpn else -1)) for r in ranks]
         grid = rows.pivot_table(
@@ -134,14 +135,6 @@ def plot_rank_matrix(rank_mat: pd.DataFrame, summary: pd.DataFrame, out_png: Pat
         unit="rank",
         title="bytes per measured step between ranks (MB); lines separate nodes",
     )
-
-
-def _positive(value: Any) -> int:
-    """``value`` as a non-negative int; 0 when absent, null or not a number."""
-    try:
-        return max(int(value), 0)
-    except (TypeError, ValueError):
-        return 0
 
 
 def _panel_title(cell: dict[str, Any]) -> str:
