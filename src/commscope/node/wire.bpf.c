@@ -1,0 +1,107 @@
+/* In-kernel wire accounting: bytes, packets and segments per time bin and peer, on tc clsact.
+ *
+ * Loaded twice on a node's experiment interface by `python -m commscope.node.wire` (which also
+ * builds it, see build_object): section "tc/ingress" on clsact ingress, "tc/egress" on clsact
+ * egress, each load with its own maps. Per packet it adds skb->len (the L2 frame without FCS:
+ * what /proc/net/dev and tc count), one packet and gso_segs segments into the slot of
+ *
+ *     peer slot (from cs_peers, 0 = no known peer) x ring slot (bin mod RING_SLOTS)
+ *
+ * of a per-CPU array, bin = bpf_ktime_get_ns() / BIN_NS (CLOCK_MONOTONIC: the clock userspace
+ * maps to wall time). Each slot carries the bin number it holds; a slot left over from the
+ * previous lap of the ring is reset on first use, so no atomics and no clearing from userspace
+ * are needed (per-CPU: only this CPU writes it, and tc programs do not nest on one CPU). The
+ * reader drains finished bins every fraction of a lap.
+ *
+ * The peer is the packet's IPv4 source on ingress and its destination on egress, looked up in
+ * cs_peers (address in network order -> slot 1..MAX_PEERS-1), which the loader fills with the
+ * cluster's experiment addresses. Everything else (ARP, IPv6, other hosts) counts in slot 0, so
+ * the sum over slots is every byte the interface carried.
+ *
+ * It never changes traffic: it returns TC_ACT_UNSPEC, "no verdict", so tc goes on to the next
+ * filter (the shaper's redirect to the ifb at prio 2) and the packet continues as if this filter
+ * were not there. TC_ACT_OK would end classification and skip the shaper.
+ *
+ * Compile-time parameters (clang -D): BIN_NS, RING_SLOTS (a power of two), MAX_PEERS.
+ */
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/pkt_cls.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_helpers.h>
+
+#ifndef BIN_NS
+#define BIN_NS 100000ULL
+#endif
+#ifndef RING_SLOTS
+#define RING_SLOTS 32768
+#endif
+#ifndef MAX_PEERS
+#define MAX_PEERS 9
+#endif
+
+#if (RING_SLOTS & (RING_SLOTS - 1)) != 0
+#error "RING_SLOTS must be a power of two"
+#endif
+
+/* One bin of one peer on one CPU; read by commscope.node.wire as four native u64. */
+struct bin {
+    __u64 bin;
+    __u64 bytes;
+    __u64 packets;
+    __u64 segs;
+};
+
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+    __uint(max_entries, MAX_PEERS * RING_SLOTS);
+    __type(key, __u32);
+    __type(value, struct bin);
+} cs_bins SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 256);
+    __type(key, __u32);   /* IPv4 address, network byte order */
+    __type(value, __u32); /* peer slot, 1 .. MAX_PEERS-1 */
+} cs_peers SEC(".maps");
+
+/* Offsets of the IPv4 source and destination in an untagged Ethernet frame. */
+#define IP_SADDR_OFF (ETH_HLEN + 12)
+#define IP_DADDR_OFF (ETH_HLEN + 16)
+
+static __always_inline int account(struct __sk_buff *skb, __u32 addr_off) {
+    __u32 slot = 0;
+    if (skb->protocol == bpf_htons(ETH_P_IP)) {
+        __u32 addr;
+        if (bpf_skb_load_bytes(skb, addr_off, &addr, sizeof(addr)) == 0) {
+            __u32 *peer = bpf_map_lookup_elem(&cs_peers, &addr);
+            if (peer && *peer < MAX_PEERS)
+                slot = *peer;
+        }
+    }
+    __u64 bin = bpf_ktime_get_ns() / BIN_NS;
+    __u32 key = slot * RING_SLOTS + (__u32)(bin & (RING_SLOTS - 1));
+    struct bin *b = bpf_map_lookup_elem(&cs_bins, &key);
+    if (!b)
+        return TC_ACT_UNSPEC;
+    if (b->bin != bin) { /* first packet of this bin on this CPU: the slot holds an old lap */
+        b->bin = bin;
+        b->bytes = 0;
+        b->packets = 0;
+        b->segs = 0;
+    }
+    __u32 segs = skb->gso_segs;
+    b->bytes += skb->len;
+    b->packets += 1;
+    b->segs += segs ? segs : 1;
+    return TC_ACT_UNSPEC;
+}
+
+SEC("tc/ingress")
+int count_ingress(struct __sk_buff *skb) { return account(skb, IP_SADDR_OFF); }
+
+SEC("tc/egress")
+int count_egress(struct __sk_buff *skb) { return account(skb, IP_DADDR_OFF); }
+
+char LICENSE[] SEC("license") = "GPL";

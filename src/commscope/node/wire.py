@@ -1,0 +1,514 @@
+"""In-kernel wire accounting of one node: the tc BPF program of ``wire.bpf.c``, built, attached,
+drained and detached.
+
+``python -m commscope.node.wire run --iface exp0 --obj wire.bpf.o --bin-ns 100000 --slots 32768
+--peers 198.19.0.1,198.19.0.2 --out wire.parquet --meta wire.json``
+
+attaches the program on clsact ingress and egress of ``--iface`` (prio 1, before the shaper's
+redirect at prio 2), fills its peer map with the cluster's experiment addresses, drains finished
+bins from the ring every ``--poll-s`` with the bpf() syscall's batch lookups, and on SIGTERM/SIGINT
+(or ``--max-seconds``) reads the last bins, detaches, and writes one row per non-empty (bin, hook,
+peer) to ``--out`` (columns :data:`~commscope.contracts.WIRE_BIN_COLUMNS`, ``t_ns`` the bin's
+start on CLOCK_REALTIME) and its metadata to ``--meta`` (bin width, the monotonic-to-realtime
+offset measured at start and end, totals per hook, the interface counters at attach and detach,
+ring overruns). Both are renamed into place, so the orchestrator can wait for the names.
+
+``python -m commscope.node.wire check --iface exp0 --obj wire.bpf.o`` attaches and detaches
+once and says why it cannot, if it cannot (exit 1): the orchestrator then falls back to the /proc
+sampler and says so.
+
+The object is built on the orchestrator (:func:`build_object`, clang from the kernel's uapi
+headers and libbpf's bpf_helpers.h) and shipped to the nodes; the nodes need only tc (iproute2
+with libbpf, for BTF-defined maps) and root. Nothing is pinned: each load owns its maps, which
+this program finds through the attached program's id (``tc -j filter show``), so nothing is left
+in a bpffs when it stops, and a crashed run's filters go with the clsact the unshaping removes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import hashlib
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
+
+SOURCE = Path(__file__).with_name("wire.bpf.c")
+HOOKS = ("ingress", "egress")
+# The tc filter priority and handle of the accounting: before the shaper's redirect (prio 2).
+PRIO = 1
+HANDLE = 1
+# The ring holds this many seconds of bins at least; the reader drains it ~10 times per lap.
+RING_SECONDS = 2.0
+DEFAULT_POLL_S = 0.2
+# One struct bin of wire.bpf.c: bin, bytes, packets, segs (native u64).
+_BIN_FIELDS = 4
+
+# bpf(2) commands and the layout of the parts of union bpf_attr / bpf_*_info used here.
+_BPF_MAP_LOOKUP_ELEM = 1
+_BPF_MAP_UPDATE_ELEM = 2
+_BPF_PROG_GET_FD_BY_ID = 13
+_BPF_MAP_GET_FD_BY_ID = 14
+_BPF_OBJ_GET_INFO_BY_FD = 15
+_BPF_MAP_LOOKUP_BATCH = 24
+_SYS_BPF = {"x86_64": 321, "aarch64": 280}
+_PROG_INFO_SIZE = 80  # up to and including name[16]: nr_map_ids at 52, map_ids at 56
+_MAP_INFO_SIZE = 40  # up to and including name[16] at 24
+
+
+class WireError(RuntimeError):
+    """The accounting cannot run here (no clang, no tc BPF support, not root, ...): the message
+    says what is missing, for the log and the report."""
+
+
+# ──────────────────────────────────────────────────────────────────────────── build
+
+
+def ring_slots(bin_ns: int, seconds: float = RING_SECONDS) -> int:
+    """Ring length in bins: the next power of two holding at least ``seconds`` of bins."""
+    need = max(1, int(seconds * 1e9 // bin_ns))
+    return 1 << (need - 1).bit_length()
+
+
+def _multiarch_include() -> list[str]:
+    """clang -target bpf does not search Debian's multiarch include dir (asm/types.h lives
+    there); ask the host compiler for it."""
+    for cc in ("gcc", "cc"):
+        if shutil.which(cc):
+            res = subprocess.run([cc, "-print-multiarch"], capture_output=True, text=True)
+            triple = res.stdout.strip()
+            if res.returncode == 0 and triple and Path(f"/usr/include/{triple}").is_dir():
+                return [f"-I/usr/include/{triple}"]
+    return []
+
+
+def build_object(
+    bin_ns: int, slots: int, max_peers: int, cache_dir: Path, source: Path = SOURCE
+) -> Path:
+    """Compile ``wire.bpf.c`` for these parameters into ``cache_dir`` (reused when the source
+    and parameters are unchanged: the name carries their hash) and return the object's path.
+
+    Raises WireError naming what is missing (clang, headers) with the compiler's message."""
+    if slots & (slots - 1) or slots <= 0:
+        raise ValueError(f"slots={slots} must be a power of two")
+    defines = [f"-DBIN_NS={int(bin_ns)}ULL", f"-DRING_SLOTS={slots}", f"-DMAX_PEERS={max_peers}"]
+    digest = hashlib.sha256(source.read_bytes() + " ".join(defines).encode()).hexdigest()[:16]
+    obj = Path(cache_dir) / f"commscope-wire-{digest}.bpf.o"
+    if obj.exists():
+        return obj
+    clang = os.environ.get("BPF_CLANG") or shutil.which("clang")
+    if clang is None:
+        raise WireError(
+            "clang not found on the orchestrator: install clang, llvm and libbpf-dev "
+            "(envs/bootstrap.sh does) to build the BPF wire accounting"
+        )
+    obj.parent.mkdir(parents=True, exist_ok=True)
+    tmp = obj.with_name(f"{obj.name}.{os.getpid()}.tmp")
+    cmd = [clang, "-O2", "-g", "-target", "bpf", *_multiarch_include(), *defines]
+    res = subprocess.run(
+        [*cmd, "-c", str(source), "-o", str(tmp)], capture_output=True, text=True, timeout=120
+    )
+    if res.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise WireError(f"clang could not build {source.name}: {res.stderr.strip()[-800:]}")
+    tmp.rename(obj)  # atomic: concurrent builds never see half an object
+    return obj
+
+
+# ──────────────────────────────────────────────────────────────────────────── bpf(2)
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _bpf(cmd: int, attr: ctypes.Array) -> int:
+    nr = _SYS_BPF.get(os.uname().machine)
+    if nr is None:
+        raise WireError(f"bpf() syscall number unknown on {os.uname().machine}")
+    ret = _libc.syscall(nr, cmd, ctypes.byref(attr), ctypes.sizeof(attr))
+    if ret < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"bpf(cmd {cmd}): {os.strerror(err)}")
+    return ret
+
+
+def _attr(fmt: str, *values: Any) -> ctypes.Array:
+    buf = ctypes.create_string_buffer(128)  # union bpf_attr, zero-filled
+    struct.pack_into(fmt, buf, 0, *values)
+    return buf
+
+
+def _addr(obj: ctypes.Array | Any) -> int:
+    return ctypes.addressof(obj)
+
+
+def _fd_by_id(cmd: int, obj_id: int) -> int:
+    return _bpf(cmd, _attr("=III", obj_id, 0, 0))
+
+
+def _info(fd: int, size: int, prefill: bytes = b"") -> ctypes.Array:
+    info = ctypes.create_string_buffer(prefill.ljust(size, b"\0"), size)
+    _bpf(_BPF_OBJ_GET_INFO_BY_FD, _attr("=IIQ", fd, size, _addr(info)))
+    return info
+
+
+def prog_maps(prog_id: int) -> dict[str, int]:
+    """The maps of a loaded program, ``{name: fd}`` (the caller closes the fds)."""
+    prog_fd = _fd_by_id(_BPF_PROG_GET_FD_BY_ID, prog_id)
+    try:
+        ids = (ctypes.c_uint32 * 16)()
+        prefill = bytearray(_PROG_INFO_SIZE)
+        struct.pack_into("=IQ", prefill, 52, len(ids), _addr(ids))
+        info = _info(prog_fd, _PROG_INFO_SIZE, bytes(prefill))
+        (count,) = struct.unpack_from("=I", info, 52)
+    finally:
+        os.close(prog_fd)
+    maps = {}
+    for map_id in list(ids)[: min(count, len(ids))]:
+        fd = _fd_by_id(_BPF_MAP_GET_FD_BY_ID, map_id)
+        name = _info(fd, _MAP_INFO_SIZE).raw[24:40].split(b"\0", 1)[0].decode()
+        maps[name] = fd
+    return maps
+
+
+def map_update(fd: int, key: bytes, value: bytes) -> None:
+    """Set one element (BPF_ANY)."""
+    k, v = (
+        ctypes.create_string_buffer(key, len(key)),
+        ctypes.create_string_buffer(value, len(value)),
+    )
+    _bpf(_BPF_MAP_UPDATE_ELEM, _attr("=IIQQQ", fd, 0, _addr(k), _addr(v), 0))
+
+
+def read_slots(fd: int, first: int, count: int, ncpu: int) -> np.ndarray:
+    """Slots ``first .. first+count-1`` of the per-CPU bins array in one batch lookup, as a
+    (count, ncpu, 4) uint64 array of (bin, bytes, packets, segs)."""
+    import numpy as np
+
+    values = np.zeros((count, ncpu, _BIN_FIELDS), dtype=np.uint64)
+    keys = np.zeros(count, dtype=np.uint32)
+    # For arrays the batch token is the last key read: start after first - 1 (none for 0).
+    token_in = ctypes.c_uint32(first - 1 if first > 0 else 0)
+    token_out = ctypes.c_uint32(0)
+    attr = _attr(
+        "=QQQQIIQQ",
+        _addr(token_in) if first > 0 else 0,
+        _addr(token_out),
+        keys.ctypes.data,
+        values.ctypes.data,
+        count,
+        fd,
+        0,
+        0,
+    )
+    try:
+        _bpf(_BPF_MAP_LOOKUP_BATCH, attr)
+    except OSError as err:
+        if err.errno != 2:  # ENOENT: the batch reached the end of the map, all read
+            raise
+    (got,) = struct.unpack_from("=I", attr, 32)
+    if got != count:
+        raise WireError(f"batch lookup returned {got} of {count} slots from {first}")
+    return values
+
+
+def possible_cpus() -> int:
+    """Number of possible CPUs: the per-CPU maps' value count (not os.cpu_count())."""
+    text = Path("/sys/devices/system/cpu/possible").read_text().strip()
+    return 1 + max(int(part.split("-")[-1]) for part in text.split(","))
+
+
+# ──────────────────────────────────────────────────────────────────────────── tc
+
+
+def _tc(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    res = subprocess.run(["tc", *args], capture_output=True, text=True)
+    if check and res.returncode != 0:
+        raise WireError(f"`tc {' '.join(args)}` failed: {res.stderr.strip() or res.stdout.strip()}")
+    return res
+
+
+def attach(iface: str, obj: Path) -> tuple[bool, dict[str, int]]:
+    """Attach the program on both hooks of ``iface``; returns (whether this created the clsact
+    qdisc, ``{hook: prog id}``). ``replace`` takes over a filter a killed run left behind."""
+    res = _tc("qdisc", "add", "dev", iface, "clsact", check=False)
+    created = res.returncode == 0
+    if not created and "File exists" not in res.stderr:
+        raise WireError(f"cannot add clsact on {iface}: {res.stderr.strip()}")
+    prog_ids = {}
+    try:
+        for hook in HOOKS:
+            _tc("filter", "replace", "dev", iface, hook, "prio", str(PRIO), "handle", str(HANDLE),
+                "bpf", "da", "obj", str(obj), "sec", f"tc/{hook}")  # fmt: skip
+            shown = json.loads(_tc("-j", "filter", "show", "dev", iface, hook).stdout or "[]")
+            ids = [
+                f["options"]["prog"]["id"]
+                for f in shown
+                if f.get("pref") == PRIO and "prog" in f.get("options", {})
+            ]
+            if not ids:
+                raise WireError(f"the BPF filter on {iface} {hook} is not listed by tc")
+            prog_ids[hook] = int(ids[0])
+    except BaseException:
+        detach(iface, created)
+        raise
+    return created, prog_ids
+
+
+def detach(iface: str, remove_clsact: bool) -> None:
+    """Remove the accounting filters (and the clsact qdisc when this tool created it)."""
+    for hook in HOOKS:
+        _tc("filter", "del", "dev", iface, hook, "prio", str(PRIO), check=False)
+    if remove_clsact:
+        _tc("qdisc", "del", "dev", iface, "clsact", check=False)
+
+
+def iface_counters(iface: str) -> dict[str, int]:
+    """The interface's rx/tx bytes and packets from /proc/net/dev (this namespace)."""
+    for line in Path("/proc/net/dev").read_text().splitlines():
+        name, sep, rest = line.partition(":")
+        if sep and name.strip() == iface:
+            f = [int(x) for x in rest.split()]
+            return {"rx_bytes": f[0], "rx_packets": f[1], "tx_bytes": f[8], "tx_packets": f[9]}
+    raise WireError(f"interface {iface!r} not found in /proc/net/dev")
+
+
+# ──────────────────────────────────────────────────────────────────────────── clock
+
+
+def mono_to_real_ns(tries: int = 20) -> int:
+    """CLOCK_REALTIME - CLOCK_MONOTONIC (ns), from the tightest of ``tries`` bracketed reads."""
+    best: tuple[int, int] | None = None
+    for _ in range(tries):
+        r0 = time.clock_gettime_ns(time.CLOCK_REALTIME)
+        m = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        r1 = time.clock_gettime_ns(time.CLOCK_REALTIME)
+        if best is None or r1 - r0 < best[0]:
+            best = (r1 - r0, (r0 + r1) // 2 - m)
+    assert best is not None
+    return best[1]
+
+
+# ──────────────────────────────────────────────────────────────────────────── drain
+
+
+@dataclass
+class Ring:
+    """One hook's bins map and how far it has been drained."""
+
+    hook: str
+    fd: int
+    slots: int
+    peers: int  # peer slots incl. 0
+    ncpu: int
+    next_bin: int  # first bin not read yet
+    rows: list[np.ndarray] = field(default_factory=list)  # (bin, peer, bytes, packets, segs)
+    overruns: int = 0  # bins overwritten by a later lap before they were read
+
+    def drain(self, upto_bin: int) -> None:
+        """Read bins ``next_bin .. upto_bin - 1`` of every peer (at most one lap back)."""
+        import numpy as np
+
+        if upto_bin - self.next_bin > self.slots:
+            self.overruns += upto_bin - self.slots - self.next_bin
+            self.next_bin = upto_bin - self.slots
+        lo = self.next_bin
+        while lo < upto_bin:
+            start = lo % self.slots
+            n = min(upto_bin - lo, self.slots - start)  # do not wrap within one batch
+            expect = np.arange(lo, lo + n, dtype=np.uint64)
+            for peer in range(self.peers):
+                vals = read_slots(self.fd, peer * self.slots + start, n, self.ncpu)
+                stamp = vals[:, :, 0]
+                mine = stamp == expect[:, None]
+                self.overruns += int((stamp > expect[:, None]).any(axis=1).sum())
+                sums = np.where(mine[:, :, None], vals[:, :, 1:], 0).sum(axis=1)
+                busy = sums[:, 1] > 0
+                if busy.any():
+                    block = np.empty((int(busy.sum()), 5), dtype=np.uint64)
+                    block[:, 0] = expect[busy]
+                    block[:, 1] = peer
+                    block[:, 2:] = sums[busy]
+                    self.rows.append(block)
+            lo += n
+        self.next_bin = upto_bin
+
+    def table(self) -> np.ndarray:
+        import numpy as np
+
+        return np.concatenate(self.rows) if self.rows else np.empty((0, 5), dtype=np.uint64)
+
+
+def run(
+    iface: str,
+    obj: Path,
+    bin_ns: int,
+    slots: int,
+    peers: Sequence[str],
+    out: Path,
+    meta_out: Path,
+    max_seconds: float,
+    poll_s: float,
+    stop: list[bool],
+) -> dict[str, Any]:
+    """Attach, drain until ``stop[0]`` or ``max_seconds``, detach, write ``out`` and
+    ``meta_out``; returns the metadata."""
+    import socket
+
+    created, prog_ids = attach(iface, obj)
+    fds: list[int] = []
+    try:
+        ncpu = possible_cpus()
+        now_bin = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // bin_ns
+        rings = []
+        for hook in HOOKS:
+            maps = prog_maps(prog_ids[hook])
+            fds += maps.values()
+            if "cs_bins" not in maps or "cs_peers" not in maps:
+                raise WireError(f"program on {iface} {hook} lacks its maps: {sorted(maps)}")
+            for slot, addr in enumerate(peers, start=1):
+                map_update(maps["cs_peers"], socket.inet_aton(addr), struct.pack("=I", slot))
+            rings.append(Ring(hook, maps["cs_bins"], slots, len(peers) + 1, ncpu, now_bin))
+        counters_start = iface_counters(iface)
+        offset_start = mono_to_real_ns()
+        t_start = time.time_ns()
+        deadline = time.monotonic() + max_seconds
+        while not stop[0] and time.monotonic() < deadline:
+            time.sleep(poll_s)
+            # Bins before the current one are complete (a packet of bin b is counted at b).
+            upto = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // bin_ns
+            for ring in rings:
+                ring.drain(upto)
+        counters_end = iface_counters(iface)
+        end_bin = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // bin_ns + 1
+        for ring in rings:
+            ring.drain(end_bin)
+        offset_end = mono_to_real_ns()
+    finally:
+        for fd in fds:
+            os.close(fd)
+        detach(iface, created)
+    meta = {
+        "source": "bpf",
+        "iface": iface,
+        "bin_ns": bin_ns,
+        "ring_slots": slots,
+        "ncpu": ncpu,
+        "peers": list(peers),
+        "mono_to_real_ns": {"start": offset_start, "end": offset_end},
+        "t_start_ns": t_start,
+        "t_end_ns": time.time_ns(),
+        "counters_start": counters_start,
+        "counters_end": counters_end,
+        "overruns": {r.hook: r.overruns for r in rings},
+        "created_clsact": created,
+    }
+    frame = _frame(rings, peers, bin_ns, offset_start)
+    meta["totals"] = {
+        hook: {k: int(frame.loc[frame["hook"] == hook, k].sum()) for k in ("bytes", "packets")}
+        for hook in HOOKS
+    }
+    _write(frame, out, meta, meta_out)
+    return meta
+
+
+def _frame(rings: list[Ring], peers: Sequence[str], bin_ns: int, offset_ns: int) -> pd.DataFrame:
+    """One row per non-empty (bin, hook, peer): the tidy node table (WIRE_BIN_COLUMNS)."""
+    import numpy as np
+    import pandas as pd
+
+    names = np.array(["", *peers], dtype=object)
+    parts = []
+    for ring in rings:
+        t = ring.table()
+        parts.append(
+            pd.DataFrame(
+                {
+                    "t_ns": t[:, 0].astype(np.int64) * bin_ns + offset_ns,
+                    "hook": ring.hook,
+                    "peer": names[t[:, 1].astype(np.int64)],
+                    "bytes": t[:, 2].astype(np.int64),
+                    "packets": t[:, 3].astype(np.int64),
+                    "segs": t[:, 4].astype(np.int64),
+                }
+            )
+        )
+    frame = pd.concat(parts, ignore_index=True)
+    return frame.sort_values(["t_ns", "hook", "peer"], kind="stable", ignore_index=True)
+
+
+def _write(frame: pd.DataFrame, out: Path, meta: dict[str, Any], meta_out: Path) -> None:
+    tmp = out.with_name(out.name + ".tmp")
+    frame.to_parquet(tmp, index=False)
+    tmp_meta = meta_out.with_name(meta_out.name + ".tmp")
+    tmp_meta.write_text(json.dumps(meta, indent=2))
+    tmp_meta.rename(meta_out)
+    tmp.rename(out)  # last: the orchestrator waits for this name
+
+
+def check(iface: str, obj: Path) -> str | None:
+    """None if the accounting can attach on ``iface`` here, else why not."""
+    if os.geteuid() != 0:
+        return "not root (tc BPF filters and bpf() need root: run as root or via sudo)"
+    if shutil.which("tc") is None:
+        return "tc not found (install iproute2)"
+    try:
+        created, prog_ids = attach(iface, obj)
+        try:
+            for fd in prog_maps(prog_ids["ingress"]).values():
+                os.close(fd)
+        finally:
+            detach(iface, created)
+    except (WireError, OSError) as err:
+        return str(err)
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p_check = sub.add_parser("check", help="can the accounting attach here? (exit 1: no, why)")
+    p_run = sub.add_parser("run", help="account until SIGTERM/SIGINT or --max-seconds")
+    for p in (p_check, p_run):
+        p.add_argument("--iface", required=True)
+        p.add_argument("--obj", type=Path, required=True)
+    p_run.add_argument("--bin-ns", type=int, required=True)
+    p_run.add_argument("--slots", type=int, required=True)
+    p_run.add_argument("--peers", default="", help="comma-separated IPv4 addresses")
+    p_run.add_argument("--out", type=Path, required=True)
+    p_run.add_argument("--meta", type=Path, required=True)
+    p_run.add_argument("--max-seconds", type=float, default=3600.0)
+    p_run.add_argument("--poll-s", type=float, default=DEFAULT_POLL_S)
+    p_run.add_argument("--tag", default="", help="marks the command line (to find/kill it)")
+    args = parser.parse_args(argv)
+    if args.cmd == "check":
+        why = check(args.iface, args.obj)
+        print(why or "ok")
+        sys.exit(1 if why else 0)
+    stop = [False]
+
+    def on_signal(_sig: int, _frame: object) -> None:
+        stop[0] = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    peers = [p for p in args.peers.split(",") if p]
+    run(args.iface, args.obj, args.bin_ns, args.slots, peers, args.out, args.meta,
+        args.max_seconds, args.poll_s, stop)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
