@@ -217,9 +217,12 @@ def test_counters_table(built: tuple[dict[str, Any], dict[str, Path]]) -> None:
         "rx_bytes",
         "tx_packets",
         "rx_packets",
+        "resolution_ns",
         *SWEEP_AXES,
         "cell",
     ]
+    # run.json says nothing of the sampler's rate here: resolution unknown (0).
+    assert set(counters["resolution_ns"]) == {0}
     assert counters["node"].tolist() == [0] * 5 + [1] * 5
     for node, rows in counters.groupby("node"):
         base = 1_000_000 * (node + 1)
@@ -280,7 +283,7 @@ def test_cell_json_rate(tmp_path: Path, bw: str, bps: int | None) -> None:
     [
         ("ops_rank*.parquet", "no ops_rank*.parquet files under"),
         ("steps_rank*.parquet", "no steps_rank*.parquet files under"),
-        ("counters.parquet", "no counters.parquet under"),
+        ("counters.parquet", "nor counters.parquet under"),
     ],
 )
 def test_missing_raw_files(tmp_path: Path, pattern: str, fragment: str) -> None:
@@ -310,3 +313,59 @@ def test_missing_run_json(tmp_path: Path) -> None:
             warmup_steps=1,
             paths=cell_table_paths(tmp_path / "t"),
         )
+
+
+def test_wire_accounting_replaces_sampler_and_capture(tmp_path: Path) -> None:
+    """With wire.parquet on every node (the BPF source), the counters and the node-pair flows
+    come from it: rx from the node's own ingress, tx from what the peer received from it."""
+    cell = make_cell()
+    raw = make_raw(tmp_path, cell)
+    run = json.loads((raw / "run.json").read_text())
+    addrs = {0: "198.19.0.1", 1: "198.19.0.2"}
+    for node in run["nodes"]:
+        node["exp_addr"] = addrs[node["index"]]
+    run["wire"] = {"source": "bpf", "bin_ns": 100_000, "reason": None, "requested": "bpf"}
+    (raw / "run.json").write_text(json.dumps(run))
+    for name, index in (("node0", 0), ("node1", 1)):
+        d = raw / name
+        (d / "counters.parquet").unlink()
+        other = addrs[1 - index]
+        # Each node receives 1500 B per bin from the other in bins 10..14 after T0.
+        bins = pd.DataFrame(
+            {
+                "t_ns": [T0 + b * 100_000 for b in range(10, 15)],
+                "hook": "ingress",
+                "peer": other,
+                "bytes": 1500 * (index + 1),
+                "packets": 1,
+                "segs": 1,
+            }
+        )
+        bins.to_parquet(d / "wire.parquet", index=False)
+        meta = {
+            "bin_ns": 100_000,
+            "t_start_ns": T0,
+            "t_end_ns": T0 + 400 * MS,
+            "overruns": {"ingress": 0, "egress": 0},
+            "totals": {"ingress": {"bytes": 7500, "packets": 5}, "egress": {"bytes": 0}},
+            "counters_start": {"rx_bytes": 0, "tx_bytes": 0},
+            "counters_end": {"rx_bytes": 7500, "tx_bytes": 0},
+        }
+        (d / "wire.json").write_text(json.dumps(meta))
+    paths = build_cell_tables(
+        raw, CellSettings.from_mapping(cell), warmup_steps=1, paths=cell_table_paths(tmp_path / "t")
+    )
+    counters = pd.read_parquet(paths["counters"])
+    assert set(counters["resolution_ns"]) == {100_000}
+    last = counters.sort_values("t_ns").groupby("node").last()
+    assert last.loc[0, "rx_bytes"] == 5 * 1500 * 1 and last.loc[0, "tx_bytes"] == 5 * 1500 * 2
+    assert last.loc[1, "rx_bytes"] == 5 * 1500 * 2 and last.loc[1, "tx_bytes"] == 5 * 1500 * 1
+    flows = pd.read_parquet(paths["wire_flows"])
+    by_pair = flows.groupby(["src_node", "dst_node"])["bytes"].sum().to_dict()
+    assert by_pair == {(1, 0): 7500, (0, 1): 15000}
+    meta = json.loads(paths["cell"].read_text())
+    assert meta["wire"]["source"] == "bpf"
+    assert (
+        meta["wire"]["nodes"]["0"]["bpf"]["rx_bytes"]
+        == meta["wire"]["nodes"]["0"]["iface"]["rx_bytes"]
+    )

@@ -15,12 +15,15 @@ import numpy as np
 import pandas as pd
 
 from commscope.cell.pcap import read_pcap, wire_flows
+from commscope.cell.wire import counters_from_bins, flows_from_bins
 from commscope.cluster.clock import offset_at
 from commscope.config import cell_id
 from commscope.contracts import (
     CELL_TABLE_FILES,
     NODE_COUNTERS_FILE,
     NODE_SOCKETS_FILE,
+    NODE_WIRE_FILE,
+    NODE_WIRE_META_FILE,
     RUN_FILE,
     SOCKET_SAMPLE_COLUMNS,
     SWEEP_AXES,
@@ -38,6 +41,7 @@ _TIME_COLUMNS = {
     "steps": ("t_start_ns", "t_end_ns"),
     "counters": ("t_ns",),
     "sockets": ("t_ns",),
+    "wire": ("t_ns", "t_start_ns", "t_end_ns"),
 }
 
 
@@ -132,23 +136,72 @@ def cell_table_paths(out_dir: Path) -> dict[str, Path]:
     return {name: Path(out_dir) / file for name, file in CELL_TABLE_FILES.items()}
 
 
+def _wire_tables(
+    raw_dir: Path, nodes: list[dict[str, Any]], clock: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """The BPF accounting's counters and node-pair flows of every node (see
+    :mod:`commscope.cell.wire`) and each node's wire.json, or None when no node has a
+    wire.parquet (the counters source, or a raw directory from before it existed)."""
+    node_index = {n["name"]: int(n["index"]) for n in nodes}
+    frames = _per_node(raw_dir, NODE_WIRE_FILE, node_index)
+    if not frames:
+        return None
+    metas = {
+        node_index[p.parent.name]: json.loads(p.read_text())
+        for p in sorted(raw_dir.glob(f"*/{NODE_WIRE_META_FILE}"))
+    }
+    bin_ns = {int(m["bin_ns"]) for m in metas.values()}
+    if len(bin_ns) != 1:
+        raise ValueError(f"{raw_dir}: nodes used different BPF bin widths {sorted(bin_ns)}")
+    bins = to_orchestrator_clock(pd.concat(frames, ignore_index=True), ("t_ns",), clock)
+    spans_frame = pd.DataFrame(
+        [
+            {"node": i, "t_start_ns": m["t_start_ns"], "t_end_ns": m["t_end_ns"]}
+            for i, m in metas.items()
+        ]
+    )
+    spans_frame = to_orchestrator_clock(spans_frame, ("t_start_ns", "t_end_ns"), clock)
+    spans = {int(r.node): (int(r.t_start_ns), int(r.t_end_ns)) for r in spans_frame.itertuples()}
+    addr_to_node = {n["exp_addr"]: int(n["index"]) for n in nodes if n.get("exp_addr")}
+    ifaces = {int(n["index"]): n["exp_iface"] for n in nodes if int(n["index"]) in metas}
+    (width,) = bin_ns
+    return {
+        "counters": counters_from_bins(bins, width, addr_to_node, ifaces, spans),
+        "wire_flows": flows_from_bins(bins, addr_to_node),
+        "meta": metas,
+    }
+
+
 def _node_tables(
-    raw_dir: Path, node_index: dict[str, int], clock: dict[str, Any] | None
+    raw_dir: Path,
+    node_index: dict[str, int],
+    clock: dict[str, Any] | None,
+    wire: dict[str, Any] | None,
+    sample_hz: float,
 ) -> dict[str, pd.DataFrame]:
-    """The ops, steps, counters and sockets of every node, each on the orchestrator's clock."""
+    """The ops, steps, counters and sockets of every node, each on the orchestrator's clock.
+    The counters come from the BPF accounting (``wire``) when it ran, else from the sampler."""
     ops_files, steps_files = rank_table_file("ops", "*"), rank_table_file("steps", "*")
     ops = _concat(list(raw_dir.glob(f"*/{ops_files}")), ops_files, raw_dir)
     steps = _concat(list(raw_dir.glob(f"*/{steps_files}")), steps_files, raw_dir)
     ops = to_orchestrator_clock(ops, _TIME_COLUMNS["ops"], clock)
     steps = to_orchestrator_clock(steps, _TIME_COLUMNS["steps"], clock)
     counters = _per_node(raw_dir, NODE_COUNTERS_FILE, node_index)
-    if not counters:
-        raise FileNotFoundError(f"no {NODE_COUNTERS_FILE} under {raw_dir}: did the sampler run?")
-    counters_df = pd.concat(counters, ignore_index=True)
-    counters_df = counters_df[
-        ["node", "iface", "t_ns", "tx_bytes", "rx_bytes", "tx_packets", "rx_packets"]
-    ]
-    counters_df = to_orchestrator_clock(counters_df, _TIME_COLUMNS["counters"], clock)
+    if counters:
+        counters_df = pd.concat(counters, ignore_index=True)
+        counters_df = counters_df[
+            ["node", "iface", "t_ns", "tx_bytes", "rx_bytes", "tx_packets", "rx_packets"]
+        ]
+        counters_df = to_orchestrator_clock(counters_df, _TIME_COLUMNS["counters"], clock)
+        # The sampler's resolution is its period (its samples jitter around it).
+        counters_df["resolution_ns"] = np.int64(round(1e9 / sample_hz)) if sample_hz else 0
+    elif wire is not None:
+        counters_df = wire["counters"]
+    else:
+        raise FileNotFoundError(
+            f"neither {NODE_WIRE_FILE} nor {NODE_COUNTERS_FILE} under {raw_dir}: "
+            "did the wire accounting or the sampler run?"
+        )
     sockets = _per_node(raw_dir, NODE_SOCKETS_FILE, node_index)
     sockets_df = (
         pd.concat(sockets, ignore_index=True)
@@ -203,6 +256,21 @@ def _cell_meta(
     }
 
 
+def _wire_node_summary(meta: dict[str, Any]) -> dict[str, Any]:
+    """What cell.json keeps of a node's wire.json: bin width, ring overruns, and the BPF totals
+    beside the interface counters over the time it was attached."""
+    iface = {k: meta["counters_end"][k] - meta["counters_start"][k] for k in meta["counters_end"]}
+    return {
+        "bin_ns": meta["bin_ns"],
+        "overruns": meta.get("overruns"),
+        "bpf": {
+            "rx_bytes": meta["totals"]["ingress"]["bytes"],
+            "tx_bytes": meta["totals"]["egress"]["bytes"],
+        },
+        "iface": {"rx_bytes": iface["rx_bytes"], "tx_bytes": iface["tx_bytes"]},
+    }
+
+
 def build_cell_tables(
     raw_dir: Path,
     cell: CellSettings,
@@ -223,15 +291,25 @@ def build_cell_tables(
     run_meta = json.loads((raw_dir / RUN_FILE).read_text())
     node_index = {n["name"]: int(n["index"]) for n in run_meta["nodes"]}
     clock = _clock(run_meta, node_index)
-    tables = {**_node_tables(raw_dir, node_index, clock), **_rank_tables(raw_dir)}
+    wire = _wire_tables(raw_dir, run_meta["nodes"], clock)
+    sample_hz = float(run_meta.get("captures", {}).get("sample_hz") or 0)
+    tables = {
+        **_node_tables(raw_dir, node_index, clock, wire, sample_hz),
+        **_rank_tables(raw_dir),
+    }
     ranks = sorted(
         (json.loads(p.read_text()) for p in raw_dir.glob(f"*/{rank_meta_file('*')}")),
         key=lambda m: m["rank"],
     )
-    tables["wire_flows"] = _pcap_flows(raw_dir, run_meta["nodes"], clock)[WIRE_FLOW_COLUMNS]
+    flows = wire["wire_flows"] if wire else _pcap_flows(raw_dir, run_meta["nodes"], clock)
+    tables["wire_flows"] = flows[WIRE_FLOW_COLUMNS]
     tables["nccl_ops"] = _nccl_ops(raw_dir, ranks)
     for name, frame in tables.items():
         _append_params(frame, params).to_parquet(paths[name], index=False)
     meta = _cell_meta(params, warmup_steps, run_meta, ranks)
+    meta["wire"] = {
+        **run_meta.get("wire", {"source": "counters", "reason": None}),
+        "nodes": {str(i): _wire_node_summary(m) for i, m in (wire or {}).get("meta", {}).items()},
+    }
     paths["cell"].write_text(json.dumps(meta, indent=2, default=str))
     return paths

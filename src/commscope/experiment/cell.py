@@ -23,7 +23,17 @@ from commscope.cluster.provision import provision, state_dir
 from commscope.cluster.shaping import host_has_netem, shaped
 from commscope.contracts import RUN_FILE
 from commscope.experiment.launch import Torchrun, kill_tagged, new_tag, torchrun_everywhere
-from commscope.experiment.probes import CellProbes, NodeTools, node_tools
+from commscope.experiment.probes import (
+    WIRE_MODULE,
+    WIRE_OBJECT,
+    CellProbes,
+    NodeTools,
+    WireSource,
+    node_tools,
+    sudo,
+)
+from commscope.node.sampler import default_cache_dir
+from commscope.node.wire import WireError, build_object, ring_slots
 from commscope.spec.link import LinkShape, check_shape_supported
 from commscope.spec.settings import CellSettings, ClusterSettings, RunSettings, Workload
 
@@ -117,11 +127,19 @@ def _measure(
     remote_dirs = {h.name: f"{h.spec.workdir}/{tag}" for h in hosts}
     on_all(hosts, lambda h: _prepare(h, remote_dirs[h.name], workload, run.pcap, out_dir))
     log.info("prepared %d nodes", len(hosts))
-    probes = CellProbes(NodeTools(node_tools(run, tag), remote_dirs))
+    wire = _wire_source(hosts, run, remote_dirs)
+    peers = tuple(h.spec.exp_addr for h in hosts)
+    probes = CellProbes(NodeTools(node_tools(run, tag, wire, peers), remote_dirs))
     meta: dict[str, Any] = {
         "tag": tag,
         "shape": shape.__dict__,
-        "captures": {"sample_hz": run.sample_hz, "socket_hz": run.socket_hz, "pcap": run.pcap},
+        "captures": {
+            "wire": wire.source,
+            "sample_hz": run.sample_hz,
+            "socket_hz": run.socket_hz,
+            "pcap": run.pcap or wire.source != "bpf",
+        },
+        "wire": {**wire.as_dict(), "requested": run.wire},
     }
     with shaped(hosts, shape):
         started = on_all(hosts, probes.start)
@@ -144,6 +162,44 @@ def _measure(
     (out_dir / RUN_FILE).write_text(json.dumps(meta, indent=2, default=str))
     if failures:
         raise CellFailed("training failed on " + "; ".join(failures))
+
+
+def _wire_source(hosts: list[Host], run: RunSettings, remote_dirs: dict[str, str]) -> WireSource:
+    """The cell's wire source: the BPF accounting, built here and shipped to every node, where
+    every node can attach it; otherwise the counter sampler and tcpdump, with the reason logged
+    (and kept in run.json for the report). ``run.wire: counters`` asks for the latter."""
+    if run.wire != "bpf":
+        return WireSource("counters")
+    bin_ns = run.wire_bin_ns
+    slots = ring_slots(bin_ns)
+    try:
+        obj = build_object(bin_ns, slots, len(hosts) + 1, default_cache_dir())
+    except WireError as err:
+        return _fall_back(f"orchestrator: {err}")
+
+    def check(host: Host) -> str | None:
+        rdir, py = remote_dirs[host.name], shlex.quote(host.spec.python)
+        host.put(obj, f"{rdir}/{WIRE_OBJECT}")
+        res = host.run(
+            f"{sudo(host.spec)}{py} -m {WIRE_MODULE} check --iface {host.spec.exp_iface} "
+            f"--obj {rdir}/{WIRE_OBJECT}",
+            warn=True,
+        )
+        return None if res.ok else f"{host.name}: {(res.stdout + res.stderr).strip()[-400:]}"
+
+    problems = [p for p in on_all(hosts, check) if p]
+    if problems:
+        return _fall_back("; ".join(problems))
+    return WireSource("bpf", bin_ns, slots)
+
+
+def _fall_back(reason: str) -> WireSource:
+    log.warning(
+        "BPF wire accounting cannot run (%s): falling back to the /proc counter sampler and "
+        "tcpdump for this cell",
+        reason,
+    )
+    return WireSource("counters", reason=reason)
 
 
 def _prepare(host: Host, rdir: str, workload: Workload, pcap: bool, out_dir: Path) -> None:

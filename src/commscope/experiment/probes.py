@@ -1,11 +1,12 @@
 """What a cell measures beside the workload, one object per probe, each started before torchrun
 and stopped after it.
 
-On the node, in the background (:class:`NodeTool`): the interface counter sampler, the socket
-statistics, the packet capture. From the orchestrator (:class:`Probe`): the qdisc statistics and
-the clock offset. Round trips are batched as before the split: all node tools start in ONE SSH
-command and stop in another (:class:`NodeTools`), and :class:`CellProbes` runs them and the qdisc
-probe on a node while, on a second SSH channel, the clock probe runs.
+On the node, in the background (:class:`NodeTool`): the in-kernel wire accounting (or, where
+it cannot run, the interface counter sampler and the packet capture), the socket statistics.
+From the orchestrator (:class:`Probe`): the qdisc statistics and the clock offset.
+Round trips are batched: all node tools start in ONE SSH command and stop in another
+(:class:`NodeTools`), and :class:`CellProbes` runs them and the qdisc probe on a node while,
+on a second SSH channel, the clock probe runs.
 """
 
 from __future__ import annotations
@@ -19,7 +20,12 @@ from typing import Any, Protocol, TypeVar
 from commscope.cluster.clock import estimate_offset
 from commscope.cluster.hosts import Host, NodeSpec
 from commscope.cluster.shaping import qdisc_stats
-from commscope.contracts import NODE_COUNTERS_FILE, NODE_SOCKETS_FILE
+from commscope.contracts import (
+    NODE_COUNTERS_FILE,
+    NODE_SOCKETS_FILE,
+    NODE_WIRE_FILE,
+    NODE_WIRE_META_FILE,
+)
 from commscope.experiment.launch import tag_pattern
 from commscope.spec.settings import RunSettings
 
@@ -27,6 +33,10 @@ T_co = TypeVar("T_co", covariant=True)
 
 SAMPLER_MODULE = "commscope.node.sampler"
 SOCKSTATS_MODULE = "commscope.node.sockstats"
+WIRE_MODULE = "commscope.node.wire"
+# Where a node keeps the BPF object shipped to it, in the cell's run directory.
+WIRE_OBJECT = "wire.bpf.o"
+WIRE_LOG = "wire.log"
 
 
 class Probe(Protocol[T_co]):
@@ -171,13 +181,82 @@ class PacketCapture:
         return f"; gzip -1 -f {rdir}/{self.tag}.pcap"
 
 
-def node_tools(run: RunSettings, tag: str) -> list[NodeTool]:
-    """The background tools ``run`` asks for, counters first (they are always taken)."""
+def sudo(node: NodeSpec) -> str:
+    """``sudo -n `` for a non-root SSH user (tc and bpf() need root), else ''."""
+    return "" if node.user == "root" else "sudo -n "
+
+
+@dataclass(frozen=True)
+class WireAccounting:
+    """The in-kernel wire accounting (:mod:`commscope.node.wire`): attached before training,
+    drained while it runs, detached and written when stopped. ``peers`` are the cell's
+    experiment addresses (slot order), ``slots`` the ring length the object was built for."""
+
+    bin_ns: int
+    slots: int
+    peers: tuple[str, ...]
+    limit_s: float
+    tag: str
+
+    def command(self, node: NodeSpec, rdir: str) -> str:
+        py = shlex.quote(node.python)
+        return (
+            f"{sudo(node)}{py} -m {WIRE_MODULE} run --iface {node.exp_iface} "
+            f"--obj {rdir}/{WIRE_OBJECT} --bin-ns {self.bin_ns} --slots {self.slots} "
+            f"--peers {','.join(self.peers)} --out {rdir}/{NODE_WIRE_FILE} "
+            f"--meta {rdir}/{NODE_WIRE_META_FILE} --max-seconds {self.limit_s} "
+            f"--tag {self.tag} > {WIRE_LOG} 2>&1"
+        )
+
+    def ready(self, rdir: str) -> str:
+        # Training must not start before the filters are attached: first bytes would be lost.
+        return (
+            f" for i in $(seq 100); do grep -q '^attached' {rdir}/{WIRE_LOG} && break; "
+            f"grep -q Error {rdir}/{WIRE_LOG} && break; sleep 0.05; done; "
+            f"grep -q '^attached' {rdir}/{WIRE_LOG} || {{ echo 'wire accounting did not start:'"
+            f" >&2; cat {rdir}/{WIRE_LOG} >&2; exit 1; }};"
+        )
+
+    def pattern(self) -> str:
+        return f"{tag_pattern(WIRE_MODULE)}.*{self.tag}"
+
+    def output(self, rdir: str) -> str | None:
+        return f"{rdir}/{NODE_WIRE_FILE}"
+
+    def after_stop(self, rdir: str) -> str:
+        return ""
+
+
+@dataclass(frozen=True)
+class WireSource:
+    """How a cell measures its wire: ``bpf`` (with the bin width and ring length of the object
+    shipped to the nodes) or ``counters`` (the /proc sampler and a packet capture), and why a
+    ``bpf`` request fell back to ``counters`` (None when it did not)."""
+
+    source: str
+    bin_ns: int = 0
+    slots: int = 0
+    reason: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "bin_ns": self.bin_ns, "reason": self.reason}
+
+
+def node_tools(
+    run: RunSettings, tag: str, wire: WireSource, peers: tuple[str, ...] = ()
+) -> list[NodeTool]:
+    """The background tools of a cell: the wire source's (BPF accounting, or the counter
+    sampler and a packet capture for the node-pair matrix), then the socket statistics and, if
+    asked, a packet capture (the capture comes last: stopping waits for it to flush)."""
     limit = float(run.timeout_s) + 30
-    tools: list[NodeTool] = [counter_sampler(int(run.sample_hz), limit, tag)]
+    tools: list[NodeTool] = []
+    if wire.source == "bpf":
+        tools.append(WireAccounting(wire.bin_ns, wire.slots, peers, limit, tag))
+    else:
+        tools.append(counter_sampler(int(run.sample_hz), limit, tag))
     if run.socket_hz > 0:
         tools.append(socket_stats(run.socket_hz, limit, tag))
-    if run.pcap:
+    if run.pcap or wire.source != "bpf":
         tools.append(PacketCapture(limit, tag))
     return tools
 

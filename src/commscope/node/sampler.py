@@ -107,7 +107,8 @@ SOURCE = Path(__file__).with_name("sampler.c")
 _RECORD_FIELDS = 5
 
 
-def _cache_dir() -> Path:
+def default_cache_dir() -> Path:
+    """The per-user build cache of the node programs ($XDG_CACHE_HOME/commscope)."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "commscope"
 
@@ -121,7 +122,7 @@ def native_binary(cache_dir: Path | None = None, source: Path = SOURCE) -> Path 
         print(f"commscope.node.sampler: {source} missing", file=sys.stderr)
         return None
     digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
-    cache = cache_dir if cache_dir is not None else _cache_dir()
+    cache = cache_dir if cache_dir is not None else default_cache_dir()
     binary = cache / f"commscope-sampler-{digest}"
     if os.access(binary, os.X_OK):
         return binary

@@ -384,6 +384,8 @@ def run(
             rings.append(Ring(hook, maps["cs_bins"], slots, len(peers) + 1, ncpu, now_bin))
         counters_start = iface_counters(iface)
         offset_start = mono_to_real_ns()
+        # The orchestrator starts training once it reads this line.
+        print(f"attached to {iface} (prog ids {prog_ids})", file=sys.stderr, flush=True)
         t_start = time.time_ns()
         deadline = time.monotonic() + max_seconds
         while not stop[0] and time.monotonic() < deadline:
