@@ -10,12 +10,20 @@ tp`` for a workload made of DTensor functional collectives). Modes run interleav
 - capture+sampler:   capture on and the real 1 kHz interface sampler running (a separate
                      process, as on every node of a study: the C sampler where it builds)
 - capture+pysampler: the same with the Python sampler loop (``--impl python``)
+- capture+bpf:       capture on and the in-kernel wire accounting (``commscope.node.wire``, the
+                     default wire source of a study: a tc BPF program on clsact ingress and
+                     egress of ``lo`` at 100 us bins, drained by a process every 0.2 s)
 - profiler:          no capture, torch.profiler (CPU activities) recording instead
 
 Prints per mode the median step time; its ratio to `off` as the median over rounds of the
 block-median ratio (drift between rounds cancels) with its quartiles; then rank 0's median
 CPU time per step (all its threads; less disturbed by other load than wall time, blind to the
 sampler, which is another process). Target: capture(+sampler) <= 1.02.
+
+``--frames`` runs the whole benchmark in a private network namespace whose loopback carries
+MTU frames (1500 B, TSO/GSO off), as the experiment links of a study do: the packet rate, and
+with it the BPF program's per-packet cost, is then that of a real link (loopback with GSO moves
+64 KB per packet). On loopback every packet passes both hooks, twice what a node pays.
 
 ``--per-op`` instead measures what one op costs (one rank, gloo, a 4-element tensor): CPU time
 per c10d all-reduce and per functional all-reduce + wait_tensor with no kernels, kernels
@@ -39,12 +47,24 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from commscope.node.sampler import default_cache_dir
+from commscope.node.wire import build_object, ring_slots
 from commscope.spec.plan import BUILTIN_STRATEGIES, ParallelPlan
 from commscope.workload import capture
 from commscope.workload.trainer import StepLog, Trainer
 
 MODEL = {"layers": 4, "hidden": 128, "heads": 4, "seq": 64, "vocab": 1024, "batch": 8}
-MODES = ("off", "installed", "capture", "capture+sampler", "capture+pysampler", "profiler")
+MODES = (
+    "off",
+    "installed",
+    "capture",
+    "capture+sampler",
+    "capture+pysampler",
+    "capture+bpf",
+    "profiler",
+)
+BENCH_NETNS = "cs-overhead"
+BIN_NS = 100_000
 
 
 def _free_port() -> int:
@@ -61,7 +81,22 @@ def _sampler(out: Path, impl: str) -> subprocess.Popen:
     )
 
 
-def _worker(rank: int, port: int, strategy: str, rounds: int, block: int, queue: mp.Queue) -> None:
+def _wire(obj: Path, out: Path) -> subprocess.Popen:
+    """The wire accounting on ``lo``, started and attached (it prints "attached")."""
+    cmd = [sys.executable, "-m", "commscope.node.wire", "run", "--iface", "lo", "--obj", str(obj)]
+    cmd += ["--bin-ns", str(BIN_NS), "--slots", str(ring_slots(BIN_NS)), "--peers", "127.0.0.1"]
+    cmd += ["--out", str(out), "--meta", str(out.with_suffix(".json"))]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    line = proc.stderr.readline()
+    if not line.startswith("attached"):
+        raise RuntimeError(f"wire accounting did not attach: {line}{proc.stderr.read()}")
+    return proc
+
+
+def _worker(
+    rank: int, port: int, strategy: str, rounds: int, block: int, obj: Path, queue: mp.Queue
+) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
@@ -82,6 +117,10 @@ def _worker(rank: int, port: int, strategy: str, rounds: int, block: int, queue:
                 impl = "python" if mode.endswith("pysampler") else "auto"
                 sampler = _sampler(tmp / f"c{r}{k}.parquet", impl)
                 time.sleep(1.5)  # let it start and reach its sampling loop before timing
+            elif rank == 0 and mode.endswith("bpf"):
+                sampler = _wire(obj, tmp / f"w{r}{k}.parquet")
+                time.sleep(0.5)  # past its start-up (imports) into the drain loop
+            dist.barrier()  # rank 1 waits until the probe runs
             if mode == "off":
                 capture.uninstall()
             else:
@@ -153,21 +192,43 @@ def _per_op(rounds: int, n: int = 500) -> None:
     dist.destroy_process_group()
 
 
+def _rerun_with_frames() -> None:
+    """This benchmark again, inside a fresh namespace whose lo carries 1500-byte frames."""
+    subprocess.run(["ip", "netns", "del", BENCH_NETNS], capture_output=True)
+    subprocess.run(["ip", "netns", "add", BENCH_NETNS], check=True)
+    try:
+        ns = ["ip", "netns", "exec", BENCH_NETNS]
+        subprocess.run([*ns, "ip", "link", "set", "lo", "up", "mtu", "1500"], check=True)
+        subprocess.run([*ns, "ethtool", "-K", "lo", "tso", "off", "gso", "off"], check=True)
+        argv = [a for a in sys.argv[1:] if a != "--frames"]
+        print(f"in netns {BENCH_NETNS}: lo mtu 1500, tso/gso off", flush=True)
+        subprocess.run([*ns, sys.executable, *sys.argv[:1], *argv], check=True)
+    finally:
+        subprocess.run(["ip", "netns", "del", BENCH_NETNS], capture_output=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--block", type=int, default=5, help="steps per mode per round")
     parser.add_argument("--strategy", choices=("ddp", "tp"), default="ddp")
     parser.add_argument("--per-op", action="store_true", help="per-op cost instead")
+    parser.add_argument("--frames", action="store_true", help="in a netns, lo with MTU frames")
     args = parser.parse_args()
     if args.per_op:
         _per_op(args.rounds)
         return
+    if args.frames:
+        _rerun_with_frames()
+        return
+    obj = build_object(BIN_NS, ring_slots(BIN_NS), 2, default_cache_dir())
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
     procs = [
-        ctx.Process(target=_worker, args=(r, port, args.strategy, args.rounds, args.block, queue))
+        ctx.Process(
+            target=_worker, args=(r, port, args.strategy, args.rounds, args.block, obj, queue)
+        )
         for r in range(2)
     ]
     for p in procs:
