@@ -31,7 +31,31 @@ def _check(args: argparse.Namespace) -> int:
         print(f"{args.config}: {err}", file=sys.stderr)
         return 2
     print(f"{args.config}: ok, {len(cells)} cells")
+    note = _wire_note(config)
+    if note:
+        print(note, file=sys.stderr)
     return 0
+
+
+def _wire_note(config: dict) -> str | None:
+    """Why the BPF wire source will fall back to the /proc sampler, where this machine (the
+    orchestrator, which builds the program) can tell before anything runs; None when it can
+    build it or the config does not ask for it. What a node lacks shows when it is prepared
+    (`python -m commscope.node.wire check` on the node names it)."""
+    import tempfile
+
+    from commscope.node.wire import WireError, build_object, ring_slots
+    from commscope.spec.settings import RunSettings
+
+    run = RunSettings.from_mapping(config.get("run", {}))
+    if run.wire != "bpf":
+        return None
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            build_object(run.wire_bin_ns, ring_slots(run.wire_bin_ns), 2, Path(tmp))
+    except WireError as err:
+        return f"warning: run.wire is bpf but {err}; cells will use the /proc sampler and tcpdump"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -109,11 +109,11 @@ def build_object(
     obj = Path(cache_dir) / f"commscope-wire-{digest}.bpf.o"
     if obj.exists():
         return obj
-    clang = os.environ.get("BPF_CLANG") or shutil.which("clang")
+    clang = shutil.which(os.environ.get("BPF_CLANG") or "clang")
     if clang is None:
         raise WireError(
-            "clang not found on the orchestrator: install clang, llvm and libbpf-dev "
-            "(envs/bootstrap.sh does) to build the BPF wire accounting"
+            f"{os.environ.get('BPF_CLANG') or 'clang'} not found on the orchestrator: install "
+            "clang, llvm and libbpf-dev (envs/bootstrap.sh does) to build the BPF wire accounting"
         )
     obj.parent.mkdir(parents=True, exist_ok=True)
     tmp = obj.with_name(f"{obj.name}.{os.getpid()}.tmp")
