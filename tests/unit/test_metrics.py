@@ -35,7 +35,7 @@ def traces(ddp_cell: Path) -> m.CellTraces:
     return m.load_cell(ddp_cell)
 
 
-def _shape_row(shape: pd.DataFrame, bin_ms: int, direction: str = "tx") -> pd.Series:
+def _shape_row(shape: pd.DataFrame, bin_ms: float, direction: str = "tx") -> pd.Series:
     rows = shape[(shape["bin_ms"] == bin_ms) & (shape["direction"] == direction)]
     assert len(rows) == 1
     return rows.iloc[0]
@@ -361,9 +361,13 @@ def test_compute_and_aggregate_cells(tmp_path: Path) -> None:
     for name in METRIC_TABLES:
         assert (metric_dirs[0] / f"{name}.parquet").exists(), name
     tp = pd.read_parquet(metric_dirs[0] / "throughput.parquet")
-    assert sorted(tp["bin_ms"].unique()) == [1, 10, 100]
-    # Epoch-aligned edges: every 100 ms bin edge is also a 10 ms and a 1 ms edge.
-    assert (tp["t_start_ns"] % (tp["bin_ms"] * MS) == 0).all()
+    assert sorted(tp["bin_ms"].unique()) == [0.1, 1.0, 10.0, 100.0]
+    # Epoch-aligned edges: every 100 ms bin edge is also a 10 ms, 1 ms and 100 µs edge.
+    assert (tp["t_start_ns"] % (tp["bin_ms"] * MS).round().astype("int64") == 0).all()
+    # 100 µs bins only inside the measured steps (10 ms + the 100 ms warm-up step to 310 ms).
+    fine = tp[tp["bin_ms"] == 0.1]
+    assert fine["t_start_ns"].min() == T0_NS + 110 * MS
+    assert fine["t_start_ns"].max() == T0_NS + 310 * MS - 100_000
 
     m.aggregate_cells(metric_dirs, tmp_path / "agg")
     for name in METRIC_TABLES:

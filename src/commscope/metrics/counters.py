@@ -19,11 +19,36 @@ from commscope.metrics._common import (
 )
 from commscope.units import NS_PER_MS, NS_PER_S
 
-DEFAULT_BIN_MS: tuple[int, ...] = (1, 10, 100)
+# Throughput and shape bin widths: 100 µs (what in-kernel accounting resolves on MTU frames),
+# then each decade up to 100 ms. Floats, so 0.1 survives parquet and every groupby.
+DEFAULT_BIN_MS: tuple[float, ...] = (0.1, 1.0, 10.0, 100.0)
 
-# A bin counts as resolved when the median sampling interval is at most this factor times the
-# bin width: a sampler aiming at exactly the bin width jitters by a few percent around it.
+# Bins at least this wide cover every counter sample of the run; finer ones only the measured
+# window: 100 µs over a whole run (rendezvous and start-up included) is 10 rows per node and
+# millisecond, most of them idle.
+FULL_SPAN_MIN_BIN_MS = 1.0
+
+# The counters' optional column with the source's own time resolution (ns, constant per node):
+# the in-kernel accounting's bin width, or the sampler's period. Tables without it (older runs,
+# imported data) fall back to the median sampling interval.
+RESOLUTION_COLUMN = "resolution_ns"
+
+# Without a declared resolution, a bin counts as resolved when the median sampling interval is
+# at most this factor times the bin width: a sampler aiming at exactly the bin width jitters by
+# a few percent around it.
 RESOLUTION_SLACK = 1.05
+
+
+def bin_width_ns(bin_ms: float) -> int:
+    """A bin width in ms (``0.1``, ``10``) as whole nanoseconds, the unit every edge is in.
+
+    Consumers that select rows of one width compare these integers, never the float
+    ``bin_ms`` itself, so a width computed as ``100_000 / 1e6`` matches the stored ``0.1``.
+    """
+    bin_ns = int(round(float(bin_ms) * NS_PER_MS))
+    if bin_ns <= 0:
+        raise ValueError(f"bin_ms must be positive, got {bin_ms}")
+    return bin_ns
 
 
 @dataclass
@@ -33,11 +58,17 @@ class _CounterSeries:
     t_ns: np.ndarray  # int64
     cum: dict[str, np.ndarray]  # float64 bytes since the first sample
     sample_interval_ns: float  # median spacing of samples
+    # The source's declared resolution (``resolution_ns``), None when the table has none.
+    declared_resolution_ns: int | None = None
 
     @classmethod
     def from_frame(cls, df: pd.DataFrame, columns: Sequence[str]) -> _CounterSeries:
-        df = df.sort_values("t_ns", kind="stable").drop_duplicates("t_ns", keep="last")
         t = df["t_ns"].to_numpy(dtype="int64")
+        if len(t) > 1 and not bool(np.all(np.diff(t) > 0)):
+            # Only out-of-order or repeated samples need pandas' sort; a sampler or the BPF
+            # reader writes them in order, and 10**6 rows sort in a noticeable ~0.1 s.
+            df = df.sort_values("t_ns", kind="stable").drop_duplicates("t_ns", keep="last")
+            t = df["t_ns"].to_numpy(dtype="int64")
         cum = {}
         for col in columns:
             v = df[col].to_numpy(dtype="float64")
@@ -47,13 +78,34 @@ class _CounterSeries:
             d = np.clip(np.diff(v), 0.0, None)
             cum[col] = np.concatenate([[0.0], np.cumsum(d)])
         interval = float(np.median(np.diff(t))) if len(t) > 1 else math.inf
-        return cls(t_ns=t, cum=cum, sample_interval_ns=interval)
+        return cls(
+            t_ns=t,
+            cum=cum,
+            sample_interval_ns=interval,
+            declared_resolution_ns=_declared_resolution(df),
+        )
+
+    @property
+    def resolution_ns(self) -> float:
+        """The finest time scale the series resolves: the declared resolution when the source
+        gives one (sparse in-kernel bins have no meaningful median interval: idle stretches
+        have no samples, busy ones one per bin), else the median sampling interval."""
+        if self.declared_resolution_ns is not None:
+            return float(self.declared_resolution_ns)
+        return self.sample_interval_ns
+
+    def resolved(self, bin_ns: int) -> bool:
+        """Whether bins of ``bin_ns`` show the traffic rather than a smeared average."""
+        if self.declared_resolution_ns is not None:
+            return bin_ns >= self.declared_resolution_ns
+        return self.sample_interval_ns <= bin_ns * RESOLUTION_SLACK
 
     def at(self, col: str, when_ns: np.ndarray) -> np.ndarray:
         """Cumulative bytes at arbitrary instants, linearly interpolated between samples.
 
         Outside the sampled span the counter is held at its first/last value, i.e. nothing is
-        assumed to have been sent where nothing was observed.
+        assumed to have been sent where nothing was observed. Between two samples with equal
+        values (an idle stretch of a sparse in-kernel series) it is flat: zero throughput.
         """
         # Work relative to the first sample: absolute ns (~1.7e18) in float64 would lose
         # ~256 ns of precision, relative ns are exact for 104 days.
@@ -88,6 +140,21 @@ class _CounterSeries:
             return np.empty(0, dtype="int64")
         return origin_ns + np.arange(k_first, k_last + 1, dtype="int64") * bin_ns
 
+    def rates(self, col: str, edges: np.ndarray) -> np.ndarray:
+        """Mean rate in bit/s of ``col`` inside each bin between consecutive ``edges``."""
+        return np.diff(self.at(col, edges)) * (8 * NS_PER_S) / np.diff(edges)
+
+
+def _declared_resolution(df: pd.DataFrame) -> int | None:
+    """The ``resolution_ns`` of one series' rows: None without the column or without a value
+    (a table concatenated from old and new runs has nulls on the old rows)."""
+    if RESOLUTION_COLUMN not in df.columns:
+        return None
+    values = pd.to_numeric(df[RESOLUTION_COLUMN], errors="coerce").dropna()
+    values = values[values > 0]
+    # Constant per node by contract; should it vary, the coarsest is what holds throughout.
+    return int(values.max()) if len(values) else None
+
 
 _COUNTER_BYTES = ("tx_bytes", "rx_bytes")
 
@@ -103,10 +170,6 @@ def _counter_series(counters: pd.DataFrame) -> Iterator[tuple[int, str, _Counter
         yield node, iface, _CounterSeries.from_frame(sub, _COUNTER_BYTES)
 
 
-def _resolved(series: _CounterSeries, bin_ns: int) -> bool:
-    return series.sample_interval_ns <= bin_ns * RESOLUTION_SLACK
-
-
 THROUGHPUT_COLUMNS = [
     "node",
     "iface",
@@ -118,8 +181,14 @@ THROUGHPUT_COLUMNS = [
 ]
 
 
-def throughput(counters: pd.DataFrame, bin_ms: float, origin_ns: int = 0) -> pd.DataFrame:
-    """Per-node tx/rx throughput in fixed bins of ``bin_ms`` milliseconds.
+def throughput(
+    counters: pd.DataFrame,
+    bin_ms: float,
+    origin_ns: int = 0,
+    window: tuple[int, int] | None = None,
+) -> pd.DataFrame:
+    """Per-node tx/rx throughput in fixed bins of ``bin_ms`` milliseconds (a float: 0.1 is
+    100 µs).
 
     The counters are cumulative and sampled at irregular instants (a sampler thread wakes up
     late now and then). Rather than assigning each sample's delta to the bin it lands in,
@@ -127,39 +196,81 @@ def throughput(counters: pd.DataFrame, bin_ms: float, origin_ns: int = 0) -> pd.
     cumulative counter is linearly interpolated onto the bin edges and differenced: bytes in a
     bin = counter(edge_right) - counter(edge_left). This is exact for traffic that is steady
     between samples, conserves bytes, and cannot go negative because decreasing counter steps
-    (resets) are clamped to zero first. Only bins fully covered by samples are emitted.
+    (resets) are clamped to zero first. Only bins fully covered by samples (and fully inside
+    ``window = (start_ns, end_ns)`` when given) are emitted.
 
     Bin edges are ``origin_ns + k * bin`` (default origin 0: edges at whole multiples of the
-    bin width on the shared clock), so all nodes, cells and nested widths (1/10/100 ms) share
-    edges and can be compared bin by bin. ``resolved`` is false when the
-    median sampling interval is longer than the bin: such bins only show a smeared average.
+    bin width on the shared clock), so all nodes, cells and nested widths (0.1/1/10/100 ms)
+    share edges and can be compared bin by bin. A sparse in-kernel series (``resolution_ns``
+    given, one sample at each edge of its own bins, which are multiples of ``resolution_ns``,
+    none across idle stretches) is exact at its bin edges: with a width that is a multiple of
+    its resolution every edge here is one of them, so a 100 µs bin is exactly one source bin
+    and a 1 ms bin the sum of ten, with no interpolation; idle stretches give 0.
 
-    Columns: cell params, node, iface, bin_ms, t_start_ns, tx_bps, rx_bps, resolved.
+    ``resolved`` is false when the bin is finer than the source resolves: finer than the
+    declared ``resolution_ns``, or, without that column, than the median sampling interval
+    (times :data:`RESOLUTION_SLACK`). Such bins only show a smeared average; they are flagged,
+    not dropped.
+
+    Columns: cell params, node, iface, bin_ms (float), t_start_ns, tx_bps, rx_bps, resolved.
     """
-    bin_ns = int(round(bin_ms * NS_PER_MS))
-    if bin_ns <= 0:
-        raise ValueError(f"bin_ms must be positive, got {bin_ms}")
+    limits = None if window is None else (int(window[0]), int(window[1]))
+    return _throughput(counters, [(float(bin_ms), limits)], int(origin_ns))
+
+
+def throughput_table(
+    counters: pd.DataFrame,
+    window: tuple[int, int] | None,
+    bin_ms_list: Sequence[float] = DEFAULT_BIN_MS,
+) -> pd.DataFrame:
+    """:func:`throughput` at every width of ``bin_ms_list``, stacked (column ``bin_ms``), as
+    the cell's ``throughput`` table is written.
+
+    Widths of at least :data:`FULL_SPAN_MIN_BIN_MS` cover the whole sampled span (start-up and
+    tear-down included); finer ones only the measured ``window``
+    (:func:`~commscope.metrics.steps.training_window`), and none at all when ``window`` is
+    None (no steps were recorded). Each counter series is cleaned once for all widths.
+    """
+    specs: list[tuple[float, tuple[int, int] | None]] = []
+    for bin_ms in bin_ms_list:
+        if float(bin_ms) >= FULL_SPAN_MIN_BIN_MS:
+            specs.append((float(bin_ms), None))
+        elif window is not None:
+            specs.append((float(bin_ms), (int(window[0]), int(window[1]))))
+    return _throughput(counters, specs, 0)
+
+
+def _throughput(
+    counters: pd.DataFrame,
+    specs: Sequence[tuple[float, tuple[int, int] | None]],
+    origin_ns: int,
+) -> pd.DataFrame:
+    """The throughput rows of every ``(bin_ms, limits)`` of ``specs``: bins of that width
+    inside the sampled span and, when ``limits`` is given, inside ``[start_ns, end_ns]``."""
+    widths = [(bin_ms, bin_width_ns(bin_ms), limits) for bin_ms, limits in specs]
     frames = []
     for params, cell_counters in _per_cell(counters):
+        parts: dict[str, list[np.ndarray]] = {c: [] for c in THROUGHPUT_COLUMNS}
         for node, iface, series in _counter_series(cell_counters):
-            edges = series.bins(int(origin_ns), bin_ns)
-            if len(edges) < 2:
-                continue
-            out = pd.DataFrame(
-                {
-                    "node": node,
-                    "iface": iface,
-                    "bin_ms": bin_ms,
-                    "t_start_ns": edges[:-1],
-                }
-            )
-            for col in _COUNTER_BYTES:
+            for bin_ms, bin_ns, limits in widths:
+                lo, hi = (None, None) if limits is None else limits
+                edges = series.bins(origin_ns, bin_ns, lo, hi)
+                n = len(edges) - 1
+                if n < 1:
+                    continue
+                parts["node"].append(np.full(n, node, dtype="int64"))
+                parts["iface"].append(np.full(n, iface, dtype=object))
+                parts["bin_ms"].append(np.full(n, bin_ms, dtype="float64"))
+                parts["t_start_ns"].append(edges[:-1])
                 # Bytes per bin are tx_bps * bin_ms / 8000; not stored twice (this is the
-                # largest table: one row per node and millisecond).
-                moved = np.diff(series.at(col, edges))
-                out[col.replace("_bytes", "_bps")] = moved * 8 * NS_PER_S / bin_ns
-            out["resolved"] = _resolved(series, bin_ns)
-            frames.append(with_params(params, out[THROUGHPUT_COLUMNS]))
+                # largest table: one row per node and bin).
+                for col in _COUNTER_BYTES:
+                    parts[col.replace("_bytes", "_bps")].append(series.rates(col, edges))
+                parts["resolved"].append(np.full(n, series.resolved(bin_ns), dtype=bool))
+        if parts["node"]:
+            out = pd.DataFrame({c: np.concatenate(v) for c, v in parts.items()})
+            out["iface"] = out["iface"].astype("str")
+            frames.append(with_params(params, out))
     return _concat(frames, [*_param_cols(counters), *THROUGHPUT_COLUMNS])
 
 
@@ -174,6 +285,7 @@ SHAPE_COLUMNS = [
     "peak_to_mean",
     "cov",
     "sample_interval_ms",
+    "resolution_ms",
     "resolved",
 ]
 
@@ -185,31 +297,35 @@ def traffic_shape(
 ) -> pd.DataFrame:
     """Burstiness of each node's traffic inside the training ``window`` at several bin widths.
 
-    For each node, direction (tx/rx) and bin width, the binned rate series (see
-    :func:`throughput`, bins aligned to the window start, only bins fully inside the window)
-    gives ``mean_bps``, ``peak_bps``, ``peak_to_mean`` = peak/mean and ``cov`` = population
-    standard deviation / mean of the binned rate. A constant-rate stream has peak_to_mean 1 and
-    cov 0 at every width; on/off traffic with duty cycle d (bins aligned to the on/off periods)
-    has peak_to_mean 1/d and cov sqrt((1-d)/d).
+    For each node, direction (tx/rx) and bin width, the binned rate series gives
+    ``mean_bps``, ``peak_bps``, ``peak_to_mean`` = peak/mean and ``cov`` = population standard
+    deviation / mean of the binned rate. The bins are exactly the ``throughput`` table's (edges
+    at whole multiples of the width on the shared clock, see :func:`throughput`) that lie fully
+    inside the window; so at 100 µs on an in-kernel source every bin is one source bin. A
+    constant-rate stream has peak_to_mean 1 and cov 0 at every width; on/off traffic with duty
+    cycle d (bins aligned to the on/off periods) has peak_to_mean 1/d and cov sqrt((1-d)/d).
 
-    When the bin is finer than the median sampling interval (``resolved`` false) the rate
-    inside a sampling interval is unknown, and interpolation would report a flat, fake-calm
-    series: ``peak_bps``, ``peak_to_mean`` and ``cov`` are NaN. ``mean_bps`` is still given,
-    as the average rate does not depend on resolution. ``window`` is ``(start_ns, end_ns)``,
-    e.g. from :func:`training_window`; ``counters`` must hold a single cell.
+    When the bin is finer than the source resolves (``resolved`` false, see
+    :func:`throughput`) the rate inside a source interval is unknown, and interpolation would
+    report a flat, fake-calm series: ``peak_bps``, ``peak_to_mean`` and ``cov`` are NaN.
+    ``mean_bps`` is still given, as the average rate does not depend on resolution.
+    ``sample_interval_ms`` is the median spacing of samples, ``resolution_ms`` what
+    ``resolved`` was judged by (the declared ``resolution_ns`` when the counters have it, else
+    that median). ``window`` is ``(start_ns, end_ns)``, e.g. from :func:`training_window`;
+    ``counters`` must hold a single cell.
 
-    Columns: cell params, node, iface, direction, bin_ms, n_bins, mean_bps, peak_bps,
-    peak_to_mean, cov, sample_interval_ms, resolved.
+    Columns: cell params, node, iface, direction, bin_ms (float), n_bins, mean_bps, peak_bps,
+    peak_to_mean, cov, sample_interval_ms, resolution_ms, resolved.
     """
     start_ns, end_ns = int(window[0]), int(window[1])
+    widths = [(float(b), bin_width_ns(b)) for b in bin_ms_list]
     rows: list[pd.DataFrame] = []
     for params, cell_counters in _per_cell(counters):
         records = []
         for node, iface, series in _counter_series(cell_counters):
-            for bin_ms in bin_ms_list:
-                bin_ns = int(round(bin_ms * NS_PER_MS))
-                edges = series.bins(start_ns, bin_ns, start_ns, end_ns)
-                resolved = _resolved(series, bin_ns)
+            for bin_ms, bin_ns in widths:
+                edges = series.bins(0, bin_ns, start_ns, end_ns)
+                resolved = series.resolved(bin_ns)
                 for direction in ("tx", "rx"):
                     records.append(
                         {
@@ -219,6 +335,7 @@ def traffic_shape(
                             "bin_ms": bin_ms,
                             **_shape_stats(series, f"{direction}_bytes", edges, resolved),
                             "sample_interval_ms": series.sample_interval_ns / NS_PER_MS,
+                            "resolution_ms": series.resolution_ns / NS_PER_MS,
                             "resolved": resolved,
                         }
                     )
@@ -239,7 +356,7 @@ def _shape_stats(
             "peak_to_mean": nan,
             "cov": nan,
         }
-    rate = np.diff(series.at(col, edges)) * 8 * NS_PER_S / np.diff(edges)
+    rate = series.rates(col, edges)
     mean = float(rate.mean())
     peak, ratio, cov = nan, nan, nan
     if resolved:

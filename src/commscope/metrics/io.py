@@ -32,7 +32,7 @@ from commscope.metrics.counters import (
     DEFAULT_BIN_MS,
     SHAPE_COLUMNS,
     THROUGHPUT_COLUMNS,
-    throughput,
+    throughput_table,
     traffic_shape,
 )
 from commscope.metrics.crosscheck import crosscheck, matrix_check
@@ -48,8 +48,9 @@ from commscope.metrics.volume import message_sizes, op_volume
 def cell_metric_tables(traces: CellTraces, wire_flows: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """Every per-cell metric table of one cell, by name (:data:`METRIC_TABLES`).
 
-    summary, op_volume (per rank), msg_sizes, throughput (bins 1/10/100 ms stacked, column
-    ``bin_ms``), shape (inside the training window), step_times, wire, comm_matrix (rank x
+    summary, op_volume (per rank), msg_sizes, throughput (bins 0.1/1/10/100 ms stacked, column
+    ``bin_ms``; the 0.1 ms bins only inside the training window, :func:`throughput_table`),
+    shape (inside the training window, the same bins), step_times, wire, comm_matrix (rank x
     rank bytes per measured step), node_matrix (node x node), crosscheck (wire vs recorded ops
     per node and direction, :func:`crosscheck`), matrix_check (node x node matrix vs the
     captured ``wire_flows`` when the cell has them, :func:`matrix_check`) and sockets (TCP's
@@ -76,13 +77,14 @@ def cell_metric_tables(traces: CellTraces, wire_flows: pd.DataFrame) -> dict[str
         tables["shape"] = pd.DataFrame(columns=[*params, *SHAPE_COLUMNS])
         tables["wire"] = pd.DataFrame(columns=[*params, *WIRE_COLUMNS])
     else:
+        window = training_window(st) if not st.empty else None
         tables["throughput"] = _concat(
-            (throughput(traces.counters, b) for b in DEFAULT_BIN_MS),
+            [throughput_table(traces.counters, window, DEFAULT_BIN_MS)],
             [*params, *THROUGHPUT_COLUMNS],
         )
         tables["shape"] = (
-            traffic_shape(traces.counters, training_window(st), DEFAULT_BIN_MS)
-            if not st.empty
+            traffic_shape(traces.counters, window, DEFAULT_BIN_MS)
+            if window is not None
             else pd.DataFrame(columns=[*params, *SHAPE_COLUMNS])
         )
         tables["wire"] = wire_vs_framework(traces.ops, traces.counters, traces.meta)

@@ -16,7 +16,7 @@ from commscope.units import NS_PER_S
 
 # Bin width at which cell_summary() reports burstiness: fine enough for the micro-bursts that
 # live below 10 ms to show, coarse enough for a 100 Hz sampler to resolve.
-SUMMARY_BIN_MS = 10
+SUMMARY_BIN_MS = 10.0
 
 
 SUMMARY_COLUMNS = [
