@@ -98,7 +98,9 @@ def cell_summary(traces: CellTraces, node_mat: pd.DataFrame | None = None) -> pd
     * throughput_mean_bps: tx rate over the window, averaged over nodes; bw_utilization
       divides it by the cap (NaN when uncapped).
     * peak_to_mean_10ms, cov_10ms: tx burstiness at 10 ms bins averaged over nodes (NaN when
-      the counters were sampled too coarsely; shape_resolved_10ms says so).
+      the counters do not resolve 10 ms, by their ``resolution_ns`` or, without it, their
+      sampling interval; shape_resolved_10ms says so). The ``shape`` table has the same at
+      0.1, 1 and 100 ms.
     * wire_over_framework: total wire tx over total modelled inter-node framework tx for the
       whole run (see :func:`wire_vs_framework`).
 
