@@ -13,7 +13,10 @@ from commscope.report.sections import (
     busbw_text,
     crosscheck_cells,
     crosscheck_strategies,
+    wire_cells,
+    wire_intro,
 )
+from commscope.units import fmt_ratio
 
 
 def _study(root: Path, wire_flows: bool) -> Path:
@@ -76,3 +79,33 @@ def test_microbenchmark_text_names_the_factors_the_code_uses() -> None:
     text = busbw_text()
     assert "reduce_scatter x 2(n-1)/n (a full all-reduce)" in text
     assert "broadcast x ceil(log2 n)" in text
+
+
+def test_wire_table_says_where_each_cells_bytes_came_from(tmp_path: Path) -> None:
+    summary = pd.DataFrame(
+        {
+            "strategy": ["ddp", "tp"],
+            "model": ["m", "m"],
+            "nodes": [2, 2],
+            "bw": ["50mbit", "none"],
+            "wire_source": ["bpf", "counters"],
+            "wire_resolution_us": [100.0, 1000.0],
+            "wire_fallback": ["", "node1: not root"],
+            "peak_to_mean_100us": [1.02, float("nan")],
+            "peak_to_mean_1ms": [1.01, 3.0],
+            "peak_to_mean_10ms": [1.0, 2.0],
+            "peak_to_mean_100ms": [1.0, 1.5],
+            "cov_100us": [0.05, float("nan")],
+            "cov_10ms": [0.01, 0.8],
+            "bw_utilization": [0.97, float("nan")],
+        }
+    )
+    path = tmp_path / "summary.parquet"
+    summary.to_parquet(path)
+    table = wire_cells(path)
+    assert table["wire"].tolist() == ["bpf at 100 µs", "counters at 1000 µs"]
+    assert table.loc[0, "peak/mean 0.1 ms"] == fmt_ratio(1.02)
+    intro = wire_intro(path)
+    assert "1 of 2 cells were measured in the kernel (tc BPF, 100 µs bins" in intro
+    assert "1 fell back to the 1 kHz /proc sampler and tcpdump because: node1: not root" in intro
+    assert wire_cells(tmp_path / "absent.parquet").empty

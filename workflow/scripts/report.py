@@ -29,5 +29,6 @@ with log_to(snakemake.log[0]):
             timing=list(map(Path, snakemake.input.timing)),
             microbench=tuple(map(Path, snakemake.input.microbench)) or None,
             predictions=Path(snakemake.input.predictions[0]),
+            summary=Path(snakemake.input.summary),
         ),
     )

@@ -8,7 +8,7 @@ import pandas as pd
 
 from commscope.cell.load import CellTraces
 from commscope.contracts import P2P_OPS
-from commscope.metrics.counters import counted_wire_bytes, traffic_shape
+from commscope.metrics.counters import bin_width_ns, counted_wire_bytes, traffic_shape
 from commscope.metrics.framework import wire_vs_framework
 from commscope.metrics.matrix import comm_matrix, node_matrix, node_traffic_split
 from commscope.metrics.steps import step_times, training_window
@@ -37,8 +37,19 @@ SUMMARY_COLUMNS = [
     "peak_to_mean_10ms",
     "cov_10ms",
     "shape_resolved_10ms",
+    "peak_to_mean_100us",
+    "cov_100us",
+    "peak_to_mean_1ms",
+    "cov_1ms",
+    "peak_to_mean_100ms",
+    "cov_100ms",
     "wire_over_framework",
+    "wire_source",
+    "wire_resolution_us",
+    "wire_fallback",
 ]
+# The burstiness columns of the summary beside the 10 ms ones: suffix -> bin width (ms).
+SHAPE_SUMMARY_BINS: dict[str, float] = {"100us": 0.1, "1ms": 1.0, "100ms": 100.0}
 
 
 def _wire_summary(
@@ -55,9 +66,11 @@ def _wire_summary(
         "peak_to_mean_10ms",
         "cov_10ms",
         "wire_over_framework",
+        *(f"{m}_{suffix}" for suffix in SHAPE_SUMMARY_BINS for m in ("peak_to_mean", "cov")),
     ):
         wire_row[col] = nan
     wire_row["shape_resolved_10ms"] = False
+    wire_row.update(_wire_source(traces))
     if n_measured and not traces.counters.empty:
         window = training_window(st)
         wire = counted_wire_bytes(traces.counters, window)
@@ -68,17 +81,35 @@ def _wire_summary(
         wire_row["throughput_mean_bps"] = float(wire["wire_tx_bytes"].mean()) * 8 / duration_s
         if bw_bps:
             wire_row["bw_utilization"] = wire_row["throughput_mean_bps"] / float(bw_bps)
-        shape = traffic_shape(traces.counters, window, (SUMMARY_BIN_MS,))
+        widths = (SUMMARY_BIN_MS, *SHAPE_SUMMARY_BINS.values())
+        shape = traffic_shape(traces.counters, window, widths)
         tx = shape[shape["direction"] == "tx"]
-        wire_row["peak_to_mean_10ms"] = float(tx["peak_to_mean"].mean())
-        wire_row["cov_10ms"] = float(tx["cov"].mean())
-        wire_row["shape_resolved_10ms"] = bool(tx["resolved"].all()) if len(tx) else False
+        for suffix, width in {"10ms": SUMMARY_BIN_MS, **SHAPE_SUMMARY_BINS}.items():
+            at = tx[tx["bin_ms"].map(bin_width_ns) == bin_width_ns(width)]
+            wire_row[f"peak_to_mean_{suffix}"] = float(at["peak_to_mean"].mean())
+            wire_row[f"cov_{suffix}"] = float(at["cov"].mean())
+            if suffix == "10ms":
+                wire_row["shape_resolved_10ms"] = bool(at["resolved"].all()) if len(at) else False
     if not traces.ops.empty and not traces.counters.empty:
         wf = wire_vs_framework(traces.ops, traces.counters, traces.meta)
         fw_total = float(wf["framework_tx_bytes"].sum())
         if fw_total > 0:
             wire_row["wire_over_framework"] = float(wf["wire_tx_bytes"].sum()) / fw_total
     return wire_row
+
+
+def _wire_source(traces: CellTraces) -> dict[str, Any]:
+    """How the cell's wire was measured (cell.json ``wire``, the counters' ``resolution_ns``):
+    ``bpf`` or ``counters`` (the /proc sampler), its resolution in µs (NaN unknown), and why a
+    requested BPF source fell back ('' when it did not)."""
+    wire = traces.meta.get("wire") or {}
+    res = traces.counters.get("resolution_ns") if not traces.counters.empty else None
+    res_ns = float(res.max()) if res is not None and res.notna().any() else 0.0
+    return {
+        "wire_source": str(wire.get("source") or "counters"),
+        "wire_resolution_us": res_ns / 1000 if res_ns > 0 else float("nan"),
+        "wire_fallback": str(wire.get("reason") or ""),
+    }
 
 
 def cell_summary(traces: CellTraces, node_mat: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -101,8 +132,12 @@ def cell_summary(traces: CellTraces, node_mat: pd.DataFrame | None = None) -> pd
       the counters do not resolve 10 ms, by their ``resolution_ns`` or, without it, their
       sampling interval; shape_resolved_10ms says so). The ``shape`` table has the same at
       0.1, 1 and 100 ms.
+    * peak_to_mean_100us / _1ms / _100ms, cov_...: the same at the other widths (NaN where
+      the counters do not resolve them).
     * wire_over_framework: total wire tx over total modelled inter-node framework tx for the
       whole run (see :func:`wire_vs_framework`).
+    * wire_source (``bpf`` or ``counters``), wire_resolution_us (the counters' resolution),
+      wire_fallback (why a requested BPF source fell back; '' when it did not).
 
     Columns: cell params, then SUMMARY_COLUMNS.
     """

@@ -104,6 +104,64 @@ def _read(path: Path) -> pd.DataFrame:
     return pd.read_parquet(path) if path.exists() else pd.DataFrame()
 
 
+# The wire table: (summary column, header); peak/mean and CoV of node tx at four widths.
+WIRE_COLUMNS: list[tuple[str, str]] = [
+    ("peak_to_mean_100us", "peak/mean 0.1 ms"),
+    ("peak_to_mean_1ms", "peak/mean 1 ms"),
+    ("peak_to_mean_10ms", "peak/mean 10 ms"),
+    ("peak_to_mean_100ms", "peak/mean 100 ms"),
+    ("cov_100us", "CoV 0.1 ms"),
+    ("cov_10ms", "CoV 10 ms"),
+    ("bw_utilization", "utilization of the cap"),
+]
+
+
+def wire_cells(summary_path: Path) -> pd.DataFrame:
+    """Per cell: how its wire was measured (source and resolution) and the tx burstiness of
+    its nodes at 0.1, 1, 10 and 100 ms (means over nodes; NaN where not resolved)."""
+    summary = _read(summary_path)
+    if summary.empty or "wire_source" not in summary:
+        return pd.DataFrame()
+    keys = [c for c in ("strategy", "model", "nodes", "ranks_per_node", "bw", "cc") if c in summary]
+    out = summary[keys].copy()
+    out["wire"] = [
+        f"{src} at {res:g} µs" if pd.notna(res) else f"{src}"
+        for src, res in zip(summary["wire_source"], summary["wire_resolution_us"], strict=True)
+    ]
+    for col, header in WIRE_COLUMNS:
+        out[header] = summary[col].map(fmt_ratio) if col in summary else ""
+    return out.sort_values(keys, kind="stable").reset_index(drop=True)
+
+
+def wire_intro(summary_path: Path) -> str:
+    """How to read the wire table, with where its numbers came from: how many cells the BPF
+    accounting measured, at what resolution, and each fallback with its reason."""
+    summary = _read(summary_path)
+    base = (
+        "How each cell's wire was measured and how bursty its nodes' transmissions are at "
+        "four time scales: peak / mean and coefficient of variation of the tx rate over the "
+        "measured steps, in 0.1, 1, 10 and 100 ms bins (means over nodes). A flat line at a "
+        "cap gives peak / mean near 1 at every scale; a scale finer than the source resolves "
+        "is left blank."
+    )
+    if summary.empty or "wire_source" not in summary:
+        return base
+    bpf = summary[summary["wire_source"] == "bpf"]
+    text = f" {len(bpf)} of {len(summary)} cells were measured in the kernel (tc BPF"
+    if len(bpf):
+        widths = sorted({f"{w:g} µs" for w in bpf["wire_resolution_us"].dropna()})
+        text += f", {', '.join(widths)} bins"
+    text += ", counted on the receiver's ingress)"
+    fell = summary[summary["wire_fallback"].astype(str) != ""]
+    if len(fell):
+        reasons = sorted(set(fell["wire_fallback"].astype(str)))
+        text += (
+            f"; {len(fell)} fell back to the 1 kHz /proc sampler and tcpdump because: "
+            + " | ".join(reasons)
+        )
+    return base + text + "."
+
+
 def crosscheck_cells(crosscheck: Path, matrix_check: Path) -> pd.DataFrame:
     """One row per cell: does the wire agree with the recorded ops? The aggregated
     ``crosscheck`` and ``matrix_check`` files through
@@ -253,10 +311,11 @@ _CROSSCHECK_CELL_INTRO = (
     "wire/ops: the cell's transmitted bytes on the wire over the bytes its ops "
     "imply (headers included, so slightly above 1). unexplained_max_pct: the largest "
     "share left unexplained on any node and direction. unresolved_max_pct: the largest "
-    "share the 1 kHz counters saw inside a sample interval straddling a window edge, "
-    "which counts on either side (large only where the sampler was descheduled across "
-    "a burst). pairs_passed: node pairs whose "
-    "bytes in the packet-header capture (the wire node x node matrix) agree with the "
+    "share the counters saw inside a bin straddling a window edge (one 100 µs bin with the "
+    "BPF source, one sample interval with the /proc sampler), which counts on either side. "
+    "pairs_passed: node pairs whose "
+    "bytes on the wire (the receivers' BPF ingress by sender, or the packet-header capture) "
+    "agree with the "
     "framework node x node matrix within the same tolerance. agree = both checks pass."
 )
 _COMPARE_INTRO = (
@@ -322,6 +381,7 @@ def study_tables(
     timing: Sequence[Path] = (),
     microbench: tuple[Path, Path] | None = None,
     predictions: Path | None = None,
+    summary: Path | None = None,
 ) -> list[dict[str, Any]]:
     """The report's table sections in order: title, intro (how to read it), frame.
 
@@ -330,9 +390,15 @@ def study_tables(
     ``predict/timing.parquet``, ``learning`` the (loss, routing) tables of the learning runs,
     ``imports`` the imported traces' summaries. ``microbench`` is the (summary, fit) pair of
     the microbenchmark stage, ``predictions`` the scenario table; either may be absent (stage
-    turned off)."""
+    turned off). ``summary`` (the aggregated cell summary) gives the wire table first."""
     imported = pd.concat(map(pd.read_parquet, imports)) if imports else pd.DataFrame()
+    wire = (
+        [_section("The wire at four time scales", wire_intro(summary), wire_cells(summary))]
+        if summary
+        else []
+    )
     return [
+        *wire,
         _section(
             "Wire vs recorded ops, per strategy",
             _CROSSCHECK_STRATEGY_INTRO,
