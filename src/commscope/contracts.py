@@ -27,6 +27,7 @@ SWEEP_AXES: tuple[str, ...] = (
     "delay",
     "jitter",
     "loss",
+    "cc",
     "steps",
     "repeat",
 )

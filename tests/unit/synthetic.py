@@ -58,6 +58,7 @@ def cell_params(
     delay: str = "0ms",
     jitter: str = "0ms",
     loss: str = "0pct",
+    cc: str = "cubic",
     steps: int = 5,
     repeat: int = 0,
 ) -> dict[str, Any]:
@@ -71,6 +72,7 @@ def cell_params(
         "delay": delay,
         "jitter": jitter,
         "loss": loss,
+        "cc": cc,
         "steps": steps,
         "repeat": repeat,
     }

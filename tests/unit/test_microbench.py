@@ -157,14 +157,17 @@ def test_summary_utilization_and_fit_table(tmp_path: Path) -> None:
 def test_link_settings_from_sweep_or_list() -> None:
     cells = pd.DataFrame(
         [
-            {"strategy": s, "bw": bw, "delay": "0ms", "jitter": "0ms", "loss": "0pct"}
+            {"strategy": s, "bw": bw, "delay": "0ms", "jitter": "0ms", "loss": "0pct", "cc": cc}
             for s in ("ddp", "pp")
             for bw in ("50mbit", "none", "200mbit")
+            for cc in (("cubic", "bbr") if bw == "50mbit" else ("cubic",))
         ]  # fmt: skip
     )
     links = link_settings("sweep", cells)
-    assert list(links["bw"]) == ["200mbit", "50mbit", "none"]
-    assert links["link"].iloc[1] == "bw~50mbit/delay~0ms/jitter~0ms/loss~0pct"
+    # One setting per distinct (bw, delay, jitter, loss, cc): the cc axis is a link axis.
+    assert list(links["bw"]) == ["200mbit", "50mbit", "50mbit", "none"]
+    assert list(links["cc"]) == ["cubic", "bbr", "cubic", "cubic"]
+    assert links["link"].iloc[2] == "bw~50mbit/delay~0ms/jitter~0ms/loss~0pct/cc~cubic"
     explicit = link_settings([{"bw": "1gbit"}, {"bw": "1gbit", "delay": "0ms"}], cells)
     assert explicit.to_dict("records") == [
         {
@@ -172,7 +175,8 @@ def test_link_settings_from_sweep_or_list() -> None:
             "delay": "0ms",
             "jitter": "0ms",
             "loss": "0pct",
-            "link": "bw~1gbit/delay~0ms/jitter~0ms/loss~0pct",
+            "cc": "cubic",
+            "link": "bw~1gbit/delay~0ms/jitter~0ms/loss~0pct/cc~cubic",
         }  # fmt: skip
     ]
 
@@ -195,7 +199,7 @@ def test_bench_spec_from_config_block() -> None:
         LinkSetting.from_mapping({"bw": "1gbit", "rate": "1gbit"})
     link = LinkSetting.from_mapping({"bw": "1gbit"})
     assert link == LinkSetting.from_wildcards({**link.as_dict(), "nodes": 2})
-    assert link.id == "bw~1gbit/delay~0ms/jitter~0ms/loss~0pct"
+    assert link.id == "bw~1gbit/delay~0ms/jitter~0ms/loss~0pct/cc~cubic"
 
 
 _SWEEP = {"strategy": ["ddp"], "model": ["m"], "nodes": [2], "ranks_per_node": [1],

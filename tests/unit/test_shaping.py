@@ -6,16 +6,20 @@ import pytest
 
 from commscope.cluster.hosts import NodeSpec
 from commscope.cluster.shaping import (
+    _cc_hint,
     _tc_prefix,
+    cc_command,
+    parse_link_facts,
     shape_commands,
     tbf_burst_bytes,
     unshape_commands,
 )
-from commscope.spec.link import LinkShape, check_shape_supported
+from commscope.spec.link import LinkSetting, LinkShape, check_shape_supported
 
 INGRESS = [
-    "tc qdisc replace dev exp0 handle ffff: ingress",
-    "tc filter replace dev exp0 parent ffff: protocol all prio 1 handle 800::800 "
+    "tc qdisc del dev exp0 ingress",
+    "tc qdisc replace dev exp0 clsact",
+    "tc filter replace dev exp0 ingress prio 2 handle 800::800 protocol all "
     "u32 match u32 0 0 action mirred egress redirect dev ifb0",
 ]
 IFB_UP = ["ip link add ifb0 type ifb", "ip link set dev ifb0 up"]
@@ -55,6 +59,44 @@ def test_needs_netem_only_for_impairments() -> None:
     assert not LinkShape.parse("none").needs_netem
     assert LinkShape.parse("none", loss="1%").needs_netem
     assert LinkShape.parse("none").is_noop
+
+
+def test_cc_is_no_impairment() -> None:
+    """cc=bbr alone needs no qdisc and no netem, but is part of the shape and its description."""
+    bbr = LinkShape.parse("none", cc="bbr")
+    assert bbr.cc == "bbr" and bbr.is_noop and not bbr.needs_netem
+    assert bbr.impairments() == []
+    assert bbr.describe() == "rate=unlimited cc=bbr"
+    assert shape_commands("exp0", "ifb0", bbr) == []
+    assert LinkShape.parse("100mbit").cc == "cubic"  # the default, as in seed 002
+    assert LinkShape.parse("100mbit", "10ms").describe() == "rate=100mbit delay=10ms cc=cubic"
+    assert cc_command("reno") == "sysctl -w net.ipv4.tcp_congestion_control=reno"
+
+
+def test_cc_failures_say_why() -> None:
+    # A network namespace may only pick algorithms of the host's allowed list (EPERM).
+    eperm = 'sysctl: setting key "net.ipv4.tcp_congestion_control": Operation not permitted'
+    assert "net.ipv4.tcp_allowed_congestion_control: add cubic there" in _cc_hint(eperm, "cubic")
+    enoent = 'sysctl: setting key "net.ipv4.tcp_congestion_control": No such file or directory'
+    assert "lacks TCP congestion control 'bbr'" in _cc_hint(enoent, "bbr")
+    assert "modprobe tcp_bbr" in _cc_hint(enoent, "bbr")
+
+
+@pytest.mark.parametrize("cc", ["vegas", "BBR", "", "cubic "])
+def test_unknown_cc_names_the_axis_and_the_choices(cc: str) -> None:
+    with pytest.raises(ValueError) as err:
+        LinkShape(rate_bps=None, cc=cc)
+    assert f"cc={cc!r}" in str(err.value)
+    assert "cubic, bbr, reno" in str(err.value)
+
+
+def test_link_setting_carries_cc() -> None:
+    link = LinkSetting("50mbit", cc="bbr")
+    assert link.id == "bw~50mbit/delay~0ms/jitter~0ms/loss~0pct/cc~bbr"
+    assert link.shape() == LinkShape(rate_bps=50_000_000, cc="bbr")
+    assert LinkSetting.from_mapping({"bw": "50mbit"}).cc == "cubic"
+    with pytest.raises(ValueError, match="cc='vegas'"):
+        LinkSetting("50mbit", cc="vegas").shape()
 
 
 @pytest.mark.parametrize(
@@ -99,21 +141,51 @@ def test_invalid_direct_construction() -> None:
         (1_000_000_001, 125_001),  # rounded up, never below rate x 1 ms
     ],
 )
-def test_burst_is_max_of_1ms_and_64k(rate: int, burst: int) -> None:
-    assert tbf_burst_bytes(rate) == burst
+def test_burst_with_offloads_is_max_of_1ms_and_64k(rate: int, burst: int) -> None:
+    assert tbf_burst_bytes(rate, mtu=1500, offload=True) == burst
+    assert tbf_burst_bytes(rate, mtu=9000, offload=True) == burst  # the MTU does not matter
+
+
+@pytest.mark.parametrize(
+    ("rate", "mtu", "burst"),
+    [
+        (500_000, 1500, 3028),  # slow links: two 1514-byte frames
+        (10_000_000, 1500, 3028),  # 10 Mbit x 1 ms = 1,250 B < 2 frames
+        (24_224_000, 1500, 3028),  # exactly 2 frames per ms
+        (50_000_000, 1500, 6250),  # 50 Mbit x 1 ms
+        (200_000_000, 1500, 25_000),
+        (1_000_000_000, 1500, 125_000),
+        (50_000_000, 9000, 18_028),  # jumbo frames: two 9014-byte frames
+        (10_000_000_000, 9000, 1_250_000),
+        (100_000_000, 576, 12_500),
+    ],
+)
+def test_burst_with_frames_is_max_of_1ms_and_2_frames(rate: int, mtu: int, burst: int) -> None:
+    assert tbf_burst_bytes(rate, mtu=mtu, offload=False) == burst
+    assert tbf_burst_bytes(rate, mtu=mtu) == burst  # frames are the default
 
 
 # ─────────────────────────────────────────────────────────────── command strings
 
 
 def test_cap_only() -> None:
-    tbf = "tbf rate 100000000bit burst 65536 latency 50ms"
+    tbf = "tbf rate 100000000bit burst 12500 latency 50ms"
     assert shape_commands("exp0", "ifb0", LinkShape.parse("100mbit")) == [
         *IFB_UP,
         f"tc qdisc replace dev exp0 root handle 1: {tbf}",
         *INGRESS,
         f"tc qdisc replace dev ifb0 root handle 1: {tbf}",
     ]
+
+
+def test_cap_with_offloads_or_jumbo_frames() -> None:
+    shape = LinkShape.parse("50mbit")
+    gso = shape_commands("exp0", "ifb0", shape, mtu=1500, offload=True)
+    jumbo = shape_commands("exp0", "ifb0", shape, mtu=9000, offload=False)
+    assert gso[2].endswith("tbf rate 50000000bit burst 65536 latency 50ms")
+    assert gso[-1].endswith("tbf rate 50000000bit burst 65536 latency 50ms")
+    assert jumbo[2].endswith("tbf rate 50000000bit burst 18028 latency 50ms")
+    assert jumbo[-1].endswith("tbf rate 50000000bit burst 18028 latency 50ms")
 
 
 def test_cap_delay_jitter_loss() -> None:
@@ -157,15 +229,57 @@ def test_other_interface_names() -> None:
         "tc qdisc replace dev enp65s0f1 root handle 1: "
         "tbf rate 10000000000bit burst 1250000 latency 50ms"
     )
-    assert cmds[4].endswith("action mirred egress redirect dev ifb3")
+    assert cmds[5].startswith("tc filter replace dev enp65s0f1 ingress prio 2 ")
+    assert cmds[5].endswith("action mirred egress redirect dev ifb3")
 
 
 def test_unshape() -> None:
     assert unshape_commands("exp0", "ifb0") == [
         "tc qdisc del dev exp0 root",
-        "tc qdisc del dev exp0 ingress",
+        # Deleting clsact takes the redirect (and any filter left on it) along.
+        "tc qdisc del dev exp0 clsact",
+        "tc qdisc del dev exp0 ingress",  # an older commscope's ingress qdisc
         "tc qdisc del dev ifb0 root",
     ]
+
+
+# ─────────────────────────────────────────────────────────────── link facts
+
+ETHTOOL_K = """Features for exp0:
+rx-checksumming: on
+tx-checksumming: on
+scatter-gather: on
+tcp-segmentation-offload: off
+\ttx-tcp-segmentation: off
+\ttx-tcp6-segmentation: off
+generic-segmentation-offload: off
+generic-receive-offload: off
+large-receive-offload: off [fixed]
+tx-udp-segmentation: on
+"""
+
+
+def test_parse_link_facts() -> None:
+    out = f"1500\n@@ethtool\n{ETHTOOL_K}@@cc\ncubic\n"
+    assert parse_link_facts("exp0", out) == {
+        "iface": "exp0",
+        "mtu": 1500,
+        "tso": False,
+        "gso": False,
+        "gro": False,
+        "cc": "cubic",
+    }
+    nic = ETHTOOL_K.replace("tcp-segmentation-offload: off", "tcp-segmentation-offload: on")
+    nic = nic.replace("generic-receive-offload: off", "generic-receive-offload: on [fixed]")
+    facts = parse_link_facts("enp1s0", f"9000\n@@ethtool\n{nic}@@cc\nbbr\n")
+    assert (facts["mtu"], facts["tso"], facts["gso"], facts["gro"]) == (9000, True, False, True)
+
+
+def test_parse_link_facts_without_ethtool() -> None:
+    out = "1500\n@@ethtool\nsh: 1: ethtool: not found\n@@cc\nreno\n"
+    facts = parse_link_facts("exp0", out)
+    assert (facts["tso"], facts["gso"], facts["gro"]) == (None, None, None)
+    assert (facts["mtu"], facts["cc"]) == (1500, "reno")
 
 
 # ─────────────────────────────────────────────────────────────── support check, sudo

@@ -31,6 +31,7 @@ def make_cell(**kw: Any) -> dict[str, Any]:
         "delay": "0ms",
         "jitter": "0ms",
         "loss": "0pct",
+        "cc": "cubic",
         "steps": 3,
         "repeat": 1,
     }
@@ -176,7 +177,7 @@ def test_params_repeated_on_every_row(
     assert (frame["cell"] == cell_id(cell)).all()
     assert frame["cell"].iloc[0] == (
         "strategy~ddp/model~gpt-tiny/nodes~2/ranks_per_node~1/bw~50mbit/"
-        "delay~0ms/jitter~0ms/loss~0pct/steps~3/repeat~1"
+        "delay~0ms/jitter~0ms/loss~0pct/cc~cubic/steps~3/repeat~1"
     )
     # Integer axes stay integers (aggregation groups on them).
     assert pd.api.types.is_integer_dtype(frame["nodes"])

@@ -45,6 +45,12 @@ class NodeSpec:
     ifb_iface: str = "ifb0"
     # netns backend only: the namespace the node lives in (root tools use it for cleanup).
     netns: str | None = None
+    # The experiment interface's MTU and whether it hands the stack's super-packets on whole
+    # (TSO/GSO, or GRO on receive, on): tbf buckets are sized for its largest packet. The netns
+    # backend sets both; for real hosts provisioning reads them off the NIC (link_facts).
+    # Unknown means offloads on: the 64 KB bucket passes any packet.
+    mtu: int = 1500
+    offload: bool = True
 
 
 @dataclass

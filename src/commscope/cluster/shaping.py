@@ -1,22 +1,40 @@
-"""Link shaping with Linux tc on a node's experiment interface, in both directions.
+"""Link shaping with Linux tc on a node's experiment interface, in both directions, and the
+node's TCP congestion control.
 
 What goes where (``iface`` = the experiment interface, ``ifb`` = an IFB device on the node)::
 
     egress  (node sends)     iface root:  tbf rate R                      (cap only)
-    ingress (node receives)  iface ingress qdisc + u32 match-all filter
-                             └─ mirred egress redirect → ifb
-                                ifb root: tbf rate R                      (cap, no netem)
-                                       or netem delay/jitter/loss         (netem, no cap)
-                                       or netem ─ child 1:1 ─ tbf rate R  (both)
+    ingress (node receives)  iface clsact, ingress hook, filters in prio order:
+                               prio 1: free for the in-kernel wire accounting (a BPF filter)
+                               prio 2: u32 match-all ─ mirred egress redirect → ifb
+                             ifb root: tbf rate R                      (cap, no netem)
+                                    or netem delay/jitter/loss         (netem, no cap)
+                                    or netem ─ child 1:1 ─ tbf rate R  (both)
+    the node's netns         net.ipv4.tcp_congestion_control = cc      (every shape, restored)
 
 Why delay/jitter/loss sit on the receiver's ingress and not on the sender's egress: netem on the
 sender interacts with TCP Small Queues (the stack sees its packets "in the qdisc" for the whole
 delay and throttles itself); the netem man page advises the ingress of the receiver via IFB.
 The cap is on both sides so that each direction of a node's link is capped independently.
 
-tbf quirks: the burst must be at least max(rate x 1 ms, 64 KB) or tbf cannot reach its rate at
-Gbit speeds and splits GSO super-packets needlessly (measured here: 10 Gbit with a 32 KB burst
-gave 4.9 Gbit); use ``tc qdisc replace`` so re-applying is idempotent.
+Why clsact and not the ingress qdisc: the wire accounting attaches tc BPF filters to clsact's
+ingress and egress hooks at prio 1, and the two qdiscs exclude each other (tc: "Invalid qdisc
+name: must match existing qdisc"). ``tc qdisc replace ... clsact`` on an existing clsact keeps
+the filters already on it (checked), so shaping after the accounting attached is safe too. A
+filter at prio 1 must return TC_ACT_UNSPEC (-1) on ingress: any verdict, TC_ACT_OK included,
+ends classification and the redirect at prio 2 never runs (measured: with a BPF program
+returning TC_ACT_OK at prio 1 the ifb saw 0 of 50 packets, with TC_ACT_UNSPEC all 50).
+Lifecycle in a cell: shape → accounting attaches at prio 1 → training → accounting detaches →
+unshape, which deletes clsact (and anything still on it) so the qdiscs return to their state
+before shaping.
+
+tbf quirks: the bucket (burst) must hold the largest packet the interface hands over and at
+least rate x 1 ms, or tbf cannot reach its rate at Gbit speeds (measured here: 10 Gbit with a
+32 KB burst gave 4.9 Gbit). With TSO/GSO off (the netns cluster's default) the largest packet is
+a frame, MTU + 14 bytes, and the bucket is max(rate x 1 ms, 2 frames); with offloads on it is a
+GSO super-packet of up to 64 KB and the bucket is max(rate x 1 ms, 64 KB), which at 50 Mbit/s
+releases one 64 KB burst every ~10 ms instead of a steady stream of frames. Use ``tc qdisc
+replace`` so re-applying is idempotent.
 
 Commands are built by pure functions (unit tested for exact strings) and run on the node through
 :class:`~commscope.cluster.hosts.Host` (with ``sudo -n`` when the SSH user is not root). The shape
@@ -31,6 +49,7 @@ import math
 import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from commscope.cluster.hosts import Host, on_all
 from commscope.spec.link import NETEM_UNKNOWN, LinkShape, check_shape_supported, tc_ms, tc_num
@@ -40,19 +59,33 @@ log = logging.getLogger(__name__)
 # tbf queue bound expressed as time at the capped rate (tc's `latency`): deep enough that a
 # single TCP flow keeps the bottleneck busy on a LAN, like a switch buffer of a few MB at 1 Gbit.
 TBF_LATENCY_MS = 50
+# The bucket floor when the interface passes GSO/TSO (or GRO) super-packets of up to 64 KB.
 TBF_MIN_BURST_BYTES = 64 * 1024
+# Without offloads: room for this many frames of MTU + Ethernet header (tc counts no FCS).
+TBF_MIN_BURST_FRAMES = 2
+ETH_HEADER_BYTES = 14
 # netem holds every delayed packet; its default limit (1000 packets) would drop at
 # Gbit rate x tens of ms of delay, so raise it well above any bandwidth-delay product we shape.
 NETEM_LIMIT_PKTS = 100_000
-# The u32 filter on the ingress qdisc gets a fixed handle so `tc filter replace` replaces it
-# instead of stacking a second copy (tc assigns 800::801, 800::802, ... otherwise).
+# clsact ingress filters run by priority, lowest first. The redirect to the ifb sits at 2 so
+# that prio 1 stays free for the wire accounting's BPF filter (commscope.node.wire), which must
+# see packets before the redirect steals them.
+REDIRECT_PRIO = 2
+# The redirect gets a fixed handle so `tc filter replace` replaces it instead of stacking a second
+# copy (tc assigns 800::801, 800::802, ... otherwise).
 _INGRESS_FILTER_HANDLE = "800::800"
+# The node's TCP congestion control: a sysctl of its network namespace (read without root).
+CC_SYSCTL = "net.ipv4.tcp_congestion_control"
+_CC_PROC = "/proc/sys/net/ipv4/tcp_congestion_control"
 
 # tc error messages that mean "already in the wanted state" during cleanup.
 _GONE_ERRORS = (
     "Cannot delete qdisc with handle of zero",  # root is the kernel default already
-    "Cannot find specified qdisc on specified device",  # no ingress qdisc
-    "Invalid handle",  # no ingress qdisc (older iproute2/kernels)
+    "Cannot find specified qdisc on specified device",  # no ingress/clsact qdisc
+    "Invalid handle",  # no ingress/clsact qdisc (this kernel's answer)
+    # Deleting clsact where an ingress qdisc sits, or the reverse (they share handle ffff:):
+    # the other one's own delete removes it.
+    "Invalid qdisc name",
     "No such file or directory",
     "Cannot find device",  # the ifb was never created
 )
@@ -63,18 +96,21 @@ class ShapingError(RuntimeError):
     """A tc command failed on a node, or a node did not return to its unshaped state."""
 
 
-def tbf_burst_bytes(rate_bps: int) -> int:
-    """tbf bucket size: max(rate x 1 ms, 64 KB) in bytes.
+def tbf_burst_bytes(rate_bps: int, mtu: int = 1500, offload: bool = False) -> int:
+    """tbf bucket size in bytes: max(rate x 1 ms, largest packet room).
 
-    Below 64 KB a single GSO super-packet (up to 64 KB) does not fit the bucket and tbf has to
-    segment it; below rate x 1 ms the bucket empties faster than the timer refills it at high
-    rates, and tbf falls short of its rate.
+    The room is :data:`TBF_MIN_BURST_FRAMES` frames of ``mtu`` + 14 bytes when the interface
+    carries frames (``offload`` False), 64 KB when it passes GSO super-packets (a packet that
+    does not fit the bucket is segmented, or dropped when it is no GSO packet). Below rate x 1 ms
+    the bucket empties faster than the timer refills it at high rates, and tbf falls short.
     """
-    return max(math.ceil(rate_bps / 8 / 1000), TBF_MIN_BURST_BYTES)
+    room = TBF_MIN_BURST_BYTES if offload else TBF_MIN_BURST_FRAMES * (mtu + ETH_HEADER_BYTES)
+    return max(math.ceil(rate_bps / 8 / 1000), room)
 
 
-def _tbf(rate_bps: int) -> str:
-    return f"tbf rate {rate_bps}bit burst {tbf_burst_bytes(rate_bps)} latency {TBF_LATENCY_MS}ms"
+def _tbf(rate_bps: int, mtu: int, offload: bool) -> str:
+    burst = tbf_burst_bytes(rate_bps, mtu, offload)
+    return f"tbf rate {rate_bps}bit burst {burst} latency {TBF_LATENCY_MS}ms"
 
 
 def _netem(shape: LinkShape) -> str:
@@ -93,37 +129,44 @@ def _netem(shape: LinkShape) -> str:
 # ──────────────────────────────────────────────────────────────────────────── command builders
 
 
-def shape_commands(iface: str, ifb: str, shape: LinkShape) -> list[str]:
-    """The commands (without sudo) that shape ``iface`` both ways; run in order.
+def shape_commands(
+    iface: str, ifb: str, shape: LinkShape, *, mtu: int = 1500, offload: bool = False
+) -> list[str]:
+    """The tc commands (without sudo) that shape ``iface`` both ways; run in order.
 
-    A no-op shape gives no commands. ``ip link add`` may answer "File exists" (fine).
+    ``mtu``/``offload`` describe ``iface`` (they size the tbf buckets). A no-op shape gives no
+    commands; the congestion control is not tc's (:func:`cc_command`). ``ip link add`` may
+    answer "File exists" and deleting a qdisc that is not there is fine.
     """
     if shape.is_noop:
         return []
+    tbf = None if shape.rate_bps is None else _tbf(shape.rate_bps, mtu, offload)
     cmds = [
         f"ip link add {ifb} type ifb",
         f"ip link set dev {ifb} up",
     ]
-    if shape.rate_bps is not None:
-        cmds.append(f"tc qdisc replace dev {iface} root handle 1: {_tbf(shape.rate_bps)}")
+    if tbf is not None:
+        cmds.append(f"tc qdisc replace dev {iface} root handle 1: {tbf}")
     else:
         # No cap: drop a cap left by a previous cell (replace cannot go back to "no qdisc").
         cmds.append(f"tc qdisc del dev {iface} root")
     # Everything received on iface is redirected through the ifb, where the receive-side
-    # shaping lives (ingress qdiscs cannot queue, an ifb's root qdisc can).
+    # shaping lives (ingress hooks cannot queue, an ifb's root qdisc can). An ingress qdisc left
+    # by an older commscope would block clsact: remove it first.
     cmds += [
-        f"tc qdisc replace dev {iface} handle ffff: ingress",
-        f"tc filter replace dev {iface} parent ffff: protocol all prio 1 "
-        f"handle {_INGRESS_FILTER_HANDLE} u32 match u32 0 0 "
+        f"tc qdisc del dev {iface} ingress",
+        f"tc qdisc replace dev {iface} clsact",
+        f"tc filter replace dev {iface} ingress prio {REDIRECT_PRIO} "
+        f"handle {_INGRESS_FILTER_HANDLE} protocol all u32 match u32 0 0 "
         f"action mirred egress redirect dev {ifb}",
     ]
     if shape.needs_netem:
         cmds.append(f"tc qdisc replace dev {ifb} root handle 1: {_netem(shape)}")
-        if shape.rate_bps is not None:
-            cmds.append(f"tc qdisc replace dev {ifb} parent 1:1 handle 10: {_tbf(shape.rate_bps)}")
+        if tbf is not None:
+            cmds.append(f"tc qdisc replace dev {ifb} parent 1:1 handle 10: {tbf}")
     else:
-        assert shape.rate_bps is not None  # not a no-op and no netem: there is a cap
-        cmds.append(f"tc qdisc replace dev {ifb} root handle 1: {_tbf(shape.rate_bps)}")
+        assert tbf is not None  # not a no-op and no netem: there is a cap
+        cmds.append(f"tc qdisc replace dev {ifb} root handle 1: {tbf}")
     return cmds
 
 
@@ -131,13 +174,21 @@ def unshape_commands(iface: str, ifb: str) -> list[str]:
     """The commands (without sudo) that return ``iface`` and ``ifb`` to their default qdiscs.
 
     Errors meaning "nothing there" (see ``_GONE_ERRORS``) are expected and tolerated. Deleting
-    the ingress qdisc also deletes its redirect filter. The ifb device itself is left in place.
+    clsact also deletes every filter on it: the redirect, and an accounting filter that was not
+    detached. The ingress qdisc is deleted too in case an older commscope left one. The ifb
+    device itself is left in place.
     """
     return [
         f"tc qdisc del dev {iface} root",
+        f"tc qdisc del dev {iface} clsact",
         f"tc qdisc del dev {iface} ingress",
         f"tc qdisc del dev {ifb} root",
     ]
+
+
+def cc_command(cc: str) -> str:
+    """The command (without sudo) that sets the node's TCP congestion control to ``cc``."""
+    return f"sysctl -w {CC_SYSCTL}={cc}"
 
 
 # ──────────────────────────────────────────────────────────────────────────── running on hosts
@@ -217,26 +268,56 @@ def host_has_netem(host: Host) -> bool:
 
 
 def apply_shape(host: Host, shape: LinkShape) -> None:
-    """Shape ``host``'s experiment interface both ways. On failure, unshape and raise."""
+    """Shape ``host``'s experiment interface both ways and set its congestion control, in one
+    round trip. A no-op shape removes any shaping (the congestion control is still set). On
+    failure, unshape and raise (the caller restores the congestion control, see
+    :func:`shaped`)."""
     if shape.needs_netem:
         check_shape_supported(shape, host_has_netem(host))
+    spec = host.spec
     if shape.is_noop:
-        remove_shape(host)
-        return
+        tc = unshape_commands(spec.exp_iface, spec.ifb_iface)
+    else:
+        tc = shape_commands(
+            spec.exp_iface, spec.ifb_iface, shape, mtu=spec.mtu, offload=spec.offload
+        )
     try:
-        _run_script(host, shape_commands(host.spec.exp_iface, host.spec.ifb_iface, shape))
-    except BaseException:
+        _run_script(host, [cc_command(shape.cc), *tc])
+    except BaseException as exc:
         try:
             remove_shape(host)
-        except Exception as exc:  # keep the original error; log the cleanup one
-            log.error("%s: unshaping after a failed apply also failed: %s", host.name, exc)
+        except Exception as cleanup_exc:  # keep the original error; log the cleanup one
+            log.error("%s: unshaping after a failed apply also failed: %s", host.name, cleanup_exc)
+        if isinstance(exc, ShapingError) and CC_SYSCTL in str(exc):
+            raise ShapingError(f"{exc} ({_cc_hint(str(exc), shape.cc)})") from None
         raise
-    log.info("%s: shaped %s (%s)", host.name, host.spec.exp_iface, shape.describe())
+    log.info("%s: shaped %s (%s)", host.name, spec.exp_iface, shape.describe())
 
 
-def remove_shape(host: Host) -> None:
-    """Return ``host``'s experiment interface and ifb to default qdiscs (idempotent)."""
-    _run_script(host, unshape_commands(host.spec.exp_iface, host.spec.ifb_iface))
+def _cc_hint(error: str, cc: str) -> str:
+    """Why setting congestion control ``cc`` failed, and the fix."""
+    if "Operation not permitted" in error:
+        return (
+            "a network namespace may only use an algorithm listed in the host's "
+            f"net.ipv4.tcp_allowed_congestion_control: add {cc} there (provisioning the netns "
+            "cluster does)"
+        )
+    return (
+        f"the node's kernel lacks TCP congestion control {cc!r}: see "
+        "/proc/sys/net/ipv4/tcp_available_congestion_control; for bbr, `modprobe tcp_bbr`"
+    )
+
+
+def remove_shape(host: Host, cc: str | None = None) -> None:
+    """Return ``host``'s experiment interface and ifb to default qdiscs (idempotent); with
+    ``cc``, also set the node's congestion control back to it (same round trip)."""
+    cmds = unshape_commands(host.spec.exp_iface, host.spec.ifb_iface)
+    _run_script(host, cmds + ([cc_command(cc)] if cc else []))
+
+
+def congestion_control(host: Host) -> str:
+    """The TCP congestion control new connections of ``host`` use (its network namespace's)."""
+    return host.run(f"cat {_CC_PROC}").stdout.strip()
 
 
 def _qdisc_json(host: Host, stats: bool = False) -> dict[str, list[dict] | None]:
@@ -313,15 +394,17 @@ def qdisc_stats(host: Host) -> list[dict]:
 
 @contextmanager
 def shaped(hosts: list[Host], shape: LinkShape) -> Iterator[None]:
-    """Shape every host for the duration of the block; ALWAYS unshape afterwards.
+    """Shape every host and set its congestion control for the duration of the block; ALWAYS
+    unshape and restore the congestion control afterwards.
 
     Unshaping runs on every host whatever happened (exception in the block, apply failing on
-    the third host, Ctrl-C), then each host's qdisc snapshot must equal the one taken before
-    shaping, else ShapingError (chained to the block's exception, if any).
+    the third host, Ctrl-C), then each host's qdisc snapshot and congestion control must equal
+    those taken before shaping, else ShapingError (chained to the block's exception, if any).
     """
     # Per-node steps run concurrently (on_all): each is an SSH round trip.
-    before = dict(zip([h.name for h in hosts], on_all(hosts, qdisc_snapshot), strict=True))
-    for name, snap in before.items():
+    states = on_all(hosts, lambda h: (qdisc_snapshot(h), congestion_control(h)))
+    before = {h.name: state for h, state in zip(hosts, states, strict=True)}
+    for name, (snap, _) in before.items():
         if any(not line.endswith(": default") for line in snap.splitlines()):
             log.warning("%s already has non-default qdiscs before shaping:\n%s", name, snap)
     try:
@@ -330,21 +413,70 @@ def shaped(hosts: list[Host], shape: LinkShape) -> Iterator[None]:
     finally:
 
         def unshape_and_check(h: Host) -> str | None:
+            snap_before, cc_before = before[h.name]
             try:
-                remove_shape(h)
+                remove_shape(h, cc=cc_before)
             except Exception as exc:  # carry on: every other host must still be unshaped
                 return f"{h.name}: unshape failed: {exc}"
             try:
-                after = qdisc_snapshot(h)
+                after, cc_after = qdisc_snapshot(h), congestion_control(h)
             except Exception as exc:
                 return f"{h.name}: cannot read qdiscs after unshaping: {exc}"
-            if after != before[h.name]:
+            if after != snap_before:
                 return (
                     f"{h.name}: qdiscs not back to their pre-shaping state.\n"
-                    f"before:\n{before[h.name]}\nafter:\n{after}"
+                    f"before:\n{snap_before}\nafter:\n{after}"
                 )
+            if cc_after != cc_before:
+                return f"{h.name}: congestion control is {cc_after}, was {cc_before} before"
             return None
 
         problems = [p for p in on_all(hosts, unshape_and_check) if p]
         if problems:
             raise ShapingError("unshaping left the cluster dirty:\n" + "\n".join(problems))
+
+
+# ──────────────────────────────────────────────────────────────────────────── link facts
+
+# `ethtool -k` feature names of the offloads that decide what size of packet the stack hands
+# the interface (tso, gso) and what it hands up on receive (gro).
+_OFFLOAD_FEATURES = {
+    "tso": "tcp-segmentation-offload",
+    "gso": "generic-segmentation-offload",
+    "gro": "generic-receive-offload",
+}
+
+
+def parse_link_facts(iface: str, output: str) -> dict[str, Any]:
+    """:func:`link_facts` from its script's output (pure; see there for the keys)."""
+    mtu_text, _, rest = output.partition("@@ethtool\n")
+    features_text, _, cc_text = rest.partition("@@cc\n")
+    features: dict[str, str] = {}
+    for line in features_text.splitlines():
+        name, sep, value = line.strip().partition(":")
+        if sep:
+            features[name] = value.split()[0] if value.split() else ""
+    facts: dict[str, Any] = {"iface": iface}
+    mtu = mtu_text.strip()
+    facts["mtu"] = int(mtu) if mtu.isdigit() else None
+    for key, feature in _OFFLOAD_FEATURES.items():
+        value = features.get(feature)
+        facts[key] = None if value not in ("on", "off") else value == "on"
+    facts["cc"] = cc_text.strip() or None
+    return facts
+
+
+def link_facts(host: Host) -> dict[str, Any]:
+    """What ``host``'s experiment link is right now, for the run's record, in one round trip:
+    ``iface``, ``mtu`` (int), ``tso``/``gso``/``gro`` (bool: offloads on, so counters and tcpdump
+    see packets of up to 64 KB, not frames; None when ``ethtool`` is missing) and ``cc`` (the
+    TCP congestion control new connections get; inside :func:`shaped`, the cell's).
+
+    Works on both backends and needs no root (``ethtool -k`` only reads)."""
+    iface = shlex.quote(host.spec.exp_iface)
+    script = (
+        f"cat /sys/class/net/{iface}/mtu; echo @@ethtool; "
+        # Non-root SSH users often lack /usr/sbin in PATH, where ethtool lives.
+        f"PATH=$PATH:/usr/sbin:/sbin ethtool -k {iface} 2>&1; echo @@cc; cat {_CC_PROC}"
+    )
+    return parse_link_facts(host.spec.exp_iface, host.run(script, warn=True).stdout)

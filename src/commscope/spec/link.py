@@ -1,7 +1,8 @@
 """What a link looks like: the sweep's link axes (:data:`LINK_AXES`, their defaults, one setting
-as :class:`LinkSetting`), :class:`LinkShape` and the parsers of the sweep's rate, time and loss
-strings. Torch-free and host-free (plain data with validation): Snakemake's config checks use it
-without touching a node; :mod:`commscope.cluster.shaping` turns a shape into tc commands.
+as :class:`LinkSetting`), :class:`LinkShape` and the parsers of the sweep's rate, time, loss and
+congestion-control strings. Torch-free and host-free (plain data with validation): Snakemake's
+config checks use it without touching a node; :mod:`commscope.cluster.shaping` turns a shape
+into tc commands and a sysctl.
 """
 
 from __future__ import annotations
@@ -13,11 +14,19 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-# The sweep axes that shape a link, in the order they appear in paths and tables.
-LINK_AXES: tuple[str, ...] = ("bw", "delay", "jitter", "loss")
-# What a link axis left out means (a sweep block, a microbenchmark link): no impairment. ``bw``
-# has none: every sweep block and every listed link names its rate ("none": no cap).
-LINK_DEFAULTS: dict[str, str] = {"delay": "0ms", "jitter": "0ms", "loss": "0pct"}
+# The sweep axes that shape a link, in the order they appear in paths and tables. ``cc`` is the
+# TCP congestion control every node of the cell runs: not an impairment, but a property of the
+# link's transport that changes how the same cap is used, set per node like the qdiscs.
+LINK_AXES: tuple[str, ...] = ("bw", "delay", "jitter", "loss", "cc")
+# TCP congestion control algorithms a cell may ask for (all three are in this kernel; a new
+# network namespace inherits the host's default, BBR here, unless told otherwise).
+CC_ALGORITHMS: tuple[str, ...] = ("cubic", "bbr", "reno")
+# CUBIC, as in seed 002's measurements (and Linux's own default).
+DEFAULT_CC = "cubic"
+# What a link axis left out means (a sweep block, a microbenchmark link): no impairment, the
+# default congestion control. ``bw`` has none: every sweep block and every listed link names its
+# rate ("none": no cap).
+LINK_DEFAULTS: dict[str, str] = {"delay": "0ms", "jitter": "0ms", "loss": "0pct", "cc": DEFAULT_CC}
 
 # What tc answers when the kernel lacks sch_netem (probed by commscope.cluster.shaping).
 NETEM_UNKNOWN = "Specified qdisc kind is unknown"
@@ -66,6 +75,15 @@ def _parse_loss_pct(text: str) -> float:
     return pct
 
 
+def _check_cc(cc: str) -> str:
+    if cc not in CC_ALGORITHMS:
+        raise ValueError(
+            f"cc={cc!r} is not a TCP congestion control commscope sets: use one of "
+            f"{', '.join(CC_ALGORITHMS)} (lowercase, as in net.ipv4.tcp_congestion_control)"
+        )
+    return cc
+
+
 def loss_pct(loss: str) -> float:
     """'0.5pct' -> 0.5 (the config writes loss path-safely, without '%')."""
     return float(loss.removesuffix("pct"))
@@ -85,16 +103,20 @@ def tc_ms(x: float) -> str:
 
 @dataclass(frozen=True)
 class LinkShape:
-    """What one node's experiment link looks like: a rate cap plus netem impairments.
+    """What one node's experiment link looks like: a rate cap plus netem impairments, and the
+    TCP congestion control the node runs.
 
     ``rate_bps`` is in bits per second of L2 frames (tbf counts whole Ethernet frames without
     FCS), ``None`` means uncapped. Delay and jitter are one-way, applied on the receive side.
+    ``cc`` is one of :data:`CC_ALGORITHMS`; it needs no qdisc (a sysctl of the node's network
+    namespace), so it plays no part in :attr:`is_noop` or :attr:`needs_netem`.
     """
 
     rate_bps: int | None
     delay_ms: float = 0
     jitter_ms: float = 0
     loss_pct: float = 0
+    cc: str = DEFAULT_CC
 
     def __post_init__(self) -> None:
         if self.rate_bps is not None and self.rate_bps <= 0:
@@ -108,6 +130,7 @@ class LinkShape:
                 raise ValueError(f"{field}={value} must be a finite number >= 0")
         if self.loss_pct > 100:
             raise ValueError(f"loss_pct={self.loss_pct} must be <= 100")
+        _check_cc(self.cc)
 
     @property
     def needs_netem(self) -> bool:
@@ -116,22 +139,30 @@ class LinkShape:
 
     @property
     def is_noop(self) -> bool:
-        """No cap and no impairment: applying it leaves the link unshaped."""
+        """No cap and no impairment: the link gets no qdisc (its ``cc`` is still set)."""
         return self.rate_bps is None and not self.needs_netem
 
     @classmethod
-    def parse(cls, bw: str, delay: str = "0ms", jitter: str = "0ms", loss: str = "0%") -> LinkShape:
+    def parse(
+        cls,
+        bw: str,
+        delay: str = "0ms",
+        jitter: str = "0ms",
+        loss: str = "0%",
+        cc: str = DEFAULT_CC,
+    ) -> LinkShape:
         """Parse sweep-style strings, e.g. ``LinkShape.parse("100mbit", "10ms", "1ms", "0.5%")``.
 
         ``bw``: ``<n>[k|m|g|t]bit`` (decimal units, as tc) or ``none``/``unlimited``;
-        ``delay``/``jitter``: ``<n>us|ms|s``; ``loss``: ``<n>%``. Raises ValueError naming the
-        field and showing a valid example.
+        ``delay``/``jitter``: ``<n>us|ms|s``; ``loss``: ``<n>%``; ``cc``: one of
+        :data:`CC_ALGORITHMS`. Raises ValueError naming the field and showing a valid example.
         """
         return cls(
             rate_bps=_parse_rate(bw),
             delay_ms=_parse_time_ms(delay, "delay"),
             jitter_ms=_parse_time_ms(jitter, "jitter"),
             loss_pct=_parse_loss_pct(loss),
+            cc=str(cc).strip(),
         )
 
     def impairments(self) -> list[str]:
@@ -146,9 +177,9 @@ class LinkShape:
         return parts
 
     def describe(self) -> str:
-        """Short human form, e.g. ``rate=100mbit delay=10ms``."""
+        """Short human form, e.g. ``rate=100mbit delay=10ms cc=cubic``."""
         rate = f"rate={tc_num(self.rate_bps / 1e6)}mbit" if self.rate_bps else "rate=unlimited"
-        return " ".join([rate, *self.impairments()])
+        return " ".join([rate, *self.impairments(), f"cc={self.cc}"])
 
 
 def check_shape_supported(shape: LinkShape, has_netem: bool) -> None:
@@ -165,18 +196,19 @@ def check_shape_supported(shape: LinkShape, has_netem: bool) -> None:
 @dataclass(frozen=True)
 class LinkSetting:
     """One link setting as the sweep writes it: ``bw``, ``delay``, ``jitter``, ``loss`` (loss
-    path-safe, e.g. ``0.5pct``), as strings. :attr:`id` names its directory; :meth:`shape`
-    parses it into the :class:`LinkShape` tc applies."""
+    path-safe, e.g. ``0.5pct``) and ``cc``, as strings. :attr:`id` names its directory;
+    :meth:`shape` parses it into the :class:`LinkShape` the nodes apply."""
 
     bw: str
     delay: str = LINK_DEFAULTS["delay"]
     jitter: str = LINK_DEFAULTS["jitter"]
     loss: str = LINK_DEFAULTS["loss"]
+    cc: str = LINK_DEFAULTS["cc"]
 
     @classmethod
     def from_mapping(cls, link: Mapping[str, Any]) -> LinkSetting:
         """From a link's values (a config entry, a rule's ``params.link``); missing delay,
-        jitter and loss take :data:`LINK_DEFAULTS`. ValueError naming any key that is not an
+        jitter, loss and cc take :data:`LINK_DEFAULTS`. ValueError naming any key that is not an
         axis, so that a renamed key fails loudly instead of being ignored."""
         unknown = sorted(set(link) - set(LINK_AXES))
         if unknown:
@@ -185,13 +217,14 @@ class LinkSetting:
 
     @classmethod
     def from_wildcards(cls, values: Mapping[str, Any]) -> LinkSetting:
-        """The link axes of a job's wildcards, or of any mapping that has all four among other
-        keys (a cell's sweep values)."""
+        """The link axes of a job's wildcards, or of any mapping that has all of them among
+        other keys (a cell's sweep values)."""
         return cls(*(str(values[axis]) for axis in LINK_AXES))
 
     @property
     def id(self) -> str:
-        """Directory path of this setting, e.g. ``bw~50mbit/delay~0ms/jitter~0ms/loss~0pct``."""
+        """Directory path of this setting, e.g.
+        ``bw~50mbit/delay~0ms/jitter~0ms/loss~0pct/cc~cubic``."""
         return "/".join(f"{axis}~{value}" for axis, value in self.as_dict().items())
 
     def as_dict(self) -> dict[str, str]:
@@ -200,8 +233,9 @@ class LinkSetting:
 
     def shape(self) -> LinkShape:
         """The tc shape this setting asks for."""
-        return LinkShape.parse(self.bw, self.delay, self.jitter, f"{loss_pct(self.loss)}%")
+        return LinkShape.parse(self.bw, self.delay, self.jitter, f"{loss_pct(self.loss)}%", self.cc)
 
 
-# The unshaped link: no cap, no impairment (the microbenchmark's reference for intra-node ops).
+# The unshaped link: no cap, no impairment, the default congestion control (the microbenchmark's
+# reference for intra-node ops).
 UNSHAPED = LinkSetting(bw="none")

@@ -13,6 +13,31 @@ from typing import Any
 
 from commscope.spec.link import LINK_AXES, LINK_DEFAULTS, LinkSetting, LinkShape
 
+# The experiment links' MTU (bytes of IP packet; a frame adds 14 bytes of Ethernet header).
+# 576 is the smallest datagram every IPv4 host must accept (RFC 791); 65535 is veth's maximum.
+DEFAULT_MTU = 1500
+MIN_MTU, MAX_MTU = 576, 65535
+
+
+def _as_int(value: Any) -> int:
+    """An integer setting: ints and integral strings; ValueError for anything else."""
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise ValueError("not an integer")
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError("not an integer") from None
+
+
+def _as_bool(value: Any) -> bool:
+    """A boolean setting: True/False, or the strings true/false (any case)."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text not in ("true", "false"):
+        raise ValueError("not a boolean (true or false)")
+    return text == "true"
+
 
 def _known(cls: type, mapping: Mapping[str, Any], what: str) -> dict[str, Any]:
     """``mapping`` as keyword arguments of ``cls``; ValueError naming any key it does not have."""
@@ -27,9 +52,10 @@ def _known(cls: type, mapping: Mapping[str, Any], what: str) -> dict[str, Any]:
 class CellSettings:
     """Where a cell runs and how its links are shaped, plus the training axes when it trains.
 
-    ``nodes`` x ``ranks_per_node`` ranks; ``bw``/``delay``/``jitter``/``loss`` as the sweep writes
-    them (``loss`` path-safe, e.g. ``0.5pct``). ``strategy``, ``model``, ``steps`` and ``repeat``
-    are None for a cell that does not train (the microbenchmark). Field order is the sweep's.
+    ``nodes`` x ``ranks_per_node`` ranks; ``bw``/``delay``/``jitter``/``loss``/``cc`` as the sweep
+    writes them (``loss`` path-safe, e.g. ``0.5pct``). ``strategy``, ``model``, ``steps`` and
+    ``repeat`` are None for a cell that does not train (the microbenchmark). Field order is the
+    sweep's.
     """
 
     nodes: int
@@ -38,6 +64,7 @@ class CellSettings:
     delay: str = LINK_DEFAULTS["delay"]
     jitter: str = LINK_DEFAULTS["jitter"]
     loss: str = LINK_DEFAULTS["loss"]
+    cc: str = LINK_DEFAULTS["cc"]
     strategy: str | None = None
     model: str | None = None
     steps: int | None = None
@@ -68,8 +95,8 @@ class CellSettings:
 
     @property
     def link(self) -> LinkSetting:
-        """The cell's link setting (its bw, delay, jitter and loss)."""
-        return LinkSetting(self.bw, self.delay, self.jitter, self.loss)
+        """The cell's link setting (its bw, delay, jitter, loss and cc)."""
+        return LinkSetting(self.bw, self.delay, self.jitter, self.loss, self.cc)
 
     def link_shape(self) -> LinkShape:
         """The tc shape the cell asks for."""
@@ -123,7 +150,13 @@ class RunSettings:
 @dataclass(frozen=True)
 class ClusterSettings:
     """The config's ``cluster:`` block: which backend, its name (state dir, namespaces), the
-    netns subnets, the ssh inventory, and how long an SSH connect may take."""
+    netns subnets and experiment links, the ssh inventory, and how long an SSH connect may take.
+
+    ``mtu`` and ``offload`` shape the netns cluster's experiment veths: their MTU (1500, or
+    jumbo frames such as 9000) and whether TSO/GSO stay on (``False``, the default: the veths
+    carry MTU-sized frames as a real wire does; ``True``: up to 64 KB GSO super-packets, the
+    behaviour before frames). Real hosts (ssh) keep their NIC's settings; they are recorded.
+    """
 
     backend: str = "netns"
     name: str = "cs"
@@ -131,17 +164,29 @@ class ClusterSettings:
     exp_subnet: str = "198.19.0.0/24"
     inventory: str = "config/cluster.yaml"
     connect_timeout_s: float = 10.0
+    mtu: int = DEFAULT_MTU
+    offload: bool = False
 
     def __post_init__(self) -> None:
         if self.backend not in ("netns", "ssh"):
             raise ValueError(f"cluster.backend={self.backend!r}: use 'netns' or 'ssh'")
+        if isinstance(self.mtu, bool) or not MIN_MTU <= self.mtu <= MAX_MTU:
+            raise ValueError(
+                f"cluster.mtu={self.mtu!r}: use an MTU between {MIN_MTU} and {MAX_MTU} bytes "
+                "(1500: standard Ethernet, 9000: jumbo frames)"
+            )
 
     @classmethod
     def from_mapping(cls, cluster: Mapping[str, Any]) -> ClusterSettings:
         kw = _known(cls, cluster, "cluster")
-        if "connect_timeout_s" in kw:
-            kw["connect_timeout_s"] = float(kw["connect_timeout_s"])
-        return cls(**{k: v if k == "connect_timeout_s" else str(v) for k, v in kw.items()})
+        casts: dict[str, Any] = {"connect_timeout_s": float, "mtu": _as_int, "offload": _as_bool}
+        typed = {}
+        for key, value in kw.items():
+            try:
+                typed[key] = casts.get(key, str)(value)
+            except (TypeError, ValueError) as err:
+                raise ValueError(f"cluster.{key}={value!r}: {err}") from None
+        return cls(**typed)
 
 
 def benchmark_sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
