@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install the Debian packages the netns cluster needs, only those that are missing (idempotent).
+# Install the Debian packages the netns cluster and the BPF wire accounting need, only those that
+# are missing (idempotent).
 # Needs root; without it, says which packages to install and exits non-zero.
 set -euo pipefail
 need=()
@@ -11,6 +12,13 @@ command -v iperf3 >/dev/null || need+=(iperf3)
 command -v tcpdump >/dev/null || need+=(tcpdump)
 command -v pkill >/dev/null || need+=(procps)
 command -v python3 >/dev/null || need+=(python3)
+# MTU frames on the experiment veths (TSO/GSO off) and the node's offload record.
+command -v ethtool >/dev/null || need+=(ethtool)
+# The in-kernel wire accounting: a tc BPF program compiled here (clang -target bpf, llvm-strip)
+# against libbpf's helper headers.
+command -v clang >/dev/null || need+=(clang)
+command -v llvm-strip >/dev/null || need+=(llvm)
+[ -e /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
 python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ]; then

@@ -2,11 +2,16 @@
 
 netns: emulated nodes on this machine (:mod:`commscope.cluster.netns`).
 ssh: real hosts listed in an inventory YAML (config/cluster.example.yaml); we check each host
-answers with a verified key, has the experiment interface, and has the pinned torch.
+answers with a verified key, has the experiment interface, and has the pinned torch, and record
+what its experiment link is (MTU, offloads, congestion control: :func:`link_facts`). Real NICs
+are never reconfigured: ``cluster.mtu``/``offload`` apply to the netns backend only; a real
+node's recorded MTU and offloads size its tbf buckets instead.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import shlex
 import sys
 from pathlib import Path
@@ -15,7 +20,10 @@ import yaml
 
 from commscope.cluster.hosts import Cluster, Host, NodeSpec
 from commscope.cluster.netns import provision_netns, teardown_netns
+from commscope.cluster.shaping import link_facts
 from commscope.spec.settings import ClusterSettings
+
+log = logging.getLogger(__name__)
 
 INVENTORY_NODE_KEYS = {
     "host", "port", "user", "key_file", "exp_iface", "exp_addr", "workdir", "python", "name",
@@ -104,16 +112,45 @@ def provision(cluster_cfg: ClusterSettings, n_nodes: int, root: Path) -> Cluster
             exp_subnet=cluster_cfg.exp_subnet,
             python=sys.executable,
             connect_timeout=timeout,
+            mtu=cluster_cfg.mtu,
+            offload=cluster_cfg.offload,
         )
     nodes = load_inventory(Path(cluster_cfg.inventory))
     if len(nodes) < n_nodes:
         raise ValueError(f"sweep.nodes asks for {n_nodes} nodes; the inventory lists {len(nodes)}")
-    cluster = Cluster(name=cluster_cfg.name, backend="ssh", nodes=nodes, state_dir=str(sdir))
-    for spec in nodes[:n_nodes]:
+    facts: dict[str, dict] = {}
+    for i, spec in enumerate(nodes[:n_nodes]):
         with Host(spec, connect_timeout=timeout) as host:
             check_ssh_node(host)
+            facts[spec.name] = link_facts(host)
+        nodes[i] = with_link_facts(spec, facts[spec.name])
+    cluster = Cluster(
+        name=cluster_cfg.name,
+        backend="ssh",
+        nodes=nodes,
+        state_dir=str(sdir),
+        extra={"link_facts": facts},
+    )
     cluster.to_json(sdir / "cluster.json")
     return cluster
+
+
+def with_link_facts(spec: NodeSpec, facts: dict) -> NodeSpec:
+    """``spec`` with the MTU and offload state :func:`link_facts` read off its NIC (what sizes
+    its tbf buckets). Offload counts as on when any of TSO, GSO or GRO is on or unknown: then
+    the interface (or the receive path into the ingress shaper) carries packets of up to 64 KB.
+    """
+    offloads = [facts.get(key) for key in ("tso", "gso", "gro")]
+    offload = any(value is not False for value in offloads)
+    if offload:
+        log.info(
+            "%s: %s has offloads on or unknown (tso=%s gso=%s gro=%s): its counters and "
+            "captures see packets of up to 64 KB, not frames",
+            spec.name,
+            spec.exp_iface,
+            *offloads,
+        )
+    return dataclasses.replace(spec, mtu=int(facts.get("mtu") or spec.mtu), offload=offload)
 
 
 def teardown(cluster_cfg: ClusterSettings, root: Path) -> None:

@@ -19,6 +19,15 @@ DEFAULT_MTU = 1500
 MIN_MTU, MAX_MTU = 576, 65535
 
 
+def check_mtu(mtu: int) -> None:
+    """ValueError naming ``cluster.mtu`` and the range unless ``mtu`` is an MTU we can set."""
+    if isinstance(mtu, bool) or not isinstance(mtu, int) or not MIN_MTU <= mtu <= MAX_MTU:
+        raise ValueError(
+            f"cluster.mtu={mtu!r}: use an MTU between {MIN_MTU} and {MAX_MTU} bytes "
+            "(1500: standard Ethernet, 9000: jumbo frames)"
+        )
+
+
 def _as_int(value: Any) -> int:
     """An integer setting: ints and integral strings; ValueError for anything else."""
     if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
@@ -170,11 +179,7 @@ class ClusterSettings:
     def __post_init__(self) -> None:
         if self.backend not in ("netns", "ssh"):
             raise ValueError(f"cluster.backend={self.backend!r}: use 'netns' or 'ssh'")
-        if isinstance(self.mtu, bool) or not MIN_MTU <= self.mtu <= MAX_MTU:
-            raise ValueError(
-                f"cluster.mtu={self.mtu!r}: use an MTU between {MIN_MTU} and {MAX_MTU} bytes "
-                "(1500: standard Ethernet, 9000: jumbo frames)"
-            )
+        check_mtu(self.mtu)
 
     @classmethod
     def from_mapping(cls, cluster: Mapping[str, Any]) -> ClusterSettings:
