@@ -78,7 +78,22 @@ def test_cell_runs_and_fetches_every_nodes_traces(netns_cluster: Cluster, tmp_pa
     out = run_training(netns_cluster, cell(), MODEL, DDP, RUN, tmp_path / "raw")
     for index, node in enumerate(("node0", "node1")):
         files = {p.name for p in (out / node).iterdir()}
-        assert {"counters.parquet", "torchrun.log", "spec.json"} <= files
+        assert {"wire.parquet", "wire.json", "torchrun.log", "spec.json"} <= files
+        # The in-kernel accounting ran (the default) and counted every byte and packet the
+        # interface counted while it was attached, to the byte, in both directions.
+        wire = json.loads((out / node / "wire.json").read_text())
+        count = {
+            k: wire["counters_end"][k] - wire["counters_start"][k] for k in wire["counters_end"]
+        }
+        assert wire["totals"]["ingress"] == {
+            "bytes": count["rx_bytes"],
+            "packets": count["rx_packets"],
+        }
+        assert wire["totals"]["egress"] == {
+            "bytes": count["tx_bytes"],
+            "packets": count["tx_packets"],
+        }
+        assert wire["overruns"] == {"ingress": 0, "egress": 0}
         assert any(f.startswith("ops_rank") for f in files)
         # The spec carries the model and the strategy's definition; each rank records the plan
         # resolved for the cell's world (2 nodes x 1 rank: dp=2).
@@ -89,21 +104,51 @@ def test_cell_runs_and_fetches_every_nodes_traces(netns_cluster: Cluster, tmp_pa
         assert rank_meta["node"] == index
     meta = json.loads((out / "run.json").read_text())
     assert meta["shape"]["rate_bps"] == 100_000_000
+    assert meta["wire"] == {"source": "bpf", "bin_ns": 100_000, "reason": None, "requested": "bpf"}
     # The qdisc statistics taken while shaped show the tbf on both nodes.
     kinds = {q["kind"] for stats in meta["qdisc_after"].values() for q in stats}
     assert "tbf" in kinds
-    counters = pd.read_parquet(out / "node0" / "counters.parquet")
-    assert counters.tx_bytes.is_monotonic_increasing
+    tables = build_cell_tables(
+        out, CellSettings.from_mapping(cell()), 1, cell_table_paths(tmp_path / "trace")
+    )
+    counters = pd.read_parquet(tables["counters"])
+    assert set(counters["resolution_ns"]) == {100_000}
+    flows = pd.read_parquet(tables["wire_flows"])
+    for node in (0, 1):
+        c = counters[counters.node == node].sort_values("t_ns")
+        assert c.tx_bytes.is_monotonic_increasing and c.rx_bytes.is_monotonic_increasing
+        # What the node received from its peer is its whole rx but ARP and the like.
+        received = int(flows[flows.dst_node == node].bytes.sum())
+        assert 0.99 * c.rx_bytes.iloc[-1] <= received <= c.rx_bytes.iloc[-1]
+    assert_clean(netns_cluster)
+
+
+def test_cell_falls_back_to_the_sampler_and_says_why(
+    netns_cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without clang on the orchestrator the BPF program cannot be built: the cell still runs,
+    with the /proc sampler and tcpdump, and run.json says why."""
+    monkeypatch.setenv("BPF_CLANG", "/nonexistent/clang")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # no object built before
+    out = run_training(netns_cluster, cell(steps=2), MODEL, DDP, RUN, tmp_path / "raw")
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["wire"]["source"] == "counters" and meta["wire"]["requested"] == "bpf"
+    assert "/nonexistent/clang not found on the orchestrator" in meta["wire"]["reason"]
+    for node in ("node0", "node1"):
+        files = {p.name for p in (out / node).iterdir()}
+        assert "counters.parquet" in files and "wire.parquet" not in files
+        assert any(f.endswith(".pcap.gz") for f in files)  # the matrix comes from the capture
     assert_clean(netns_cluster)
 
 
 def test_cell_records_sockets_packets_and_clock(netns_cluster: Cluster, tmp_path: Path) -> None:
-    """The system-level side channels: socket stats, packet headers, clock offsets, all
-    turned into per-cell tables that agree with the counters."""
-    run = RUN | {"socket_hz": 20, "pcap": True}
+    """The system-level side channels of the counters source: socket stats, packet headers,
+    clock offsets, all turned into per-cell tables that agree with the counters."""
+    run = RUN | {"socket_hz": 20, "wire": "counters"}
     out = run_training(netns_cluster, cell(bw="none", steps=3), MODEL, DDP, run, tmp_path / "raw")
     meta = json.loads((out / "run.json").read_text())
-    assert meta["captures"] == {"sample_hz": 200, "socket_hz": 20, "pcap": True}
+    expect = {"wire": "counters", "sample_hz": 200, "socket_hz": 20, "pcap": True}
+    assert meta["captures"] == expect
     # netns nodes share the host clock: the estimates must say ~0 within their own bound.
     assert meta["clock"]["applied"] is False
     for sample in meta["clock"]["nodes"].values():

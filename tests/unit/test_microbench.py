@@ -191,7 +191,7 @@ def test_bench_spec_from_config_block() -> None:
     assert spec["ops"] == list(OPS)
     assert spec["sizes"] == benchmark_sizes(1024, 64 << 20, 4)
     assert spec["pg_timeout_s"] == cfg["run"]["timeout_s"]
-    assert cfg["run"]["socket_hz"] == 10 and cfg["run"]["pcap"] is True
+    assert cfg["run"]["socket_hz"] == 10 and cfg["run"]["pcap"] is None
     # The typed settings reject keys they do not know (enabled/links choose what runs).
     with pytest.raises(ValueError, match="enabled"):
         MicrobenchSettings.from_mapping(cfg["microbench"])

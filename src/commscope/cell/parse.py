@@ -253,6 +253,7 @@ def _cell_meta(
         "plan": ranks[0].get("plan") if ranks else None,
         "captures": run_meta.get("captures"),
         "clock": run_meta.get("clock"),
+        "links": run_meta.get("links"),
     }
 
 

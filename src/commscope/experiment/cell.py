@@ -20,7 +20,7 @@ from typing import Any
 
 from commscope.cluster.hosts import Cluster, Host, on_all
 from commscope.cluster.provision import provision, state_dir
-from commscope.cluster.shaping import host_has_netem, shaped
+from commscope.cluster.shaping import host_has_netem, link_facts, shaped
 from commscope.contracts import RUN_FILE
 from commscope.experiment.launch import Torchrun, kill_tagged, new_tag, torchrun_everywhere
 from commscope.experiment.probes import (
@@ -29,6 +29,7 @@ from commscope.experiment.probes import (
     CellProbes,
     NodeTools,
     WireSource,
+    capture_packets,
     node_tools,
     sudo,
 )
@@ -125,7 +126,7 @@ def _measure(
     """The cell's phases from preparing the nodes to writing run.json (see the module doc)."""
     run, tag, names = torchrun.run, torchrun.tag, [h.name for h in hosts]
     remote_dirs = {h.name: f"{h.spec.workdir}/{tag}" for h in hosts}
-    on_all(hosts, lambda h: _prepare(h, remote_dirs[h.name], workload, run.pcap, out_dir))
+    on_all(hosts, lambda h: _prepare(h, remote_dirs[h.name], workload, bool(run.pcap), out_dir))
     log.info("prepared %d nodes", len(hosts))
     wire = _wire_source(hosts, run, remote_dirs)
     peers = tuple(h.spec.exp_addr for h in hosts)
@@ -137,13 +138,16 @@ def _measure(
             "wire": wire.source,
             "sample_hz": run.sample_hz,
             "socket_hz": run.socket_hz,
-            "pcap": run.pcap or wire.source != "bpf",
+            "pcap": capture_packets(run, wire),
         },
         "wire": {**wire.as_dict(), "requested": run.wire},
     }
     with shaped(hosts, shape):
         started = on_all(hosts, probes.start)
         meta["qdisc_before"] = {n: q for n, (q, _) in zip(names, started, strict=True)}
+        # MTU, offloads and congestion control as the cell ran them: what a packet on the
+        # wire and in the counters is (a TSO/GSO super-packet or a frame) differs by node.
+        meta["links"] = dict(zip(names, on_all(hosts, link_facts), strict=True))
         log.info("links shaped (%s), samplers started, clocks probed", shape)
         meta["t_start_ns"] = time.time_ns()
         failures = torchrun_everywhere(hosts, torchrun, remote_dirs)

@@ -242,6 +242,12 @@ class WireSource:
         return {"source": self.source, "bin_ns": self.bin_ns, "reason": self.reason}
 
 
+def capture_packets(run: RunSettings, wire: WireSource) -> bool:
+    """Whether the cell captures packet headers: ``run.pcap`` when set, else only where the
+    wire source is the counters (then the node-pair matrix comes from the capture)."""
+    return bool(run.pcap) if run.pcap is not None else wire.source != "bpf"
+
+
 def node_tools(
     run: RunSettings, tag: str, wire: WireSource, peers: tuple[str, ...] = ()
 ) -> list[NodeTool]:
@@ -256,7 +262,7 @@ def node_tools(
         tools.append(counter_sampler(int(run.sample_hz), limit, tag))
     if run.socket_hz > 0:
         tools.append(socket_stats(run.socket_hz, limit, tag))
-    if run.pcap or wire.source != "bpf":
+    if capture_packets(run, wire):
         tools.append(PacketCapture(limit, tag))
     return tools
 

@@ -17,7 +17,7 @@ from commscope.collectives.ring import bench_wire_bytes
 from commscope.metrics.volume import size_cdf
 
 # Parameters that, besides strategy and model, tell series apart in sweep plots.
-SERIES_AXES = ("nodes", "ranks_per_node", "delay", "jitter", "loss")
+SERIES_AXES = ("nodes", "ranks_per_node", "delay", "jitter", "loss", "cc")
 # The aggregated metric tables they are derived from.
 STUDY_SOURCES: tuple[str, ...] = ("msg_sizes", "summary", "op_volume", "step_times")
 

@@ -47,6 +47,7 @@ SUMMARY_COLUMNS = [
     "wire_source",
     "wire_resolution_us",
     "wire_fallback",
+    "wire_offload",
 ]
 # The burstiness columns of the summary beside the 10 ms ones: suffix -> bin width (ms).
 SHAPE_SUMMARY_BINS: dict[str, float] = {"100us": 0.1, "1ms": 1.0, "100ms": 100.0}
@@ -105,10 +106,13 @@ def _wire_source(traces: CellTraces) -> dict[str, Any]:
     wire = traces.meta.get("wire") or {}
     res = traces.counters.get("resolution_ns") if not traces.counters.empty else None
     res_ns = float(res.max()) if res is not None and res.notna().any() else 0.0
+    links = (traces.meta.get("links") or {}).values()
     return {
         "wire_source": str(wire.get("source") or "counters"),
         "wire_resolution_us": res_ns / 1000 if res_ns > 0 else float("nan"),
         "wire_fallback": str(wire.get("reason") or ""),
+        # TSO/GSO on at a node: its packets are super-packets of up to 64 KB, not frames.
+        "wire_offload": any(bool(link.get("tso") or link.get("gso")) for link in links),
     }
 
 
@@ -137,7 +141,8 @@ def cell_summary(traces: CellTraces, node_mat: pd.DataFrame | None = None) -> pd
     * wire_over_framework: total wire tx over total modelled inter-node framework tx for the
       whole run (see :func:`wire_vs_framework`).
     * wire_source (``bpf`` or ``counters``), wire_resolution_us (the counters' resolution),
-      wire_fallback (why a requested BPF source fell back; '' when it did not).
+      wire_fallback (why a requested BPF source fell back; '' when it did not), wire_offload
+      (TSO/GSO was on at some node: packets are super-packets there, not frames).
 
     Columns: cell params, then SUMMARY_COLUMNS.
     """

@@ -246,7 +246,8 @@ def attach(iface: str, obj: Path) -> tuple[bool, dict[str, int]]:
     qdisc, ``{hook: prog id}``). ``replace`` takes over a filter a killed run left behind."""
     res = _tc("qdisc", "add", "dev", iface, "clsact", check=False)
     created = res.returncode == 0
-    if not created and "File exists" not in res.stderr:
+    # A clsact already there (the shaper's) answers "Exclusivity flag on" or "File exists".
+    if not created and not any(m in res.stderr for m in ("File exists", "Exclusivity flag on")):
         raise WireError(f"cannot add clsact on {iface}: {res.stderr.strip()}")
     prog_ids = {}
     try:

@@ -159,7 +159,20 @@ def wire_intro(summary_path: Path) -> str:
             f"; {len(fell)} fell back to the 1 kHz /proc sampler and tcpdump because: "
             + " | ".join(reasons)
         )
-    return base + text + "."
+    text += "."
+    if "wire_offload" in summary and summary["wire_offload"].astype(bool).any():
+        n = int(summary["wire_offload"].astype(bool).sum())
+        text += (
+            f" In {n} cells TSO/GSO was on at some node (recorded per node in cell.json "
+            "links): its interface handles super-packets of up to 64 KB, so a bin shorter than "
+            "one takes at the link's rate (64 KB / rate: 10 ms at 50 Mbit/s, 0.5 ms at 1 Gbit/s)"
+            " shows the offload's bursts rather than the traffic's; coarser bins are unaffected."
+        )
+    else:
+        text += (
+            " Every node carried MTU frames (TSO/GSO off), so every scale shown is the traffic's."
+        )
+    return base + text
 
 
 def crosscheck_cells(crosscheck: Path, matrix_check: Path) -> pd.DataFrame:

@@ -118,13 +118,23 @@ class CellSettings:
         return {k: v for k, v in values.items() if v is not None}
 
 
+# Where the wire's bytes come from (run.wire): see RunSettings.
+WIRE_SOURCES: tuple[str, ...] = ("bpf", "counters")
+
+
 @dataclass(frozen=True)
 class RunSettings:
     """The config's ``run:`` block: how long a cell may take and what is measured beside it.
 
-    ``timeout_s`` bounds torchrun on every node (and the process-group timeout); ``sample_hz``
-    is the interface counter rate, ``socket_hz`` the socket statistics rate (0: off); ``pcap``
-    captures packet headers with tcpdump; ``master_port`` is torchrun's rendezvous port.
+    ``timeout_s`` bounds torchrun on every node (and the process-group timeout); ``wire`` is
+    the source of the wire's bytes over time and per node pair: ``bpf`` (the in-kernel
+    accounting of :mod:`commscope.node.wire`, ``wire_bin_us`` wide bins) or ``counters`` (the
+    /proc sampler at ``sample_hz`` plus a packet capture for the node-pair matrix); ``bpf``
+    falls back to ``counters`` where the program cannot be built or attached, with the reason in
+    the log and the report. ``socket_hz`` is the socket statistics rate (0: off); ``pcap``
+    captures packet headers with tcpdump: True always, False never, None (default) when the
+    wire source is ``counters`` (the node-pair matrix comes from the capture then);
+    ``master_port`` is torchrun's rendezvous port.
     """
 
     timeout_s: float = 300.0
@@ -132,11 +142,23 @@ class RunSettings:
     warmup_steps: int = 2
     master_port: int = 29500
     socket_hz: float = 10.0
-    pcap: bool = True
+    pcap: bool | None = None
+    wire: str = "bpf"
+    wire_bin_us: float = 100.0
 
     def __post_init__(self) -> None:
         if not self.timeout_s > 0:
             raise ValueError(f"run.timeout_s={self.timeout_s} must be > 0")
+        if self.wire not in WIRE_SOURCES:
+            raise ValueError(
+                f"run.wire={self.wire!r}: use one of {list(WIRE_SOURCES)} (bpf: in-kernel "
+                "accounting, the default; counters: the /proc sampler and tcpdump)"
+            )
+        if not 1 <= self.wire_bin_us <= 1_000_000 or self.wire_bin_us * 1000 != self.wire_bin_ns:
+            raise ValueError(
+                f"run.wire_bin_us={self.wire_bin_us} must be a whole number of ns between 1 us "
+                "and 1 s (e.g. 100 or 10)"
+            )
         if self.sample_hz < 1:
             raise ValueError(f"run.sample_hz={self.sample_hz} must be >= 1")
         if self.socket_hz < 0:
@@ -151,9 +173,16 @@ class RunSettings:
             "warmup_steps": int,
             "master_port": int,
             "socket_hz": float,
-            "pcap": bool,
+            "pcap": lambda v: None if v is None else bool(v),
+            "wire": str,
+            "wire_bin_us": float,
         }
         return cls(**{k: casts[k](v) for k, v in kw.items()})
+
+    @property
+    def wire_bin_ns(self) -> int:
+        """The BPF accounting's bin width in ns."""
+        return round(self.wire_bin_us * 1000)
 
 
 @dataclass(frozen=True)
