@@ -78,14 +78,14 @@ RUN_FILE = "run.json"
 NODE_COUNTERS_FILE = "counters.parquet"
 NODE_SOCKETS_FILE = "sockets.parquet"
 # raw/<node>/: what the in-kernel wire accounting of a node writes (commscope.node.wire): bytes,
-# packets and segments per time bin, hook (ingress/egress) and peer address, and its metadata
+# frames and socket buffers per time bin, hook (ingress/egress) and peer address, and its metadata
 # (bin width, clock mapping, totals, the reason a fallback was taken).
 NODE_WIRE_FILE = "wire.parquet"
 NODE_WIRE_META_FILE = "wire.json"
 # wire.parquet as commscope.node.wire writes it (before the parse step adds ``node``): one row
 # per non-empty bin; ``t_ns`` is the bin's start on the node's CLOCK_REALTIME, ``peer`` the other
 # end's IP address ('' for traffic from/to no known peer: ARP, broadcasts, other hosts).
-WIRE_BIN_COLUMNS: list[str] = ["t_ns", "hook", "peer", "bytes", "packets", "segs"]
+WIRE_BIN_COLUMNS: list[str] = ["t_ns", "hook", "peer", "bytes", "packets", "skbs"]
 
 
 def rank_table_file(table: str, rank: int | str) -> str:

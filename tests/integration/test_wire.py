@@ -126,10 +126,16 @@ def test_bpf_totals_equal_the_interface_counters_to_the_byte(
         }
         totals = meta["totals"]
         print(f"node{i} {bw}: bpf {totals}, /proc/net/dev {delta}")
+        # What arrived, after every shaper: equal to the byte and the frame.
         assert totals["ingress"]["bytes"] == delta["rx_bytes"]
         assert totals["ingress"]["packets"] == delta["rx_packets"]
-        assert totals["egress"]["bytes"] == delta["tx_bytes"]
-        assert totals["egress"]["packets"] == delta["tx_packets"]
+        if shape.rate_bps is None:
+            # What left: TCP's GSO packets are counted as the frames they become.
+            assert totals["egress"]["bytes"] == delta["tx_bytes"]
+            assert totals["egress"]["packets"] == delta["tx_packets"]
+        else:
+            # Egress is counted before the tbf, which may drop what it cannot queue.
+            assert totals["egress"]["bytes"] >= delta["tx_bytes"]
         assert meta["overruns"] == {"ingress": 0, "egress": 0}
         # Detached: the prio-1 filters are gone from both hooks.
         assert not [f for f in _filters(netns_cluster, i, "ingress") if f.get("pref") == 1]

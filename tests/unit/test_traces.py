@@ -339,7 +339,7 @@ def test_wire_accounting_replaces_sampler_and_capture(tmp_path: Path) -> None:
                 "peer": other,
                 "bytes": 1500 * (index + 1),
                 "packets": 1,
-                "segs": 1,
+                "skbs": 1,
             }
         )
         bins.to_parquet(d / "wire.parquet", index=False)

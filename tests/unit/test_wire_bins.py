@@ -22,7 +22,7 @@ def _bins() -> pd.DataFrame:
     rows.append({"node": 0, "t_ns": 15 * B, "hook": "egress", "peer": "", "bytes": 42})  # ARP
     frame = pd.DataFrame(rows)
     frame["packets"] = 1
-    frame["segs"] = 1
+    frame["skbs"] = 1
     return frame
 
 

@@ -2,8 +2,8 @@
  *
  * Loaded twice on a node's experiment interface by `python -m commscope.node.wire` (which also
  * builds it, see build_object): section "tc/ingress" on clsact ingress, "tc/egress" on clsact
- * egress, each load with its own maps. Per packet it adds skb->len (the L2 frame without FCS:
- * what /proc/net/dev and tc count), one packet and gso_segs segments into the slot of
+ * egress, each load with its own maps. Per packet it adds the bytes and frames it puts on the
+ * wire into the slot of
  *
  *     peer slot (from cs_peers, 0 = no known peer) x ring slot (bin mod RING_SLOTS)
  *
@@ -17,6 +17,13 @@
  * cs_peers (address in network order -> slot 1..MAX_PEERS-1), which the loader fills with the
  * cluster's experiment addresses. Everything else (ARP, IPv6, other hosts) counts in slot 0, so
  * the sum over slots is every byte the interface carried.
+ *
+ * Bytes and frames on the wire: skb->len (the L2 frame without FCS, what /proc/net/dev and tc
+ * count) and one frame, except for a GSO packet of gso_segs segments (TCP builds them even with
+ * the device's GSO off and segments them after the qdisc, so clsact egress sees them): its
+ * segments each repeat the Ethernet/IP/TCP headers, so it counts len + (segs-1) x headers
+ * bytes and segs frames, which is what tbf charges and what the segmented frames' device
+ * counters count; `skbs` counts the packets as the stack handed them to tc.
  *
  * It never changes traffic: it returns TC_ACT_UNSPEC, "no verdict", so tc goes on to the next
  * filter (the shaper's redirect to the ifb at prio 2) and the packet continues as if this filter
@@ -48,8 +55,8 @@
 struct bin {
     __u64 bin;
     __u64 bytes;
-    __u64 packets;
-    __u64 segs;
+    __u64 packets; /* frames on the wire */
+    __u64 skbs;    /* socket buffers seen: fewer than frames where GSO packets pass */
 };
 
 struct {
@@ -70,6 +77,20 @@ struct {
 #define IP_SADDR_OFF (ETH_HLEN + 12)
 #define IP_DADDR_OFF (ETH_HLEN + 16)
 
+/* Ethernet + IPv4 + TCP header bytes of a TCP/IPv4 frame, 0 for anything else: what every
+ * segment of a GSO packet repeats on the wire. */
+static __always_inline __u32 header_len(struct __sk_buff *skb) {
+    __u8 vihl, proto, doff;
+    if (skb->protocol != bpf_htons(ETH_P_IP) ||
+        bpf_skb_load_bytes(skb, ETH_HLEN, &vihl, 1) ||
+        bpf_skb_load_bytes(skb, ETH_HLEN + 9, &proto, 1) || proto != 6 /* IPPROTO_TCP */)
+        return 0;
+    __u32 ihl = (vihl & 0x0f) * 4;
+    if (bpf_skb_load_bytes(skb, ETH_HLEN + ihl + 12, &doff, 1))
+        return 0;
+    return ETH_HLEN + ihl + (doff >> 4) * 4;
+}
+
 static __always_inline int account(struct __sk_buff *skb, __u32 addr_off) {
     __u32 slot = 0;
     if (skb->protocol == bpf_htons(ETH_P_IP)) {
@@ -89,12 +110,12 @@ static __always_inline int account(struct __sk_buff *skb, __u32 addr_off) {
         b->bin = bin;
         b->bytes = 0;
         b->packets = 0;
-        b->segs = 0;
+        b->skbs = 0;
     }
-    __u32 segs = skb->gso_segs;
-    b->bytes += skb->len;
-    b->packets += 1;
-    b->segs += segs ? segs : 1;
+    __u32 segs = skb->gso_segs ? skb->gso_segs : 1;
+    b->bytes += skb->len + (segs > 1 ? (segs - 1) * header_len(skb) : 0);
+    b->packets += segs;
+    b->skbs += 1;
     return TC_ACT_UNSPEC;
 }
 

@@ -54,7 +54,7 @@ HANDLE = 1
 # The ring holds this many seconds of bins at least; the reader drains it ~10 times per lap.
 RING_SECONDS = 2.0
 DEFAULT_POLL_S = 0.2
-# One struct bin of wire.bpf.c: bin, bytes, packets, segs (native u64).
+# One struct bin of wire.bpf.c: bin, bytes, packets, skbs (native u64).
 _BIN_FIELDS = 4
 
 # bpf(2) commands and the layout of the parts of union bpf_attr / bpf_*_info used here.
@@ -195,7 +195,7 @@ def map_update(fd: int, key: bytes, value: bytes) -> None:
 
 def read_slots(fd: int, first: int, count: int, ncpu: int) -> np.ndarray:
     """Slots ``first .. first+count-1`` of the per-CPU bins array in one batch lookup, as a
-    (count, ncpu, 4) uint64 array of (bin, bytes, packets, segs)."""
+    (count, ncpu, 4) uint64 array of (bin, bytes, packets, skbs)."""
     import numpy as np
 
     values = np.zeros((count, ncpu, _BIN_FIELDS), dtype=np.uint64)
@@ -316,7 +316,7 @@ class Ring:
     peers: int  # peer slots incl. 0
     ncpu: int
     next_bin: int  # first bin not read yet
-    rows: list[np.ndarray] = field(default_factory=list)  # (bin, peer, bytes, packets, segs)
+    rows: list[np.ndarray] = field(default_factory=list)  # (bin, peer, bytes, packets, skbs)
     overruns: int = 0  # bins overwritten by a later lap before they were read
 
     def drain(self, upto_bin: int) -> None:
@@ -445,7 +445,7 @@ def _frame(rings: list[Ring], peers: Sequence[str], bin_ns: int, offset_ns: int)
                     "peer": names[t[:, 1].astype(np.int64)],
                     "bytes": t[:, 2].astype(np.int64),
                     "packets": t[:, 3].astype(np.int64),
-                    "segs": t[:, 4].astype(np.int64),
+                    "skbs": t[:, 4].astype(np.int64),
                 }
             )
         )
