@@ -44,8 +44,9 @@ from commscope.spec.link import LINK_AXES, UNSHAPED, LinkSetting, LinkShape
 # outputs and the scripts' files are built from this tuple.
 BENCH_TABLES: tuple[str, ...] = ("bench", "summary", "fit")
 BENCH_FILES = {name: f"{name}.parquet" for name in BENCH_TABLES}
-# tbf's bucket (64 KB, shaping.TBF_MIN_BURST_BYTES) passes a smaller message at line rate, so
-# on a capped link the fit uses sizes from 4x that up, where the cap governs the time.
+# tbf's bucket (shaping.tbf_burst_bytes: max(rate x 1 ms, 2 frames) on MTU frames, 64 KB with
+# offloads on) passes a smaller message at line rate, so on a capped link the fit uses sizes
+# from 4x the largest bucket up, where the cap governs the time.
 FIT_MIN_BYTES_CAPPED = 256 * 1024
 TIDY_COLUMNS = [*LINK_AXES, "link", "nodes", "ranks_per_node", "backend", "op", "bytes",
                 "group_size", "iteration", "time_s", "ranks"]  # fmt: skip

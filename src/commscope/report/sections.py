@@ -307,8 +307,9 @@ _BENCH_UTILIZATION_INTRO = (
 _BENCH_FIT_INTRO = (
     "t = alpha + wire bytes / beta per op and link, wire bytes per rank as "
     "the traffic model counts them, least squares on relative error; on capped links "
-    "only sizes >= fit_min_bytes (tbf's 64 KB bucket lets smaller messages pass at "
-    "line rate). These alphas and betas feed the predicted step times below."
+    "only sizes >= fit_min_bytes (tbf's bucket, rate x 1 ms on MTU frames and 64 KB with "
+    "offloads on, lets smaller messages pass at line rate). These alphas and betas feed the "
+    "predicted step times below."
 )
 _CROSSCHECK_STRATEGY_INTRO = (
     "Cross-validation of the two measurement levels (docs/crossvalidation.md). "
