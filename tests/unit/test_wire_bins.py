@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from commscope.cell.wire import counters_from_bins, directed_bins, flows_from_bins, snap
+from commscope.cell.wire import counters_from_bins, directed_bins, flows_from_bins, serialized, snap
 
 B = 100_000
 ADDR = {"a0": 0, "a1": 1}
@@ -78,3 +78,35 @@ def test_flows_come_from_the_receivers_ingress_in_1ms_bins() -> None:
     got = {(r.t_ns, r.src_node, r.dst_node): r.bytes for r in flows.itertuples()}
     assert got == {(1_000_000, 0, 1): 3000, (1_000_000, 1, 0): 198, (2_000_000, 0, 1): 1000,
                    (2_000_000, 1, 0): 66}  # fmt: skip
+
+
+def test_a_busy_capped_link_is_flat_at_the_cap_once_serialised() -> None:
+    # 50 Mbit/s: a 1514-byte frame every 242.24 us, counted in the 100 us bin it completes in.
+    rate, frame = 50_000_000, 1514
+    arrivals = np.arange(1, 200) * frame * 8e9 / rate
+    t_end = (np.floor(arrivals / B).astype(np.int64) + 1) * B
+    uniq, counts = np.unique(t_end, return_counts=True)
+    starts, ends = serialized(uniq, counts * frame, rate)
+    assert (starts[1:] >= ends[:-1]).all()  # one bin after the other on the wire
+    assert (ends <= uniq).all()  # never later than counted
+    # The intervals tile the busy period: rate x time = bytes, but for the last bin's closing,
+    # which comes up to one bin after its last frame.
+    busy = ends[-1] - starts[0]
+    assert 0 <= busy * rate / 8e9 - counts.sum() * frame <= rate * B / 8e9
+
+
+def test_a_burst_after_idle_is_spread_back_over_its_serialisation_time() -> None:
+    rate = 50_000_000
+    starts, ends = serialized(np.array([10 * B]), np.array([6250]), rate)
+    assert ends.tolist() == [10 * B] and starts.tolist() == [10 * B - 1_000_000]
+
+
+def test_capped_counters_spread_bins_at_the_rate_and_keep_totals() -> None:
+    spans = {0: (0, 30 * B), 1: (0, 30 * B)}
+    c = counters_from_bins(_bins(), B, ADDR, {0: "e0", 1: "e1"}, spans, rate_bps=40_000_000)
+    n1 = c[c["node"] == 1]
+    assert n1["rx_bytes"].iloc[-1] == 4000 and n1["rx_packets"].iloc[-1] == 4
+    # 1000 B at 40 Mbit/s take 200 us: bins 10-12 (counted by 13 x B) were on the wire from
+    # 7 x B, one after the other; linear in between.
+    at = np.interp(np.array([7, 8, 9, 11, 12, 13]) * B, n1["t_ns"], n1["rx_bytes"])
+    assert at.tolist() == [0, 500, 1000, 2000, 2500, 3000]

@@ -137,11 +137,15 @@ def cell_table_paths(out_dir: Path) -> dict[str, Path]:
 
 
 def _wire_tables(
-    raw_dir: Path, nodes: list[dict[str, Any]], clock: dict[str, Any] | None
+    raw_dir: Path,
+    nodes: list[dict[str, Any]],
+    clock: dict[str, Any] | None,
+    rate_bps: int | None = None,
 ) -> dict[str, Any] | None:
     """The BPF accounting's counters and node-pair flows of every node (see
-    :mod:`commscope.cell.wire`) and each node's wire.json, or None when no node has a
-    wire.parquet (the counters source, or a raw directory from before it existed)."""
+    :mod:`commscope.cell.wire`; ``rate_bps`` the cell's cap, at which its bytes are
+    serialised) and each node's wire.json, or None when no node has a wire.parquet (the
+    counters source, or a raw directory from before it existed)."""
     node_index = {n["name"]: int(n["index"]) for n in nodes}
     frames = _per_node(raw_dir, NODE_WIRE_FILE, node_index)
     if not frames:
@@ -166,7 +170,7 @@ def _wire_tables(
     ifaces = {int(n["index"]): n["exp_iface"] for n in nodes if int(n["index"]) in metas}
     (width,) = bin_ns
     return {
-        "counters": counters_from_bins(bins, width, addr_to_node, ifaces, spans),
+        "counters": counters_from_bins(bins, width, addr_to_node, ifaces, spans, rate_bps),
         "wire_flows": flows_from_bins(bins, addr_to_node),
         "meta": metas,
     }
@@ -292,7 +296,7 @@ def build_cell_tables(
     run_meta = json.loads((raw_dir / RUN_FILE).read_text())
     node_index = {n["name"]: int(n["index"]) for n in run_meta["nodes"]}
     clock = _clock(run_meta, node_index)
-    wire = _wire_tables(raw_dir, run_meta["nodes"], clock)
+    wire = _wire_tables(raw_dir, run_meta["nodes"], clock, LinkShape(**run_meta["shape"]).rate_bps)
     sample_hz = float(run_meta.get("captures", {}).get("sample_hz") or 0)
     tables = {
         **_node_tables(raw_dir, node_index, clock, wire, sample_hz),

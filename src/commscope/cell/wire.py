@@ -13,7 +13,13 @@ shaper (the egress hook runs before the root qdisc and sees what the sender *off
 Counters are cumulative samples, as the /proc sampler's, but sparse and exact: a sample at the
 end of every non-empty bin and at the start of a non-empty bin that follows an empty one, so
 the cumulative step function is exact at every bin edge and flat across idle stretches (linear
-interpolation between two samples is exact). Bin edges are snapped to multiples of the bin width
+interpolation between two samples is exact). On a capped cell a bin's bytes are instead placed
+over the time a link of the cap's rate takes to serialise them, ending when they were counted
+and never overlapping the next bin's (:func:`serialized`): the emulated link hands over whole
+frames when tbf lets them go (at 50 Mbit/s one 1,514-byte frame every 242 µs, so 100 µs bins of
+the raw arrivals alternate between 0 and 1 frame), a real link of that rate carries their bits
+one after another, and that is what the throughput at 100 µs shows. Totals are unchanged, and
+no byte moves later than it was counted. Bin edges are snapped to multiples of the bin width
 after the clock mapping (a shift of at most half a bin), so throughput bins that are multiples
 of it align with the kernel's bins. ``resolution_ns`` says the bin width.
 """
@@ -69,8 +75,13 @@ def counters_from_bins(
     addr_to_node: Mapping[str, int],
     ifaces: Mapping[int, str],
     spans: Mapping[int, tuple[int, int]],
+    rate_bps: int | None = None,
 ) -> pd.DataFrame:
     """The ``counters`` table (COUNTER_COLUMNS) of a cell from its wire bins.
+
+    ``rate_bps`` is the cell's link cap, if any: each node's bytes are then placed on its link
+    as a link of that rate serialises them (:func:`serialized`) instead of at the instant
+    their bin closed.
 
     ``bins`` are every node's wire.parquet rows with a ``node`` column, on the orchestrator's
     clock; ``spans[node]`` the accounting's (start, end) on the same clock, so the series covers
@@ -96,8 +107,26 @@ def counters_from_bins(
         }.items():
             have = (what, direction) in wide.columns
             per_bin[col] = wide[(what, direction)].to_numpy(np.int64) if have else 0 * t_bin
-        frames.append(_sparse_cumulative(node, iface, t_bin, per_bin, bin_ns, start, end))
+        frames.append(_sparse_cumulative(node, iface, t_bin, per_bin, bin_ns, start, end, rate_bps))
     return pd.concat(frames, ignore_index=True)[COUNTER_COLUMNS]
+
+
+def serialized(
+    t_end: np.ndarray, nbytes: np.ndarray, rate_bps: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """When each bin's bytes were on a link of ``rate_bps``: (start, end) per bin, in order.
+
+    A bin's bytes were counted once their last frame had arrived, by ``t_end``; on a link that
+    serialises at ``rate_bps`` they took 8 x bytes / rate to cross it, and the next bin's
+    bytes could not start before they were done. Working back from the last bin:
+    ``end_k = min(t_end_k, start_{k+1})``, ``start_k = end_k - duration_k``. In closed form with
+    the suffix sums ``D_k`` of the durations: ``end_k + D_{k+1}`` is the reverse running minimum
+    of ``t_end_k + D_{k+1}``, so no loop is needed."""
+    dur = np.ceil(nbytes.astype(np.float64) * 8e9 / rate_bps).astype(np.int64)
+    after = np.concatenate([np.cumsum(dur[::-1])[::-1][1:], [0]])  # D_{k+1}
+    g = np.minimum.accumulate((t_end + after)[::-1])[::-1]
+    ends = g - after
+    return ends - dur, ends
 
 
 def _sparse_cumulative(
@@ -108,8 +137,11 @@ def _sparse_cumulative(
     bin_ns: int,
     start: int,
     end: int,
+    rate_bps: int | None = None,
 ) -> pd.DataFrame:
-    """Cumulative samples at the edges of the non-empty bins (see the module doc)."""
+    """Cumulative samples at the edges of the non-empty bins (see the module doc); with
+    ``rate_bps``, at the edges of the intervals the bins' bytes were serialised in
+    (:func:`serialized`), per direction."""
     order = np.argsort(t_bin, kind="stable")
     t_bin = t_bin[order]
     # Bins that snap onto the same edge (never with one clock) are merged.
@@ -117,17 +149,38 @@ def _sparse_cumulative(
     per = {
         k: np.bincount(inverse, v[order], len(uniq)).astype(np.int64) for k, v in per_bin.items()
     }
-    lo = min(int(snap(np.array([start]), bin_ns)[0]), int(uniq[0]) if len(uniq) else start)
+    lo = int(snap(np.array([start]), bin_ns)[0])
     hi = max(int(snap(np.array([end]), bin_ns)[0]), int(uniq[-1]) + bin_ns if len(uniq) else end)
-    cum = {k: np.cumsum(v) for k, v in per.items()}
-    t = np.concatenate([[lo], uniq, uniq + bin_ns, [hi]])
-    data = {
-        k: np.concatenate([[0], cum[k] - per[k], cum[k], [cum[k][-1] if len(uniq) else 0]])
-        for k in per
-    }
-    frame = pd.DataFrame({"t_ns": t, **data})
-    # A bin's start equals the previous bin's end when both are busy: the same value twice.
-    frame = frame.sort_values("t_ns", kind="stable").drop_duplicates("t_ns", keep="last")
+    # Per direction, the instants its cumulative function bends and its values there.
+    curves: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for direction in ("tx", "rx"):
+        nbytes = per[f"{direction}_bytes"]
+        busy = nbytes > 0
+        t_end = uniq[busy] + bin_ns
+        if rate_bps:
+            t_start, t_end = serialized(t_end, nbytes[busy], rate_bps)
+        else:
+            t_start = t_end - bin_ns
+        knots = np.concatenate([t_start, t_end])
+        for col in (f"{direction}_bytes", f"{direction}_packets"):
+            cum = np.cumsum(per[col][busy])
+            values = np.concatenate([cum - per[col][busy], cum])
+            o = np.argsort(knots, kind="stable")
+            curves[col] = (knots[o], values[o])
+        if len(knots):
+            lo = min(lo, int(knots.min()))
+    times = np.unique(np.concatenate([[lo, hi], *(k for k, _ in curves.values())]))
+    data = {}
+    for col, (knots, values) in curves.items():
+        if len(knots) == 0:
+            data[col] = np.zeros(len(times), dtype=np.int64)
+            continue
+        # Piecewise linear between its own knots, so exact at every one of them; a busy bin's
+        # start equals the previous one's end when both are busy (the same value twice).
+        k, first = np.unique(knots[::-1], return_index=True)
+        v = values[::-1][first]
+        data[col] = np.rint(np.interp(times, k, v, left=0, right=v[-1])).astype(np.int64)
+    frame = pd.DataFrame({"t_ns": times, **data})
     frame.insert(0, "iface", iface)
     frame.insert(0, "node", node)
     frame["resolution_ns"] = np.int64(bin_ns)
