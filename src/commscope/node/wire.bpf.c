@@ -1,4 +1,4 @@
-/* In-kernel wire accounting: bytes, packets and segments per time bin and peer, on tc clsact.
+/* In-kernel wire accounting: bytes, frames and socket buffers per time bin and peer, on tc clsact.
  *
  * Loaded twice on a node's experiment interface by `python -m commscope.node.wire` (which also
  * builds it, see build_object): section "tc/ingress" on clsact ingress, "tc/egress" on clsact
@@ -7,11 +7,12 @@
  *
  *     peer slot (from cs_peers, 0 = no known peer) x ring slot (bin mod RING_SLOTS)
  *
- * of a per-CPU array, bin = bpf_ktime_get_ns() / BIN_NS (CLOCK_MONOTONIC: the clock userspace
- * maps to wall time). Each slot carries the bin number it holds; a slot left over from the
- * previous lap of the ring is reset on first use, so no atomics and no clearing from userspace
- * are needed (per-CPU: only this CPU writes it, and tc programs do not nest on one CPU). The
- * reader drains finished bins every fraction of a lap.
+ * of a shared array, bin = bpf_ktime_get_ns() / BIN_NS (CLOCK_MONOTONIC: the clock userspace
+ * maps to wall time), with atomic adds (packets of one bin arrive on several CPUs). The array is
+ * memory-mapped by the reader (BPF_F_MMAPABLE), which copies finished bins out and zeroes them
+ * a fraction of a lap later: no syscall per read, so the reader costs next to nothing however
+ * fine the bins. A slot is written again only a lap (>= 2 s) after its bin, long after it was
+ * drained; the reader never touches the two newest bins, which packets may still be adding to.
  *
  * The peer is the packet's IPv4 source on ingress and its destination on egress, looked up in
  * cs_peers (address in network order -> slot 1..MAX_PEERS-1), which the loader fills with the
@@ -51,16 +52,16 @@
 #error "RING_SLOTS must be a power of two"
 #endif
 
-/* One bin of one peer on one CPU; read by commscope.node.wire as four native u64. */
+/* One bin of one peer; read by commscope.node.wire as three native u64 through mmap. */
 struct bin {
-    __u64 bin;
     __u64 bytes;
     __u64 packets; /* frames on the wire */
     __u64 skbs;    /* socket buffers seen: fewer than frames where GSO packets pass */
 };
 
 struct {
-    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+    __uint(type, BPF_MAP_TYPE_ARRAY);
+    __uint(map_flags, BPF_F_MMAPABLE);
     __uint(max_entries, MAX_PEERS * RING_SLOTS);
     __type(key, __u32);
     __type(value, struct bin);
@@ -106,16 +107,10 @@ static __always_inline int account(struct __sk_buff *skb, __u32 addr_off) {
     struct bin *b = bpf_map_lookup_elem(&cs_bins, &key);
     if (!b)
         return TC_ACT_UNSPEC;
-    if (b->bin != bin) { /* first packet of this bin on this CPU: the slot holds an old lap */
-        b->bin = bin;
-        b->bytes = 0;
-        b->packets = 0;
-        b->skbs = 0;
-    }
     __u32 segs = skb->gso_segs ? skb->gso_segs : 1;
-    b->bytes += skb->len + (segs > 1 ? (segs - 1) * header_len(skb) : 0);
-    b->packets += segs;
-    b->skbs += 1;
+    __sync_fetch_and_add(&b->bytes, skb->len + (segs > 1 ? (segs - 1) * header_len(skb) : 0));
+    __sync_fetch_and_add(&b->packets, segs);
+    __sync_fetch_and_add(&b->skbs, 1);
     return TC_ACT_UNSPEC;
 }
 

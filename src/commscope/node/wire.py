@@ -6,7 +6,8 @@ drained and detached.
 
 attaches the program on clsact ingress and egress of ``--iface`` (prio 1, before the shaper's
 redirect at prio 2), fills its peer map with the cluster's experiment addresses, drains finished
-bins from the ring every ``--poll-s`` with the bpf() syscall's batch lookups, and on SIGTERM/SIGINT
+bins from the ring every ``--poll-s`` (the array is memory-mapped: no syscall per read, it
+copies the bins out and zeroes them), and on SIGTERM/SIGINT
 (or ``--max-seconds``) reads the last bins, detaches, and writes one row per non-empty (bin, hook,
 peer) to ``--out`` (columns :data:`~commscope.contracts.WIRE_BIN_COLUMNS`, ``t_ns`` the bin's
 start on CLOCK_REALTIME) and its metadata to ``--meta`` (bin width, the monotonic-to-realtime
@@ -30,6 +31,7 @@ import argparse
 import ctypes
 import hashlib
 import json
+import mmap
 import os
 import shutil
 import signal
@@ -51,19 +53,19 @@ HOOKS = ("ingress", "egress")
 # The tc filter priority and handle of the accounting: before the shaper's redirect (prio 2).
 PRIO = 1
 HANDLE = 1
-# The ring holds this many seconds of bins at least; the reader drains it ~10 times per lap.
+# The ring holds this many seconds of bins at least; the reader drains it ~8 times per lap.
 RING_SECONDS = 2.0
-DEFAULT_POLL_S = 0.2
-# One struct bin of wire.bpf.c: bin, bytes, packets, skbs (native u64).
-_BIN_FIELDS = 4
+DEFAULT_POLL_S = 0.25
+# One struct bin of wire.bpf.c: bytes, packets, skbs (native u64).
+_BIN_FIELDS = 3
+# The reader leaves the newest bins alone: a packet stamped in a bin may still be adding to it.
+_GUARD_BINS = 2
 
 # bpf(2) commands and the layout of the parts of union bpf_attr / bpf_*_info used here.
-_BPF_MAP_LOOKUP_ELEM = 1
 _BPF_MAP_UPDATE_ELEM = 2
 _BPF_PROG_GET_FD_BY_ID = 13
 _BPF_MAP_GET_FD_BY_ID = 14
 _BPF_OBJ_GET_INFO_BY_FD = 15
-_BPF_MAP_LOOKUP_BATCH = 24
 _SYS_BPF = {"x86_64": 321, "aarch64": 280}
 _PROG_INFO_SIZE = 80  # up to and including name[16]: nr_map_ids at 52, map_ids at 56
 _MAP_INFO_SIZE = 40  # up to and including name[16] at 24
@@ -193,44 +195,6 @@ def map_update(fd: int, key: bytes, value: bytes) -> None:
     _bpf(_BPF_MAP_UPDATE_ELEM, _attr("=IIQQQ", fd, 0, _addr(k), _addr(v), 0))
 
 
-def read_slots(fd: int, first: int, count: int, ncpu: int) -> np.ndarray:
-    """Slots ``first .. first+count-1`` of the per-CPU bins array in one batch lookup, as a
-    (count, ncpu, 4) uint64 array of (bin, bytes, packets, skbs)."""
-    import numpy as np
-
-    values = np.zeros((count, ncpu, _BIN_FIELDS), dtype=np.uint64)
-    keys = np.zeros(count, dtype=np.uint32)
-    # For arrays the batch token is the last key read: start after first - 1 (none for 0).
-    token_in = ctypes.c_uint32(first - 1 if first > 0 else 0)
-    token_out = ctypes.c_uint32(0)
-    attr = _attr(
-        "=QQQQIIQQ",
-        _addr(token_in) if first > 0 else 0,
-        _addr(token_out),
-        keys.ctypes.data,
-        values.ctypes.data,
-        count,
-        fd,
-        0,
-        0,
-    )
-    try:
-        _bpf(_BPF_MAP_LOOKUP_BATCH, attr)
-    except OSError as err:
-        if err.errno != 2:  # ENOENT: the batch reached the end of the map, all read
-            raise
-    (got,) = struct.unpack_from("=I", attr, 32)
-    if got != count:
-        raise WireError(f"batch lookup returned {got} of {count} slots from {first}")
-    return values
-
-
-def possible_cpus() -> int:
-    """Number of possible CPUs: the per-CPU maps' value count (not os.cpu_count())."""
-    text = Path("/sys/devices/system/cpu/possible").read_text().strip()
-    return 1 + max(int(part.split("-")[-1]) for part in text.split(","))
-
-
 # ──────────────────────────────────────────────────────────────────────────── tc
 
 
@@ -308,19 +272,33 @@ def mono_to_real_ns(tries: int = 20) -> int:
 
 @dataclass
 class Ring:
-    """One hook's bins map and how far it has been drained."""
+    """One hook's bins array, memory-mapped (BPF_F_MMAPABLE), and how far it has been drained.
+
+    Draining copies the finished bins of every peer out and zeroes their slots, so the program
+    finds them empty when the ring comes round again; a bin more than a lap old when drained
+    has been added to by the next lap (``overruns`` counts them)."""
 
     hook: str
     fd: int
     slots: int
     peers: int  # peer slots incl. 0
-    ncpu: int
     next_bin: int  # first bin not read yet
+    view: np.ndarray = field(init=False)  # (peers, slots, 3) uint64 over the map's memory
     rows: list[np.ndarray] = field(default_factory=list)  # (bin, peer, bytes, packets, skbs)
-    overruns: int = 0  # bins overwritten by a later lap before they were read
+    overruns: int = 0
+    _mm: mmap.mmap | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        import numpy as np
+
+        size = self.peers * self.slots * _BIN_FIELDS * 8
+        length = -(-size // mmap.PAGESIZE) * mmap.PAGESIZE
+        self._mm = mmap.mmap(self.fd, length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        flat = np.frombuffer(self._mm, dtype=np.uint64, count=size // 8)
+        self.view = flat.reshape(self.peers, self.slots, _BIN_FIELDS)
 
     def drain(self, upto_bin: int) -> None:
-        """Read bins ``next_bin .. upto_bin - 1`` of every peer (at most one lap back)."""
+        """Copy out and clear bins ``next_bin .. upto_bin - 1`` of every peer."""
         import numpy as np
 
         if upto_bin - self.next_bin > self.slots:
@@ -329,21 +307,17 @@ class Ring:
         lo = self.next_bin
         while lo < upto_bin:
             start = lo % self.slots
-            n = min(upto_bin - lo, self.slots - start)  # do not wrap within one batch
-            expect = np.arange(lo, lo + n, dtype=np.uint64)
-            for peer in range(self.peers):
-                vals = read_slots(self.fd, peer * self.slots + start, n, self.ncpu)
-                stamp = vals[:, :, 0]
-                mine = stamp == expect[:, None]
-                self.overruns += int((stamp > expect[:, None]).any(axis=1).sum())
-                sums = np.where(mine[:, :, None], vals[:, :, 1:], 0).sum(axis=1)
-                busy = sums[:, 1] > 0
-                if busy.any():
-                    block = np.empty((int(busy.sum()), 5), dtype=np.uint64)
-                    block[:, 0] = expect[busy]
-                    block[:, 1] = peer
-                    block[:, 2:] = sums[busy]
-                    self.rows.append(block)
+            n = min(upto_bin - lo, self.slots - start)  # up to the end of the ring, then wrap
+            block = self.view[:, start : start + n, :]
+            values = block.copy()
+            block[...] = 0
+            peer, k = np.nonzero(values[:, :, 1])  # bins with at least one frame
+            if len(k):
+                out = np.empty((len(k), 5), dtype=np.uint64)
+                out[:, 0] = lo + k
+                out[:, 1] = peer
+                out[:, 2:] = values[peer, k]
+                self.rows.append(out)
             lo += n
         self.next_bin = upto_bin
 
@@ -351,6 +325,11 @@ class Ring:
         import numpy as np
 
         return np.concatenate(self.rows) if self.rows else np.empty((0, 5), dtype=np.uint64)
+
+    def close(self) -> None:
+        self.view = None  # type: ignore[assignment]  # release the buffer before unmapping
+        if self._mm is not None:
+            self._mm.close()
 
 
 def run(
@@ -369,12 +348,12 @@ def run(
     ``meta_out``; returns the metadata."""
     import socket
 
+    # Before attaching: the first packets counted fall in this bin or a later one.
+    now_bin = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // bin_ns
     created, prog_ids = attach(iface, obj)
     fds: list[int] = []
+    rings: list[Ring] = []
     try:
-        ncpu = possible_cpus()
-        now_bin = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // bin_ns
-        rings = []
         for hook in HOOKS:
             maps = prog_maps(prog_ids[hook])
             fds += maps.values()
@@ -382,7 +361,7 @@ def run(
                 raise WireError(f"program on {iface} {hook} lacks its maps: {sorted(maps)}")
             for slot, addr in enumerate(peers, start=1):
                 map_update(maps["cs_peers"], socket.inet_aton(addr), struct.pack("=I", slot))
-            rings.append(Ring(hook, maps["cs_bins"], slots, len(peers) + 1, ncpu, now_bin))
+            rings.append(Ring(hook, maps["cs_bins"], slots, len(peers) + 1, now_bin))
         counters_start = iface_counters(iface)
         offset_start = mono_to_real_ns()
         # The orchestrator starts training once it reads this line.
@@ -391,8 +370,8 @@ def run(
         deadline = time.monotonic() + max_seconds
         while not stop[0] and time.monotonic() < deadline:
             time.sleep(poll_s)
-            # Bins before the current one are complete (a packet of bin b is counted at b).
-            upto = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // bin_ns
+            # Every bin but the newest few is complete (a packet of bin b is counted at b).
+            upto = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // bin_ns - _GUARD_BINS + 1
             for ring in rings:
                 ring.drain(upto)
         counters_end = iface_counters(iface)
@@ -401,6 +380,8 @@ def run(
             ring.drain(end_bin)
         offset_end = mono_to_real_ns()
     finally:
+        for ring in rings:
+            ring.close()
         for fd in fds:
             os.close(fd)
         detach(iface, created)
@@ -409,7 +390,6 @@ def run(
         "iface": iface,
         "bin_ns": bin_ns,
         "ring_slots": slots,
-        "ncpu": ncpu,
         "peers": list(peers),
         "mono_to_real_ns": {"start": offset_start, "end": offset_end},
         "t_start_ns": t_start,
