@@ -2,6 +2,7 @@
 
 commscope cleanup            remove every namespace, bridge, veth and process a crashed run left
 commscope check [CONFIG]     validate a study config (schema + combinations) without running it
+               [--nodes]     ... and say what each node of its cluster lacks
 """
 
 from __future__ import annotations
@@ -34,7 +35,29 @@ def _check(args: argparse.Namespace) -> int:
     note = _wire_note(config)
     if note:
         print(note, file=sys.stderr)
+    if args.nodes:
+        return _check_nodes(config, int(cells["nodes"].max()))
     return 0
+
+
+def _check_nodes(config: dict, nodes: int) -> int:
+    """Connect to the cluster's nodes (provisioning a netns cluster if needed) and say, node by
+    node, what the cells' probes would lack there; 1 when any node lacks something."""
+    from commscope.cluster.provision import provision
+    from commscope.experiment.readiness import check_nodes
+    from commscope.spec.settings import ClusterSettings, RunSettings
+
+    cluster_cfg = ClusterSettings.from_mapping(config.get("cluster", {}))
+    cluster = provision(cluster_cfg, nodes, Path.cwd())
+    hosts = cluster.hosts()[:nodes]
+    try:
+        found = check_nodes(hosts, RunSettings.from_mapping(config.get("run", {})))
+    finally:
+        for host in hosts:
+            host.close()
+    for name, problems in found.items():
+        print(f"{name}: " + ("; ".join(problems) if problems else "ready"))
+    return 1 if any(found.values()) else 0
 
 
 def _wire_note(config: dict) -> str | None:
@@ -83,6 +106,11 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         default=Path("workflow/schemas/config.schema.yaml"),
         help="the workflow's config schema (default: as seen from the repository root)",
+    )
+    check.add_argument(
+        "--nodes",
+        action="store_true",
+        help="also connect to the cluster's nodes and say what each lacks (BPF, tcpdump, ...)",
     )
     check.set_defaults(func=_check)
     args = parser.parse_args(argv)

@@ -15,7 +15,7 @@
  * drained; the reader never touches the two newest bins, which packets may still be adding to.
  *
  * The peer is the packet's IPv4 source on ingress and its destination on egress, looked up in
- * cs_peers (address in network order -> slot 1..MAX_PEERS-1), which the loader fills with the
+ * cs_peers by the address's last byte and compared in full, which the loader fills with the
  * cluster's experiment addresses. Everything else (ARP, IPv6, other hosts) counts in slot 0, so
  * the sum over slots is every byte the interface carried.
  *
@@ -24,7 +24,8 @@
  * the device's GSO off and segments them after the qdisc, so clsact egress sees them): its
  * segments each repeat the Ethernet/IP/TCP headers, so it counts len + (segs-1) x headers
  * bytes and segs frames, which is what tbf charges and what the segmented frames' device
- * counters count; `skbs` counts the packets as the stack handed them to tc.
+ * counters count; `gso_extra` counts the frames beyond the first of such packets, so the
+ * reader knows how many socket buffers the stack handed to tc (packets - gso_extra).
  *
  * It never changes traffic: it returns TC_ACT_UNSPEC, "no verdict", so tc goes on to the next
  * filter (the shaper's redirect to the ifb at prio 2) and the packet continues as if this filter
@@ -55,8 +56,8 @@
 /* One bin of one peer; read by commscope.node.wire as three native u64 through mmap. */
 struct bin {
     __u64 bytes;
-    __u64 packets; /* frames on the wire */
-    __u64 skbs;    /* socket buffers seen: fewer than frames where GSO packets pass */
+    __u64 packets;   /* frames on the wire */
+    __u64 gso_extra; /* frames beyond the first of GSO packets: socket buffers = packets - this */
 };
 
 struct {
@@ -67,11 +68,18 @@ struct {
     __type(value, struct bin);
 } cs_bins SEC(".maps");
 
+/* The cell's peers by the last byte of their IPv4 address (the loader refuses peers that share
+ * one): an array lookup and a compare instead of a hash lookup, on every packet. */
+struct peer {
+    __u32 addr; /* IPv4 address, network byte order; 0: no peer */
+    __u32 slot; /* 1 .. MAX_PEERS-1 */
+};
+
 struct {
-    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(type, BPF_MAP_TYPE_ARRAY);
     __uint(max_entries, 256);
-    __type(key, __u32);   /* IPv4 address, network byte order */
-    __type(value, __u32); /* peer slot, 1 .. MAX_PEERS-1 */
+    __type(key, __u32);
+    __type(value, struct peer);
 } cs_peers SEC(".maps");
 
 /* Offsets of the IPv4 source and destination in an untagged Ethernet frame. */
@@ -94,23 +102,30 @@ static __always_inline __u32 header_len(struct __sk_buff *skb) {
 
 static __always_inline int account(struct __sk_buff *skb, __u32 addr_off) {
     __u32 slot = 0;
-    if (skb->protocol == bpf_htons(ETH_P_IP)) {
-        __u32 addr;
-        if (bpf_skb_load_bytes(skb, addr_off, &addr, sizeof(addr)) == 0) {
-            __u32 *peer = bpf_map_lookup_elem(&cs_peers, &addr);
-            if (peer && *peer < MAX_PEERS)
-                slot = *peer;
-        }
+    void *data = (void *)(long)skb->data;
+    void *data_end = (void *)(long)skb->data_end;
+    /* Direct packet access: the IPv4 header is in the linear part of every frame here. */
+    if (skb->protocol == bpf_htons(ETH_P_IP) && data + addr_off + 4 <= data_end) {
+        __u32 addr = *(__u32 *)(data + addr_off);
+        __u32 last = ((__u8 *)(data + addr_off))[3];
+        struct peer *peer = bpf_map_lookup_elem(&cs_peers, &last);
+        if (peer && peer->addr == addr && peer->slot < MAX_PEERS)
+            slot = peer->slot;
     }
     __u64 bin = bpf_ktime_get_ns() / BIN_NS;
     __u32 key = slot * RING_SLOTS + (__u32)(bin & (RING_SLOTS - 1));
     struct bin *b = bpf_map_lookup_elem(&cs_bins, &key);
     if (!b)
         return TC_ACT_UNSPEC;
-    __u32 segs = skb->gso_segs ? skb->gso_segs : 1;
-    __sync_fetch_and_add(&b->bytes, skb->len + (segs > 1 ? (segs - 1) * header_len(skb) : 0));
-    __sync_fetch_and_add(&b->packets, segs);
-    __sync_fetch_and_add(&b->skbs, 1);
+    __u32 segs = skb->gso_segs;
+    if (segs > 1) { /* rare with MTU frames: only here the headers need parsing */
+        __sync_fetch_and_add(&b->bytes, skb->len + (segs - 1) * header_len(skb));
+        __sync_fetch_and_add(&b->packets, segs);
+        __sync_fetch_and_add(&b->gso_extra, segs - 1);
+    } else {
+        __sync_fetch_and_add(&b->bytes, skb->len);
+        __sync_fetch_and_add(&b->packets, 1);
+    }
     return TC_ACT_UNSPEC;
 }
 

@@ -56,7 +56,7 @@ HANDLE = 1
 # The ring holds this many seconds of bins at least; the reader drains it ~8 times per lap.
 RING_SECONDS = 2.0
 DEFAULT_POLL_S = 0.25
-# One struct bin of wire.bpf.c: bytes, packets, skbs (native u64).
+# One struct bin of wire.bpf.c: bytes, packets, gso_extra (native u64).
 _BIN_FIELDS = 3
 # The reader leaves the newest bins alone: a packet stamped in a bin may still be adding to it.
 _GUARD_BINS = 2
@@ -242,12 +242,20 @@ def detach(iface: str, remove_clsact: bool) -> None:
 
 
 def iface_counters(iface: str) -> dict[str, int]:
-    """The interface's rx/tx bytes and packets from /proc/net/dev (this namespace)."""
+    """The interface's rx/tx bytes, packets and drops from /proc/net/dev (this namespace)."""
     for line in Path("/proc/net/dev").read_text().splitlines():
         name, sep, rest = line.partition(":")
         if sep and name.strip() == iface:
             f = [int(x) for x in rest.split()]
-            return {"rx_bytes": f[0], "rx_packets": f[1], "tx_bytes": f[8], "tx_packets": f[9]}
+            return {
+                "rx_bytes": f[0],
+                "rx_packets": f[1],
+                "rx_dropped": f[3],
+                "tx_bytes": f[8],
+                "tx_packets": f[9],
+                # veth drops a frame the peer's backlog has no room for: offered, not sent.
+                "tx_dropped": f[11],
+            }
     raise WireError(f"interface {iface!r} not found in /proc/net/dev")
 
 
@@ -317,6 +325,7 @@ class Ring:
                 out[:, 0] = lo + k
                 out[:, 1] = peer
                 out[:, 2:] = values[peer, k]
+                out[:, 4] = out[:, 3] - out[:, 4]  # socket buffers = frames - GSO extra
                 self.rows.append(out)
             lo += n
         self.next_bin = upto_bin
@@ -330,6 +339,25 @@ class Ring:
         self.view = None  # type: ignore[assignment]  # release the buffer before unmapping
         if self._mm is not None:
             self._mm.close()
+
+
+def peer_entries(peers: Sequence[str]) -> list[tuple[bytes, bytes]]:
+    """The cs_peers array's entries: key the last byte of each IPv4 address, value the address
+    (network order) and its slot (1..). Raises WireError when two peers share a last byte or an
+    address is not IPv4."""
+    import socket
+
+    entries: dict[int, tuple[bytes, int]] = {}
+    for slot, addr in enumerate(peers, start=1):
+        try:
+            raw = socket.inet_aton(addr)
+        except OSError:
+            raise WireError(f"peer {addr!r} is not an IPv4 address") from None
+        if raw[3] in entries:
+            other = socket.inet_ntoa(entries[raw[3]][0])
+            raise WireError(f"peers {other} and {addr} share their last byte")
+        entries[raw[3]] = (raw, slot)
+    return [(struct.pack("=I", k), raw + struct.pack("=I", s)) for k, (raw, s) in entries.items()]
 
 
 def run(
@@ -346,8 +374,6 @@ def run(
 ) -> dict[str, Any]:
     """Attach, drain until ``stop[0]`` or ``max_seconds``, detach, write ``out`` and
     ``meta_out``; returns the metadata."""
-    import socket
-
     # Before attaching: the first packets counted fall in this bin or a later one.
     now_bin = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // bin_ns
     created, prog_ids = attach(iface, obj)
@@ -359,8 +385,8 @@ def run(
             fds += maps.values()
             if "cs_bins" not in maps or "cs_peers" not in maps:
                 raise WireError(f"program on {iface} {hook} lacks its maps: {sorted(maps)}")
-            for slot, addr in enumerate(peers, start=1):
-                map_update(maps["cs_peers"], socket.inet_aton(addr), struct.pack("=I", slot))
+            for key, value in peer_entries(peers):
+                map_update(maps["cs_peers"], key, value)
             rings.append(Ring(hook, maps["cs_bins"], slots, len(peers) + 1, now_bin))
         counters_start = iface_counters(iface)
         offset_start = mono_to_real_ns()
