@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import socket
 import statistics
 import subprocess
@@ -48,7 +49,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from commscope.node.sampler import default_cache_dir
-from commscope.node.wire import build_object, ring_slots
+from commscope.node.wire import build_object, prog_stats, ring_slots
 from commscope.spec.plan import BUILTIN_STRATEGIES, ParallelPlan
 from commscope.workload import capture
 from commscope.workload.trainer import StepLog, Trainer
@@ -81,8 +82,9 @@ def _sampler(out: Path, impl: str) -> subprocess.Popen:
     )
 
 
-def _wire(obj: Path, out: Path) -> subprocess.Popen:
-    """The wire accounting on ``lo``, started and attached (it prints "attached")."""
+def _wire(obj: Path, out: Path) -> tuple[subprocess.Popen, list[int]]:
+    """The wire accounting on ``lo``, started and attached (it prints "attached" and the ids of
+    its two programs); returns the process and the program ids."""
     cmd = [sys.executable, "-m", "commscope.node.wire", "run", "--iface", "lo", "--obj", str(obj)]
     cmd += ["--bin-ns", str(BIN_NS), "--slots", str(ring_slots(BIN_NS)), "--peers", "127.0.0.1"]
     cmd += ["--out", str(out), "--meta", str(out.with_suffix(".json"))]
@@ -91,7 +93,35 @@ def _wire(obj: Path, out: Path) -> subprocess.Popen:
     line = proc.stderr.readline()
     if not line.startswith("attached"):
         raise RuntimeError(f"wire accounting did not attach: {line}{proc.stderr.read()}")
-    return proc
+    return proc, [int(i) for i in re.findall(r"'(?:ingress|egress)': (\d+)", line)]
+
+
+class _BpfCost:
+    """What the wire accounting costs during the timed blocks, measured directly: time spent
+    in its two programs (the kernel's bpf_stats) and CPU time of its reader process."""
+
+    def __init__(self) -> None:
+        self.prog_ns = 0
+        self.runs = 0
+        self.reader_s = 0.0
+        self.steps = 0
+
+    @staticmethod
+    def _reader_cpu(pid: int) -> float:
+        # schedstat's first field: time on a CPU in ns (stat's utime/stime tick at 10 ms).
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e9
+
+    def snapshot(self, pid: int, prog_ids: list[int]) -> tuple[int, int, float]:
+        stats = [prog_stats(i) for i in prog_ids]
+        return sum(t for t, _ in stats), sum(n for _, n in stats), self._reader_cpu(pid)
+
+    def add(
+        self, before: tuple[int, int, float], after: tuple[int, int, float], steps: int
+    ) -> None:
+        self.prog_ns += after[0] - before[0]
+        self.runs += after[1] - before[1]
+        self.reader_s += after[2] - before[2]
+        self.steps += steps
 
 
 def _worker(
@@ -109,6 +139,10 @@ def _worker(
         trainer.step(step)
         step += 1
     tmp = Path(tempfile.mkdtemp())
+    bpf_cost = _BpfCost()
+    if rank == 0:
+        # The kernel times every BPF program run only while this is on (global; off again below).
+        Path("/proc/sys/kernel/bpf_stats_enabled").write_text("1")
     for r in range(rounds):
         for k in range(len(MODES)):
             mode = MODES[(r + k) % len(MODES)]  # rotate the order every round
@@ -118,8 +152,9 @@ def _worker(
                 sampler = _sampler(tmp / f"c{r}{k}.parquet", impl)
                 time.sleep(1.5)  # let it start and reach its sampling loop before timing
             elif rank == 0 and mode.endswith("bpf"):
-                sampler = _wire(obj, tmp / f"w{r}{k}.parquet")
+                sampler, prog_ids = _wire(obj, tmp / f"w{r}{k}.parquet")
                 time.sleep(0.5)  # past its start-up (imports) into the drain loop
+                bpf_before = bpf_cost.snapshot(sampler.pid, prog_ids)
             dist.barrier()  # rank 1 waits until the probe runs
             if mode == "off":
                 capture.uninstall()
@@ -142,11 +177,14 @@ def _worker(
                 prof.__exit__(None, None, None)
             capture.finish()
             capture.reset()
+            if rank == 0 and mode.endswith("bpf"):
+                bpf_cost.add(bpf_before, bpf_cost.snapshot(sampler.pid, prog_ids), block)
             if sampler is not None:
                 sampler.terminate()
                 sampler.wait()
     if rank == 0:
-        queue.put((times, cpu))
+        Path("/proc/sys/kernel/bpf_stats_enabled").write_text("0")
+        queue.put((times, cpu, bpf_cost))
     capture.finish()
     dist.destroy_process_group()
 
@@ -233,7 +271,7 @@ def main() -> None:
     ]
     for p in procs:
         p.start()
-    times, cpu = queue.get(timeout=3600)
+    times, cpu, bpf_cost = queue.get(timeout=3600)
     for p in procs:
         p.join(timeout=60)
     flat = {m: [t for b in blocks for t in b] for m, blocks in times.items()}
@@ -257,6 +295,19 @@ def main() -> None:
             f"{mode:<18} {len(flat[mode]):>5} {statistics.median(flat[mode]) * 1e3:>10.2f} "
             f"{ratio:>6.3f} {q[0]:>6.3f}-{q[2]:.3f} {cpu_med * 1e3:>7.2f} "
             f"{cpu_med / cpu_base:>9.3f}"
+        )
+    if bpf_cost.steps:
+        step = statistics.median(flat["off"])
+        per_step_prog = bpf_cost.prog_ns / 1e9 / bpf_cost.steps
+        per_step_reader = bpf_cost.reader_s / bpf_cost.steps
+        print(
+            f"capture+bpf, measured directly over its {bpf_cost.steps} steps: "
+            f"{bpf_cost.runs / bpf_cost.steps:.0f} program runs per step "
+            f"({bpf_cost.prog_ns / max(bpf_cost.runs, 1):.0f} ns each) = "
+            f"{per_step_prog * 1e3:.3f} ms per step in the kernel "
+            f"({per_step_prog / step:.2%} of the off step); reader "
+            f"{per_step_reader * 1e3:.3f} ms CPU per step ({per_step_reader / step:.2%}); "
+            f"together {(per_step_prog + per_step_reader) / step:.2%} of a step"
         )
 
 

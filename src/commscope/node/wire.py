@@ -186,6 +186,21 @@ def prog_maps(prog_id: int) -> dict[str, int]:
     return maps
 
 
+_PROG_STATS_AT = 192  # bpf_prog_info.run_time_ns, then run_cnt (kernel.bpf_stats_enabled=1)
+
+
+def prog_stats(prog_id: int) -> tuple[int, int]:
+    """(run_time_ns, run_cnt) of a loaded program: the kernel's own account of the time spent
+    in it, kept while ``kernel.bpf_stats_enabled`` is 1 (0, 0 otherwise)."""
+    fd = _fd_by_id(_BPF_PROG_GET_FD_BY_ID, prog_id)
+    try:
+        info = _info(fd, _PROG_STATS_AT + 16)
+    finally:
+        os.close(fd)
+    run_time_ns, run_cnt = struct.unpack_from("=QQ", info, _PROG_STATS_AT)
+    return run_time_ns, run_cnt
+
+
 def map_update(fd: int, key: bytes, value: bytes) -> None:
     """Set one element (BPF_ANY)."""
     k, v = (
