@@ -8,7 +8,7 @@ shaper (the egress hook runs before the root qdisc and sees what the sender *off
 - node n's ``tx`` is what every other node of the cell received from n (their ingress bins
   whose peer is n's address), plus n's egress to no cell peer (nothing else would see those
   bytes: ARP, broadcasts, other hosts);
-- the node-pair flows are the ingress bins by peer.
+- the node-pair flows are the ingress bins by peer, at the accounting's bin width.
 
 Counters are cumulative samples, as the /proc sampler's, but sparse and exact: a sample at the
 end of every non-empty bin and at the start of a non-empty bin that follows an empty one, so
@@ -43,7 +43,7 @@ COUNTER_COLUMNS = [
     "rx_packets",
     "resolution_ns",
 ]
-# Node-pair flows are kept at this bin width (the cross-validation windows them, nothing finer).
+# Node-pair flows of the packet capture are kept at this bin width; the BPF source keeps its own.
 FLOW_BIN_NS = 1_000_000
 
 
@@ -51,6 +51,11 @@ def snap(t_ns: pd.Series | np.ndarray, bin_ns: int) -> np.ndarray:
     """Times rounded to the nearest multiple of ``bin_ns`` (int64, exact)."""
     t = np.asarray(t_ns, dtype=np.int64)
     return (t + bin_ns // 2) // bin_ns * bin_ns
+
+
+def snap_bins(bins: pd.DataFrame, bin_ns: int) -> pd.DataFrame:
+    """``bins`` with ``t_ns`` snapped to multiples of ``bin_ns`` (see :func:`snap`)."""
+    return bins.assign(t_ns=snap(bins["t_ns"].to_numpy(), bin_ns))
 
 
 def directed_bins(bins: pd.DataFrame, addr_to_node: Mapping[str, int]) -> pd.DataFrame:

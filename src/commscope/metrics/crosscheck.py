@@ -287,12 +287,13 @@ def matrix_check(
     tolerance: float = CROSSCHECK_TOLERANCE,
     backend: str | None = None,
 ) -> pd.DataFrame:
-    """The framework-derived node x node matrix against the one captured on the wire.
+    """The framework-derived node x node matrix against the one measured on the wire.
 
-    ``wire_flows`` is ``trace/wire_flows.parquet`` (packet headers captured on the
-    experiment interfaces, one row per 1 ms bin and node pair: ``t_ns`` bin start on the
-    counters' clock, ``src_node``, ``dst_node``, ``bytes`` = IP total length + 14 B Ethernet
-    header, ``packets``). Over the training window (bins starting inside it), for every
+    ``wire_flows`` is ``trace/wire_flows.parquet`` (the receivers' BPF ingress by sender, one
+    row per 100 µs bin and node pair, or the packet headers captured on the experiment
+    interfaces in 1 ms bins: ``t_ns`` bin start on the counters' clock, ``src_node``,
+    ``dst_node``, ``bytes`` = frame bytes (IP total length + 14 B Ethernet header),
+    ``packets``). Over the training window (bins starting inside it), for every
     ordered pair of distinct nodes: ``framework_bytes`` the ops issued in the window send from
     src to dst under the backend's algorithms (:func:`op_destinations`), ``wire_bytes`` and
     ``wire_packets`` captured, ``header_bytes`` = :data:`HEADER_BYTES_PER_PACKET` x packets
