@@ -67,18 +67,17 @@ def _wire_note(config: dict) -> str | None:
     (`python -m commscope.node.wire check` on the node names it)."""
     import tempfile
 
-    from commscope.node.wire import WireError, build_object, ring_slots
+    from commscope.experiment.readiness import orchestrator_problem
     from commscope.spec.settings import RunSettings
 
-    run = RunSettings.from_mapping(config.get("run", {}))
-    if run.wire != "bpf":
+    with tempfile.TemporaryDirectory() as tmp:
+        _, why = orchestrator_problem(RunSettings.from_mapping(config.get("run", {})), Path(tmp))
+    if why is None:
         return None
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            build_object(run.wire_bin_ns, ring_slots(run.wire_bin_ns), 2, Path(tmp))
-    except WireError as err:
-        return f"warning: run.wire is bpf but {err}; cells will use the /proc sampler and tcpdump"
-    return None
+    return (
+        f"warning: run.wire is bpf but the program cannot be built here ({why}); "
+        "cells will use the /proc sampler and tcpdump"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

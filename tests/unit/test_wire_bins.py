@@ -74,7 +74,7 @@ def test_a_node_without_traffic_still_has_its_span() -> None:
 
 
 def test_flows_come_from_the_receivers_ingress_in_1ms_bins() -> None:
-    flows = flows_from_bins(_bins(), ADDR)
+    flows = flows_from_bins(_bins(), ADDR, 1_000_000)
     got = {(r.t_ns, r.src_node, r.dst_node): r.bytes for r in flows.itertuples()}
     assert got == {(1_000_000, 0, 1): 3000, (1_000_000, 1, 0): 198, (2_000_000, 0, 1): 1000,
                    (2_000_000, 1, 0): 66}  # fmt: skip

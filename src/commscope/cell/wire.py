@@ -43,8 +43,6 @@ COUNTER_COLUMNS = [
     "rx_packets",
     "resolution_ns",
 ]
-# Node-pair flows of the packet capture are kept at this bin width; the BPF source keeps its own.
-FLOW_BIN_NS = 1_000_000
 
 
 def snap(t_ns: pd.Series | np.ndarray, bin_ns: int) -> np.ndarray:
@@ -193,7 +191,7 @@ def _sparse_cumulative(
 
 
 def flows_from_bins(
-    bins: pd.DataFrame, addr_to_node: Mapping[str, int], bin_ns: int = FLOW_BIN_NS
+    bins: pd.DataFrame, addr_to_node: Mapping[str, int], bin_ns: int
 ) -> pd.DataFrame:
     """The node-pair ``wire_flows`` table (WIRE_FLOW_COLUMNS) from the receivers' ingress bins:
     ``t_ns`` the start of a ``bin_ns`` bin, bytes and packets from ``src_node`` received by

@@ -24,17 +24,16 @@ from commscope.cluster.shaping import host_has_netem, link_facts, shaped
 from commscope.contracts import RUN_FILE
 from commscope.experiment.launch import Torchrun, kill_tagged, new_tag, torchrun_everywhere
 from commscope.experiment.probes import (
-    WIRE_MODULE,
-    WIRE_OBJECT,
     CellProbes,
     NodeTools,
     WireSource,
+    build_wire_object,
     capture_packets,
+    check_wire,
     node_tools,
-    sudo,
 )
 from commscope.node.sampler import default_cache_dir
-from commscope.node.wire import WireError, build_object, ring_slots
+from commscope.node.wire import WireError, ring_slots
 from commscope.spec.link import LinkShape, check_shape_supported
 from commscope.spec.settings import CellSettings, ClusterSettings, RunSettings, Workload
 
@@ -174,27 +173,15 @@ def _wire_source(hosts: list[Host], run: RunSettings, remote_dirs: dict[str, str
     (and kept in run.json for the report). ``run.wire: counters`` asks for the latter."""
     if run.wire != "bpf":
         return WireSource("counters")
-    bin_ns = run.wire_bin_ns
-    slots = ring_slots(bin_ns)
     try:
-        obj = build_object(bin_ns, slots, len(hosts) + 1, default_cache_dir())
+        obj = build_wire_object(run, len(hosts) + 1, default_cache_dir())
     except WireError as err:
         return _fall_back(f"orchestrator: {err}")
-
-    def check(host: Host) -> str | None:
-        rdir, py = remote_dirs[host.name], shlex.quote(host.spec.python)
-        host.put(obj, f"{rdir}/{WIRE_OBJECT}")
-        res = host.run(
-            f"{sudo(host.spec)}{py} -m {WIRE_MODULE} check --iface {host.spec.exp_iface} "
-            f"--obj {rdir}/{WIRE_OBJECT}",
-            warn=True,
-        )
-        return None if res.ok else f"{host.name}: {(res.stdout + res.stderr).strip()[-400:]}"
-
-    problems = [p for p in on_all(hosts, check) if p]
+    found = on_all(hosts, lambda h: check_wire(h, obj, remote_dirs[h.name]))
+    problems = [f"{h.name}: {why}" for h, why in zip(hosts, found, strict=True) if why]
     if problems:
         return _fall_back("; ".join(problems))
-    return WireSource("bpf", bin_ns, slots)
+    return WireSource("bpf", run.wire_bin_ns, ring_slots(run.wire_bin_ns))
 
 
 def _fall_back(reason: str) -> WireSource:

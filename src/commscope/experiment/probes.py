@@ -15,6 +15,7 @@ import shlex
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from commscope.cluster.clock import estimate_offset
@@ -27,6 +28,7 @@ from commscope.contracts import (
     NODE_WIRE_META_FILE,
 )
 from commscope.experiment.launch import tag_pattern
+from commscope.node.wire import build_object, ring_slots
 from commscope.spec.settings import RunSettings
 
 T_co = TypeVar("T_co", covariant=True)
@@ -225,6 +227,26 @@ class WireAccounting:
 
     def after_stop(self, rdir: str) -> str:
         return ""
+
+
+def check_wire(host: Host, obj: Path, rdir: str) -> str | None:
+    """Ship the BPF object ``obj`` to ``rdir`` on ``host`` and attach it there once
+    (``python -m commscope.node.wire check``): None when it can, else why not (the node's
+    answer, its tail)."""
+    spec = host.spec
+    host.put(obj, f"{rdir}/{WIRE_OBJECT}")
+    res = host.run(
+        f"{sudo(spec)}{shlex.quote(spec.python)} -m {WIRE_MODULE} check "
+        f"--iface {spec.exp_iface} --obj {rdir}/{WIRE_OBJECT}",
+        warn=True,
+    )
+    return None if res.ok else (res.stdout + res.stderr).strip()[-400:]
+
+
+def build_wire_object(run: RunSettings, max_peers: int, cache_dir: Path) -> Path:
+    """The BPF object for ``run``'s bin width and ``max_peers`` peer slots, built (or found) in
+    ``cache_dir`` on this machine, the orchestrator. Raises WireError saying what is missing."""
+    return build_object(run.wire_bin_ns, ring_slots(run.wire_bin_ns), max_peers, cache_dir)
 
 
 @dataclass(frozen=True)

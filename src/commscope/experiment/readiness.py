@@ -10,28 +10,21 @@ import tempfile
 from pathlib import Path
 
 from commscope.cluster.hosts import Host, on_all
-from commscope.experiment.probes import WIRE_MODULE, WIRE_OBJECT, sudo
-from commscope.node.wire import WireError, build_object, ring_slots
+from commscope.experiment.probes import build_wire_object, check_wire
+from commscope.node.wire import WireError
 from commscope.spec.settings import RunSettings
 
 
 def node_problems(host: Host, obj: Path | None) -> list[str]:
     """What ``host`` lacks: the wire accounting (when ``obj`` was built), tcpdump and ethtool
     (the fallback's capture, the link facts). One line per problem, naming the fix."""
-    spec = host.spec
-    rdir = f"{spec.workdir}/readiness"
+    rdir = f"{host.spec.workdir}/readiness"
     problems = []
     host.run(f"mkdir -p {shlex.quote(rdir)}")
     try:
         if obj is not None:
-            host.put(obj, f"{rdir}/{WIRE_OBJECT}")
-            res = host.run(
-                f"{sudo(spec)}{shlex.quote(spec.python)} -m {WIRE_MODULE} check "
-                f"--iface {spec.exp_iface} --obj {rdir}/{WIRE_OBJECT}",
-                warn=True,
-            )
-            if not res.ok:
-                why = (res.stdout + res.stderr).strip()[-300:]
+            why = check_wire(host, obj, rdir)
+            if why:
                 problems.append(f"BPF wire accounting cannot attach ({why}); cells fall back")
         tools = {"tcpdump": "tcpdump", "ethtool": "ethtool"}
         for tool, package in tools.items():
@@ -42,16 +35,21 @@ def node_problems(host: Host, obj: Path | None) -> list[str]:
     return problems
 
 
+def orchestrator_problem(run: RunSettings, cache_dir: Path) -> tuple[Path | None, str | None]:
+    """The BPF object ``run`` needs, built in ``cache_dir``, or why it cannot be built here:
+    (object, None), (None, why), or (None, None) when ``run`` does not use the BPF source."""
+    if run.wire != "bpf":
+        return None, None
+    try:
+        return build_wire_object(run, 2, cache_dir), None
+    except WireError as err:
+        return None, f"orchestrator: {err}"
+
+
 def check_nodes(hosts: list[Host], run: RunSettings) -> dict[str, list[str]]:
     """Per node, what it lacks for ``run``'s probes (empty lists: ready). The BPF object is
     built here as for a cell; when it cannot be, that is every node's first problem."""
-    obj: Path | None = None
-    built_problem: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
-        if run.wire == "bpf":
-            try:
-                obj = build_object(run.wire_bin_ns, ring_slots(run.wire_bin_ns), 2, Path(tmp))
-            except WireError as err:
-                built_problem = [f"orchestrator: {err}"]
+        obj, why = orchestrator_problem(run, Path(tmp))
         found = on_all(hosts, lambda h: node_problems(h, obj))
-    return {h.name: built_problem + p for h, p in zip(hosts, found, strict=True)}
+    return {h.name: ([why] if why else []) + p for h, p in zip(hosts, found, strict=True)}

@@ -44,14 +44,20 @@ def read_counters(iface: str, proc_net_dev: str = "/proc/net/dev") -> tuple[int,
         return _parse(fh.read(), iface.encode(), proc_net_dev)
 
 
-def _parse(data: bytes, iface: bytes, source: str) -> tuple[int, int, int, int]:
+def interface_fields(data: bytes, iface: bytes, source: str) -> list[int]:
+    """The 16 counters of ``iface`` in a /proc/net/dev text: rx bytes, packets, errs, drop,
+    fifo, frame, compressed, multicast, then tx bytes, packets, errs, drop, fifo, colls,
+    carrier, compressed. KeyError when the interface is not listed."""
     for line in data.split(b"\n"):
         name, sep, rest = line.partition(b":")
         if sep and name.strip() == iface:
-            f = rest.split()
-            # Fields: rx bytes packets errs drop fifo frame compressed multicast, then tx.
-            return int(f[0]), int(f[1]), int(f[8]), int(f[9])
+            return [int(x) for x in rest.split()]
     raise KeyError(f"interface {iface.decode()!r} not found in {source}")
+
+
+def _parse(data: bytes, iface: bytes, source: str) -> tuple[int, int, int, int]:
+    f = interface_fields(data, iface, source)
+    return f[0], f[1], f[8], f[9]
 
 
 class _Reader:

@@ -44,6 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from commscope.node.sampler import interface_fields
+
 if TYPE_CHECKING:
     import numpy as np
     import pandas as pd
@@ -258,20 +260,20 @@ def detach(iface: str, remove_clsact: bool) -> None:
 
 def iface_counters(iface: str) -> dict[str, int]:
     """The interface's rx/tx bytes, packets and drops from /proc/net/dev (this namespace)."""
-    for line in Path("/proc/net/dev").read_text().splitlines():
-        name, sep, rest = line.partition(":")
-        if sep and name.strip() == iface:
-            f = [int(x) for x in rest.split()]
-            return {
-                "rx_bytes": f[0],
-                "rx_packets": f[1],
-                "rx_dropped": f[3],
-                "tx_bytes": f[8],
-                "tx_packets": f[9],
-                # veth drops a frame the peer's backlog has no room for: offered, not sent.
-                "tx_dropped": f[11],
-            }
-    raise WireError(f"interface {iface!r} not found in /proc/net/dev")
+    source = "/proc/net/dev"
+    try:
+        f = interface_fields(Path(source).read_bytes(), iface.encode(), source)
+    except KeyError as err:
+        raise WireError(str(err)) from None
+    return {
+        "rx_bytes": f[0],
+        "rx_packets": f[1],
+        "rx_dropped": f[3],
+        "tx_bytes": f[8],
+        "tx_packets": f[9],
+        # veth drops a frame the peer's backlog has no room for: offered, not sent.
+        "tx_dropped": f[11],
+    }
 
 
 # ──────────────────────────────────────────────────────────────────────────── clock
