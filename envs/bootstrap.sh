@@ -9,6 +9,8 @@ command -v tc >/dev/null || need+=(iproute2)
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 command -v ssh-keygen >/dev/null || need+=(openssh-client)
 command -v iperf3 >/dev/null || need+=(iperf3)
+# The link model's accuracy tests measure RTT with ping -U.
+command -v ping >/dev/null || need+=(iputils-ping)
 command -v tcpdump >/dev/null || need+=(tcpdump)
 command -v pkill >/dev/null || need+=(procps)
 command -v python3 >/dev/null || need+=(python3)
@@ -19,6 +21,12 @@ command -v ethtool >/dev/null || need+=(ethtool)
 command -v clang >/dev/null || need+=(clang)
 command -v llvm-strip >/dev/null || need+=(llvm)
 [ -e /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
+# Delay and loss where the kernel has no netem: nftables for loss, iptables' NFQUEUE target and a
+# C delayer built on the node against libnetfilter_queue (commscope.node.delayer).
+command -v nft >/dev/null || need+=(nftables)
+command -v iptables >/dev/null || need+=(iptables)
+command -v cc >/dev/null || need+=(gcc libc6-dev)
+[ -e /usr/include/libnetfilter_queue/libnetfilter_queue.h ] || need+=(libnetfilter-queue-dev)
 python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ]; then

@@ -120,12 +120,13 @@ def cells_frame(config: dict[str, Any]) -> pd.DataFrame:
 def check_study(
     config: dict[str, Any],
     max_nodes: int | None = None,
-    has_netem: Callable[[], bool] | None = None,
+    engine_problem: Callable[[str], str] | None = None,
 ) -> pd.DataFrame:
     """Check every cell for impossible combinations; return the cells frame if all are fine.
 
     ``max_nodes`` is how many nodes the cluster can have (the inventory size for ssh);
-    ``has_netem`` is asked only if some cell needs delay, jitter or loss.
+    ``engine_problem`` is asked, with ``run.link_engine``, only if some cell has delay, jitter
+    or loss: why that engine cannot run on the nodes ('' when it can).
     """
     cells = cells_frame(config)
     problems: list[str] = []
@@ -162,15 +163,10 @@ def check_study(
             shapes[cell] = LinkSetting(*cell).shape()
         except ValueError as err:
             problems.append(f"sweep: {err}")
-    needs_netem = [c for c, s in shapes.items() if s.needs_netem]
-    if needs_netem and has_netem is not None and not has_netem():
-        c = needs_netem[0]
-        problems.append(
-            f"sweep.delay/jitter/loss: cells ask for delay={c.delay} jitter={c.jitter} "
-            f"loss={c.loss} but this kernel has no netem qdisc (tc: 'Specified qdisc kind is "
-            "unknown'); set delay/jitter to [0ms] and loss to [0pct], or run on a kernel "
-            "with sch_netem"
-        )
+    if engine_problem is not None and any(s.impaired for s in shapes.values()):
+        why = engine_problem(str((config.get("run") or {}).get("link_engine", "auto")))
+        if why:
+            problems.append(why)
     if problems:
         raise ConfigError("invalid study configuration:\n  - " + "\n  - ".join(problems))
     return cells

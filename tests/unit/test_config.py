@@ -102,7 +102,7 @@ def _expected_cells(config: dict[str, Any]) -> list[tuple]:
 
 
 def test_default_config_validates_and_expands(default_config: dict[str, Any]) -> None:
-    cells = check_study(default_config, max_nodes=4, has_netem=lambda: False)
+    cells = check_study(default_config, max_nodes=4, engine_problem=lambda engine: "")
     expected = _expected_cells(default_config)
     assert len(cells) == len(expected) > 0
     assert [tuple(row) for row in cells.itertuples(index=False)] == expected
@@ -354,28 +354,41 @@ def test_every_problem_is_reported_at_once() -> None:
     assert "model.layers (2) >= 4 stages" in message
 
 
-def test_delay_without_netem_is_rejected() -> None:
-    config = study(delay=["10ms"])
-    message = config_error(config, has_netem=lambda: False)
-    assert "netem" in message
-    assert "delay=10ms" in message
-    assert "sch_netem" in message
-    assert len(checked(study(delay=["10ms"]), has_netem=lambda: True)) == 1
-    for axis, value in (("jitter", "1ms"), ("loss", "0.5pct")):
-        assert "netem" in config_error(study(**{axis: [value]}), has_netem=lambda: False)
+def test_link_engine_problem_is_reported() -> None:
+    """A link engine that cannot run (no netem asked for, a tool missing) stops the study
+    before anything runs, with the probe's message and the requested engine."""
+    asked: list[str] = []
+
+    def problem(engine: str) -> str:
+        asked.append(engine)
+        return f"run.link_engine={engine} cannot run: nft missing (Debian package nftables)"
+
+    message = config_error(study(delay=["10ms"]), engine_problem=problem)
+    assert "run.link_engine=auto cannot run: nft missing" in message
+    config = study(loss=["0.5pct"])
+    config["run"] = {"link_engine": "netem"}
+    assert "run.link_engine=netem" in config_error(config, engine_problem=problem)
+    assert asked == ["auto", "netem"]
+    assert len(checked(study(delay=["10ms"]), engine_problem=lambda engine: "")) == 1
 
 
-def test_netem_is_only_asked_when_needed() -> None:
-    def never() -> bool:
-        raise AssertionError("has_netem must not be called without delay/jitter/loss")
+def test_engine_is_only_probed_when_needed() -> None:
+    def never(engine: str) -> str:
+        raise AssertionError("engine_problem must not be called without delay/jitter/loss")
 
-    assert len(checked(study(bw=["50mbit", "none"]), has_netem=never)) == 2
+    assert len(checked(study(bw=["50mbit", "none"]), engine_problem=never)) == 2
+
+
+def test_impairments_out_of_range_are_named() -> None:
+    message = config_error(study(delay=["5ms"], jitter=["10ms"]))
+    assert "jitter=10ms exceeds delay=5ms" in message
+    assert "delay=1500ms must be at most 1000ms" in config_error(study(delay=["1500ms"]))
 
 
 def test_loss_above_100_percent() -> None:
     message = config_error(study(loss=["150pct"]))
     assert "loss='150.0%'" in message
-    assert "between 0% and 100%" in message
+    assert "between 0% and 20%" in message
 
 
 def test_duplicate_axis_values() -> None:
@@ -513,7 +526,7 @@ def test_example_configs_validate_and_expand() -> None:
     paths = sorted((ROOT / "tests" / "config").glob("*.yaml"))
     assert paths
     for path in paths:
-        assert len(check_study(load_config(path), has_netem=lambda: True)) > 0, path
+        assert len(check_study(load_config(path), engine_problem=lambda engine: "")) > 0, path
 
 
 def test_validate_fills_in_place_and_returns_the_same_dict() -> None:
@@ -551,7 +564,7 @@ def test_sweep_as_a_list_of_blocks_is_the_union_of_their_products() -> None:
         _block(strategy=["ddp", "tp", "pp"], bw=["50mbit"], repeat=[0]),
         _block(strategy=["ddp"], steps=[20], delay=["5ms"], repeat=[0, 1]),  # 2 new cells
     ]
-    cells = checked(config, has_netem=lambda: True)
+    cells = checked(config, engine_problem=lambda engine: "")
     assert sweep_blocks(config) == config["sweep"]
     got = [tuple(row) for row in cells.itertuples(index=False)]
     assert got == _expected_cells(config)

@@ -14,7 +14,7 @@ from commscope.cluster.shaping import (
     tbf_burst_bytes,
     unshape_commands,
 )
-from commscope.spec.link import LinkSetting, LinkShape, check_shape_supported
+from commscope.spec.link import LinkSetting, LinkShape, choose_engine
 
 INGRESS = [
     "tc qdisc del dev exp0 ingress",
@@ -49,22 +49,41 @@ def test_parse_rate(bw: str, expected: int | None) -> None:
 def test_parse_all_fields() -> None:
     shape = LinkShape.parse("100mbit", "10ms", "2ms", "0.5%")
     assert shape == LinkShape(rate_bps=100_000_000, delay_ms=10, jitter_ms=2, loss_pct=0.5)
-    assert shape.needs_netem
+    assert shape.impaired
     assert LinkShape.parse("1gbit", "500us", "0", "0%").delay_ms == 0.5
     assert LinkShape.parse("1gbit", "1s").delay_ms == 1000
 
 
-def test_needs_netem_only_for_impairments() -> None:
-    assert not LinkShape.parse("100mbit").needs_netem
-    assert not LinkShape.parse("none").needs_netem
-    assert LinkShape.parse("none", loss="1%").needs_netem
+def test_impaired_only_with_delay_jitter_or_loss() -> None:
+    assert not LinkShape.parse("100mbit").impaired
+    assert not LinkShape.parse("none").impaired
+    assert LinkShape.parse("none", loss="1%").impaired
     assert LinkShape.parse("none").is_noop
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"delay": "1001ms"}, ["delay=1001ms must be at most 1000ms"]),
+        ({"delay": "2s"}, ["delay=2000ms must be at most 1000ms"]),
+        ({"delay": "5ms", "jitter": "6ms"}, ["jitter=6ms exceeds delay=5ms", "raise delay"]),
+        ({"jitter": "1ms"}, ["jitter=1ms exceeds delay=0ms"]),
+        ({"loss": "21%"}, ["loss='21%' must be between 0% and 20%"]),
+    ],
+)
+def test_impairments_out_of_range(kwargs: dict[str, str], words: list[str]) -> None:
+    with pytest.raises(ValueError) as err:
+        LinkShape.parse("none", **kwargs)
+    for word in words:
+        assert word in str(err.value)
+    with pytest.raises(ValueError, match="at most 20%"):
+        LinkShape(rate_bps=None, loss_pct=25)
 
 
 def test_cc_is_no_impairment() -> None:
     """cc=bbr alone needs no qdisc and no netem, but is part of the shape and its description."""
     bbr = LinkShape.parse("none", cc="bbr")
-    assert bbr.cc == "bbr" and bbr.is_noop and not bbr.needs_netem
+    assert bbr.cc == "bbr" and bbr.is_noop and not bbr.impaired
     assert bbr.impairments() == []
     assert bbr.describe() == "rate=unlimited cc=bbr"
     assert shape_commands("exp0", "ifb0", bbr) == []
@@ -285,16 +304,30 @@ def test_parse_link_facts_without_ethtool() -> None:
 # ─────────────────────────────────────────────────────────────── support check, sudo
 
 
-def test_netem_required_message() -> None:
-    shape = LinkShape.parse("100mbit", "10ms", loss="1%")
+def test_engine_choice() -> None:
+    assert choose_engine("auto", has_netem=True) == "netem"
+    assert choose_engine("auto", has_netem=False) == "nfqueue"
+    assert choose_engine("nfqueue", has_netem=True) == "nfqueue"
+    assert choose_engine("netem", has_netem=True) == "netem"
     with pytest.raises(ValueError) as err:
-        check_shape_supported(shape, has_netem=False)
+        choose_engine("netem", has_netem=False)
     msg = str(err.value)
-    assert msg.startswith("cell asks for delay=10ms, loss=1% but this kernel has no netem qdisc")
+    assert msg.startswith("run.link_engine=netem but this kernel has no netem qdisc")
     assert "Specified qdisc kind is unknown" in msg
-    assert "remove delay/jitter/loss from the sweep or run on a kernel with sch_netem" in msg
-    check_shape_supported(shape, has_netem=True)
-    check_shape_supported(LinkShape.parse("100mbit"), has_netem=False)
+    assert "set run.link_engine to auto or nfqueue" in msg
+    with pytest.raises(ValueError, match="run.link_engine='tc'"):
+        choose_engine("tc", has_netem=True)
+
+
+def test_nfqueue_engine_leaves_tc_the_cap_only() -> None:
+    """With the nfqueue engine tc gets no netem: the cap alone, or nothing without one."""
+    shape = LinkShape.parse("100mbit", "10ms", "1ms", "1%")
+    cmds = shape_commands("exp0", "ifb0", shape, engine="nfqueue")
+    assert not any("netem" in c for c in cmds)
+    assert cmds[-1].startswith("tc qdisc replace dev ifb0 root handle 1: tbf rate 100000000bit")
+    assert shape_commands("exp0", "ifb0", LinkShape.parse("none", "10ms"), engine="nfqueue") == []
+    netem = shape_commands("exp0", "ifb0", shape, engine="netem")
+    assert "netem" in netem[-2] and "tbf" in netem[-1]
 
 
 class _FakeHost:

@@ -16,10 +16,10 @@ from commscope.spec.settings import (
 )
 
 
-def _netem_probe():
-    from commscope.cluster.netns import kernel_has_netem
+def _engine_probe(requested):
+    from commscope.experiment.readiness import local_engine_problem
 
-    return kernel_has_netem()
+    return local_engine_problem(requested)
 
 
 # Impossible combinations stop the workflow here, before any node is touched.
@@ -28,7 +28,7 @@ if config["cluster"]["backend"] == "ssh":
         config, max_nodes=len(load_inventory(config["cluster"]["inventory"]))
     )
 else:
-    CELLS = check_study(config, has_netem=_netem_probe)
+    CELLS = check_study(config, engine_problem=_engine_probe)
 cellspace = Paramspace(CELLS)
 CELL = cellspace.wildcard_pattern
 RUNS = "results/runs"

@@ -12,6 +12,12 @@ What goes where (``iface`` = the experiment interface, ``ifb`` = an IFB device o
                                     or netem ─ child 1:1 ─ tbf rate R  (both)
     the node's netns         net.ipv4.tcp_congestion_control = cc      (every shape, restored)
 
+Delay, jitter and loss are one link model with two engines (``run.link_engine``): ``netem``
+(above, on the ifb) where the kernel has it, or ``nfqueue`` where it does not: the cap stays on
+the ifb and the impairments move to netfilter's prerouting hook of the node's namespace, an
+nftables random drop and the NFQUEUE delayer (:mod:`commscope.cluster.impair`). Both apply
+per direction on the receiver's ingress, so each node pair's RTT grows by 2 x delay.
+
 Why delay/jitter/loss sit on the receiver's ingress and not on the sender's egress: netem on the
 sender interacts with TCP Small Queues (the stack sees its packets "in the qdisc" for the whole
 delay and throttles itself); the netem man page advises the ingress of the receiver via IFB.
@@ -51,8 +57,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from commscope.cluster import impair
 from commscope.cluster.hosts import Host, on_all
-from commscope.spec.link import NETEM_UNKNOWN, LinkShape, check_shape_supported, tc_ms, tc_num
+from commscope.spec.link import NETEM_UNKNOWN, LinkShape, choose_engine, tc_ms, tc_num
 
 log = logging.getLogger(__name__)
 
@@ -130,15 +137,24 @@ def _netem(shape: LinkShape) -> str:
 
 
 def shape_commands(
-    iface: str, ifb: str, shape: LinkShape, *, mtu: int = 1500, offload: bool = False
+    iface: str,
+    ifb: str,
+    shape: LinkShape,
+    *,
+    mtu: int = 1500,
+    offload: bool = False,
+    engine: str = "netem",
 ) -> list[str]:
     """The tc commands (without sudo) that shape ``iface`` both ways; run in order.
 
-    ``mtu``/``offload`` describe ``iface`` (they size the tbf buckets). A no-op shape gives no
-    commands; the congestion control is not tc's (:func:`cc_command`). ``ip link add`` may
-    answer "File exists" and deleting a qdisc that is not there is fine.
+    ``mtu``/``offload`` describe ``iface`` (they size the tbf buckets). ``engine`` is the
+    impairment engine: with ``netem`` the delay, jitter and loss are tc's too; with ``nfqueue``
+    only the cap is (the rest is :mod:`commscope.cluster.impair`'s). A shape with nothing for
+    tc gives no commands; the congestion control is not tc's (:func:`cc_command`). ``ip link
+    add`` may answer "File exists" and deleting a qdisc that is not there is fine.
     """
-    if shape.is_noop:
+    netem = engine == "netem" and shape.impaired
+    if shape.rate_bps is None and not netem:
         return []
     tbf = None if shape.rate_bps is None else _tbf(shape.rate_bps, mtu, offload)
     cmds = [
@@ -160,12 +176,12 @@ def shape_commands(
         f"handle {_INGRESS_FILTER_HANDLE} protocol all u32 match u32 0 0 "
         f"action mirred egress redirect dev {ifb}",
     ]
-    if shape.needs_netem:
+    if netem:
         cmds.append(f"tc qdisc replace dev {ifb} root handle 1: {_netem(shape)}")
         if tbf is not None:
             cmds.append(f"tc qdisc replace dev {ifb} parent 1:1 handle 10: {tbf}")
     else:
-        assert tbf is not None  # not a no-op and no netem: there is a cap
+        assert tbf is not None  # something for tc and no netem: there is a cap
         cmds.append(f"tc qdisc replace dev {ifb} root handle 1: {tbf}")
     return cmds
 
@@ -199,14 +215,16 @@ def _tc_prefix(host: Host) -> str:
     return "" if host.spec.user == "root" else "sudo -n "
 
 
-def _run_script(host: Host, cmds: list[str]) -> None:
+def _run_script(host: Host, cmds: list[str], head: str = "", tail: str = "") -> str:
     """Run ``cmds`` in order on ``host`` in ONE remote shell (each SSH command costs a round trip
-    plus a remote shell start: ~200 ms here, more across a WAN). Stops at the first failure that
-    is not tolerated (see ``_tolerated``) and raises ShapingError naming that command."""
-    if not cmds:
-        return
+    plus a remote shell start: ~200 ms here, more across a WAN), between the raw shell lines
+    ``head`` and ``tail``. Stops at the first failure that is not tolerated (see ``_tolerated``)
+    and raises ShapingError naming that command (or the step ``tail`` names on its stderr's
+    first line). Returns the script's stdout."""
+    if not cmds and not head and not tail:
+        return ""
     prefix = _tc_prefix(host)
-    lines = []
+    lines = [head] if head else []
     for cmd in cmds:
         full = prefix + cmd
         fail = f"{{ printf '%s\\n' {shlex.quote(cmd)} \"$out\" >&2; exit 3; }}"
@@ -216,10 +234,13 @@ def _run_script(host: Host, cmds: list[str]) -> None:
             lines.append(f'out=$({full} 2>&1) || case "$out" in {pats}) ;; *) {fail};; esac')
         else:
             lines.append(f"out=$({full} 2>&1) || {fail}")
+    if tail:
+        lines.append(tail)
     res = host.run("\n".join(lines), warn=True)
     if res.exited != 0:
         failed, _, err = (res.stderr or res.stdout).strip().partition("\n")
         raise ShapingError(f"{host.name}: `{failed}` failed: {err.strip() or '(no output)'}")
+    return res.stdout
 
 
 def _tolerated(cmd: str) -> tuple[str, ...]:
@@ -267,22 +288,38 @@ def host_has_netem(host: Host) -> bool:
     return has
 
 
-def apply_shape(host: Host, shape: LinkShape) -> None:
+def engine_for(host: Host, shape: LinkShape, requested: str = "auto") -> str | None:
+    """The engine that applies ``shape``'s delay, jitter and loss on ``host`` (``netem`` or
+    ``nfqueue``, see :func:`~commscope.spec.link.choose_engine`), None when it has none.
+    ValueError naming ``run.link_engine`` when ``requested`` cannot run there."""
+    if not shape.impaired:
+        return None
+    return choose_engine(requested, host_has_netem(host) if requested != "nfqueue" else False)
+
+
+def apply_shape(host: Host, shape: LinkShape, engine: str = "auto", seed: int = 0) -> str | None:
     """Shape ``host``'s experiment interface both ways and set its congestion control, in one
-    round trip. A no-op shape removes any shaping (the congestion control is still set). On
-    failure, unshape and raise (the caller restores the congestion control, see
-    :func:`shaped`)."""
-    if shape.needs_netem:
-        check_shape_supported(shape, host_has_netem(host))
+    round trip; return the impairment engine used (None without delay, jitter and loss).
+    ``engine`` is ``run.link_engine``; ``seed`` seeds the delayer's jitter draws. A no-op shape
+    removes any shaping (the congestion control is still set). On failure, unshape and raise
+    (the caller restores the congestion control, see :func:`shaped`)."""
+    used = engine_for(host, shape, engine)
     spec = host.spec
-    if shape.is_noop:
-        tc = unshape_commands(spec.exp_iface, spec.ifb_iface)
-    else:
-        tc = shape_commands(
-            spec.exp_iface, spec.ifb_iface, shape, mtu=spec.mtu, offload=spec.offload
+    tc = shape_commands(
+        spec.exp_iface,
+        spec.ifb_iface,
+        shape,
+        mtu=spec.mtu,
+        offload=spec.offload,
+        engine=used or "netem",
+    ) or unshape_commands(spec.exp_iface, spec.ifb_iface)
+    tail = ""
+    if used == "nfqueue":
+        tail = impair.apply_script(
+            spec.exp_iface, _paths(host), shape, spec.python, _tc_prefix(host), seed
         )
     try:
-        _run_script(host, [cc_command(shape.cc), *tc])
+        _run_script(host, [cc_command(shape.cc), *tc], tail=tail)
     except BaseException as exc:
         try:
             remove_shape(host)
@@ -291,7 +328,12 @@ def apply_shape(host: Host, shape: LinkShape) -> None:
         if isinstance(exc, ShapingError) and CC_SYSCTL in str(exc):
             raise ShapingError(f"{exc} ({_cc_hint(str(exc), shape.cc)})") from None
         raise
-    log.info("%s: shaped %s (%s)", host.name, spec.exp_iface, shape.describe())
+    log.info("%s: shaped %s (%s, engine %s)", host.name, spec.exp_iface, shape.describe(), used)
+    return used
+
+
+def _paths(host: Host) -> impair.NodePaths:
+    return impair.NodePaths(host.spec.workdir)
 
 
 def _cc_hint(error: str, cc: str) -> str:
@@ -308,11 +350,25 @@ def _cc_hint(error: str, cc: str) -> str:
     )
 
 
-def remove_shape(host: Host, cc: str | None = None) -> None:
-    """Return ``host``'s experiment interface and ifb to default qdiscs (idempotent); with
-    ``cc``, also set the node's congestion control back to it (same round trip)."""
+def remove_shape(host: Host, cc: str | None = None) -> dict[str, Any]:
+    """Return ``host``'s experiment interface and ifb to default qdiscs and remove the nfqueue
+    engine's rules and delayer (idempotent); with ``cc``, also set the node's congestion control
+    back to it (same round trip). Returns what the engine recorded (``delayer``: its exit
+    statistics, ``loss``: the drop counters; empty when none ran) and ``leftovers``, the pieces of
+    the engine still installed afterwards (should be empty)."""
     cmds = unshape_commands(host.spec.exp_iface, host.spec.ifb_iface)
-    _run_script(host, cmds + ([cc_command(cc)] if cc else []))
+    # The engine's removal first: it never fails, and the qdiscs' may.
+    head = impair.remove_script(host.spec.exp_iface, _paths(host), _tc_prefix(host))
+    out = _run_script(host, cmds + ([cc_command(cc)] if cc else []), head=head)
+    record, left = impair.parse_removal(out)
+    return {**record, "leftovers": left}
+
+
+def impairment_leftovers(host: Host) -> list[str]:
+    """The pieces of the nfqueue engine installed on ``host`` (nft table, iptables rule, delayer
+    process); empty when there are none."""
+    script = impair.leftovers_script(_paths(host), _tc_prefix(host))
+    return impair.parse_leftovers(host.run(script, warn=True).stdout)
 
 
 def congestion_control(host: Host) -> str:
@@ -393,31 +449,57 @@ def qdisc_stats(host: Host) -> list[dict]:
 
 
 @contextmanager
-def shaped(hosts: list[Host], shape: LinkShape) -> Iterator[None]:
+def shaped(
+    hosts: list[Host], shape: LinkShape, engine: str = "auto", seed: int = 0
+) -> Iterator[dict[str, Any]]:
     """Shape every host and set its congestion control for the duration of the block; ALWAYS
     unshape and restore the congestion control afterwards.
 
-    Unshaping runs on every host whatever happened (exception in the block, apply failing on
-    the third host, Ctrl-C), then each host's qdisc snapshot and congestion control must equal
-    those taken before shaping, else ShapingError (chained to the block's exception, if any).
+    ``engine`` is ``run.link_engine`` and ``seed`` seeds the jitter draws (node i uses
+    ``seed + i``). Yields the link record, a dict filled as the cell goes: ``engine`` (the
+    impairment engine every node used, None without delay, jitter and loss), ``requested``, and
+    after the block ``nodes`` (each node's engine record: the delayer's statistics, the loss
+    counters). Unshaping runs on every host whatever happened (exception in the block, apply
+    failing on the third host, Ctrl-C), then each host's qdisc snapshot and congestion control
+    must equal those taken before shaping and no piece of the nfqueue engine may be left, else
+    ShapingError (chained to the block's exception, if any).
     """
+    # Refuse before anything is touched: never emulate a delay by silently dropping it.
+    used = set(on_all(hosts, lambda h: engine_for(h, shape, engine)))
+    if len(used) > 1:
+        raise ShapingError(
+            f"the cell's nodes would use different link engines ({sorted(map(str, used))}): "
+            "set run.link_engine to nfqueue so that every node runs the same one"
+        )
+    record: dict[str, Any] = {"engine": used.pop(), "requested": engine, "nodes": {}}
+
+    def state(h: Host) -> tuple[str, str, list[str]]:
+        return qdisc_snapshot(h), congestion_control(h), impairment_leftovers(h)
+
     # Per-node steps run concurrently (on_all): each is an SSH round trip.
-    states = on_all(hosts, lambda h: (qdisc_snapshot(h), congestion_control(h)))
-    before = {h.name: state for h, state in zip(hosts, states, strict=True)}
-    for name, (snap, _) in before.items():
+    before = {h.name: st for h, st in zip(hosts, on_all(hosts, state), strict=True)}
+    for name, (snap, _, left) in before.items():
         if any(not line.endswith(": default") for line in snap.splitlines()):
             log.warning("%s already has non-default qdiscs before shaping:\n%s", name, snap)
+        if left:
+            # A crashed run's delay or loss would silently impair this cell: applying clears it
+            # (apply_script starts with the removal), and a cell without impairments unshapes.
+            log.warning("%s has a link engine left by an earlier run: %s", name, "; ".join(left))
+    index = {h.name: i for i, h in enumerate(hosts)}
     try:
-        on_all(hosts, lambda h: apply_shape(h, shape))
-        yield
+        on_all(hosts, lambda h: apply_shape(h, shape, engine, seed + index[h.name]))
+        yield record
     finally:
 
         def unshape_and_check(h: Host) -> str | None:
-            snap_before, cc_before = before[h.name]
+            snap_before, cc_before, _ = before[h.name]
             try:
-                remove_shape(h, cc=cc_before)
+                removed = remove_shape(h, cc=cc_before)
             except Exception as exc:  # carry on: every other host must still be unshaped
                 return f"{h.name}: unshape failed: {exc}"
+            left = removed.pop("leftovers")
+            if removed:
+                record["nodes"][h.name] = removed
             try:
                 after, cc_after = qdisc_snapshot(h), congestion_control(h)
             except Exception as exc:
@@ -429,6 +511,8 @@ def shaped(hosts: list[Host], shape: LinkShape) -> Iterator[None]:
                 )
             if cc_after != cc_before:
                 return f"{h.name}: congestion control is {cc_after}, was {cc_before} before"
+            if left:
+                return f"{h.name}: the link engine is still installed: {'; '.join(left)}"
             return None
 
         problems = [p for p in on_all(hosts, unshape_and_check) if p]

@@ -20,7 +20,7 @@ from typing import Any
 
 from commscope.cluster.hosts import Cluster, Host, on_all
 from commscope.cluster.provision import provision, state_dir
-from commscope.cluster.shaping import host_has_netem, link_facts, shaped
+from commscope.cluster.shaping import link_facts, shaped
 from commscope.contracts import RUN_FILE
 from commscope.experiment.launch import Torchrun, kill_tagged, new_tag, torchrun_everywhere
 from commscope.experiment.probes import (
@@ -34,7 +34,7 @@ from commscope.experiment.probes import (
 )
 from commscope.node.sampler import default_cache_dir
 from commscope.node.wire import WireError, ring_slots
-from commscope.spec.link import LinkShape, check_shape_supported
+from commscope.spec.link import LinkShape
 from commscope.spec.settings import CellSettings, ClusterSettings, RunSettings, Workload
 
 log = logging.getLogger(__name__)
@@ -104,9 +104,6 @@ def run_cell(
     tag = new_tag()
     hosts = [Host(spec, connect_timeout=connect_timeout_s) for spec in cluster.nodes[: cell.nodes]]
     try:
-        if shape.needs_netem:
-            # Refuse before anything runs: never emulate a delay by silently dropping it.
-            check_shape_supported(shape, host_has_netem(hosts[0]))
         _measure(
             hosts, Torchrun(cluster, cell, run, tag, workload.module), workload, shape, out_dir
         )
@@ -141,13 +138,20 @@ def _measure(
         },
         "wire": {**wire.as_dict(), "requested": run.wire},
     }
-    with shaped(hosts, shape):
+    # Jitter draws differ per repeat (and per node, see shaped) but are the same on a rerun.
+    seed = 1000 * int(torchrun.cell.repeat or 0)
+    with shaped(hosts, shape, run.link_engine, seed) as link:
+        meta["link_engine"] = link
         started = on_all(hosts, probes.start)
         meta["qdisc_before"] = {n: q for n, (q, _) in zip(names, started, strict=True)}
         # MTU, offloads and congestion control as the cell ran them: what a packet on the
         # wire and in the counters is (a TSO/GSO super-packet or a frame) differs by node.
         meta["links"] = dict(zip(names, on_all(hosts, link_facts), strict=True))
-        log.info("links shaped (%s), samplers started, clocks probed", shape)
+        log.info(
+            "links shaped (%s, engine %s), samplers started, clocks probed",
+            shape.describe(),
+            link["engine"],
+        )
         meta["t_start_ns"] = time.time_ns()
         failures = torchrun_everywhere(hosts, torchrun, remote_dirs)
         log.info("torchrun ended on every node (%d failed)", len(failures))

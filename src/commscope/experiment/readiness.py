@@ -1,23 +1,95 @@
-"""What a node lacks for a cell's probes, said before anything runs (``commscope check
---nodes``): the BPF wire accounting (attach it once on the experiment interface), and the
-fallback's tools. The runner checks the same when it prepares a cell and falls back to the
-/proc sampler with the reason; this tells the user first, node by node."""
+"""What a node lacks for a cell, said before anything runs (``commscope check --nodes`` and the
+workflow's own start): the BPF wire accounting (attach it once on the experiment interface), the
+fallback's tools, and the link engine that applies delay, jitter and loss. The runner checks the
+same when it prepares a cell (and falls back to the /proc sampler with the reason, or refuses an
+impairment it cannot apply); this tells the user first, node by node."""
 
 from __future__ import annotations
 
 import shlex
+import shutil
 import tempfile
 from pathlib import Path
 
 from commscope.cluster.hosts import Host, on_all
+from commscope.cluster.impair import DELAYER_MODULE
+from commscope.cluster.netns import kernel_has_netem
+from commscope.cluster.shaping import host_has_netem
 from commscope.experiment.probes import build_wire_object, check_wire
+from commscope.node.delayer import DelayerError, binary
 from commscope.node.wire import WireError
+from commscope.spec.link import choose_engine
 from commscope.spec.settings import RunSettings
 
+# What the nfqueue engine runs on a node besides the delayer, and the Debian package of each.
+ENGINE_TOOLS = {"nft": "nftables", "iptables": "iptables"}
 
-def node_problems(host: Host, obj: Path | None) -> list[str]:
+
+def engine_problem(requested: str, has_netem: bool, missing: list[str], build: str | None) -> str:
+    """The message for a link engine that cannot run (pure): ``missing`` tools (names of
+    :data:`ENGINE_TOOLS`), ``build`` the delayer's build error. '' when nothing is wrong."""
+    try:
+        engine = choose_engine(requested, has_netem)
+    except ValueError as err:
+        return str(err)
+    if engine != "nfqueue":
+        return ""
+    parts = [f"{t} missing (Debian package {ENGINE_TOOLS[t]})" for t in missing]
+    if build:
+        parts.append(f"the NFQUEUE delayer cannot be built: {build}")
+    if not parts:
+        return ""
+    return (
+        "sweep.delay/jitter/loss: cells with delay, jitter or loss need the nfqueue link engine "
+        f"(run.link_engine={requested}, no netem here), which cannot run: " + "; ".join(parts)
+    )
+
+
+def local_engine_problem(requested: str) -> str:
+    """:func:`engine_problem` for this machine (the netns cluster's nodes run here): probes
+    netem, looks for nft and iptables, and builds the delayer (cached after the first time)."""
+    has_netem = requested != "nfqueue" and kernel_has_netem()
+    missing = [t for t in ENGINE_TOOLS if shutil.which(t) is None]
+    build = None
+    if choose_engine_or_none(requested, has_netem) == "nfqueue":
+        try:
+            binary()
+        except DelayerError as err:
+            build = str(err)
+    return engine_problem(requested, has_netem, missing, build)
+
+
+def choose_engine_or_none(requested: str, has_netem: bool) -> str | None:
+    """:func:`~commscope.spec.link.choose_engine`, None where it refuses."""
+    try:
+        return choose_engine(requested, has_netem)
+    except ValueError:
+        return None
+
+
+def node_engine_problem(host: Host, requested: str) -> str:
+    """:func:`engine_problem` for ``host``: netem probed there, the tools and the delayer's
+    build checked there (one round trip besides the netem probe)."""
+    has_netem = requested != "nfqueue" and host_has_netem(host)
+    if choose_engine_or_none(requested, has_netem) != "nfqueue":
+        return engine_problem(requested, has_netem, [], None)
+    py = shlex.quote(host.spec.python)
+    script = "; ".join(
+        f"PATH=$PATH:/usr/sbin:/sbin command -v {t} >/dev/null || echo @@missing {t}"
+        for t in ENGINE_TOOLS
+    )
+    script += f"; {py} -m {DELAYER_MODULE} build >/dev/null 2>/tmp/.cs-delayer-build.$$ || "
+    script += "{ echo @@build; cat /tmp/.cs-delayer-build.$$; }; rm -f /tmp/.cs-delayer-build.$$"
+    out = host.run(script, warn=True).stdout
+    missing = [line.split()[1] for line in out.splitlines() if line.startswith("@@missing ")]
+    build = out.split("@@build\n", 1)[1].strip() if "@@build\n" in out else None
+    return engine_problem(requested, has_netem, missing, build)
+
+
+def node_problems(host: Host, obj: Path | None, link_engine: str = "auto") -> list[str]:
     """What ``host`` lacks: the wire accounting (when ``obj`` was built), tcpdump and ethtool
-    (the fallback's capture, the link facts). One line per problem, naming the fix."""
+    (the fallback's capture, the link facts), the link engine ``link_engine`` asks for. One
+    line per problem, naming the fix."""
     rdir = f"{host.spec.workdir}/readiness"
     problems = []
     host.run(f"mkdir -p {shlex.quote(rdir)}")
@@ -30,6 +102,9 @@ def node_problems(host: Host, obj: Path | None) -> list[str]:
         for tool, package in tools.items():
             if not host.run(f"PATH=$PATH:/usr/sbin:/sbin command -v {tool}", warn=True).ok:
                 problems.append(f"{tool} missing (Debian package {package})")
+        engine = node_engine_problem(host, link_engine)
+        if engine:
+            problems.append(engine)
     finally:
         host.run(f"rm -rf {shlex.quote(rdir)}", warn=True)
     return problems
@@ -51,5 +126,5 @@ def check_nodes(hosts: list[Host], run: RunSettings) -> dict[str, list[str]]:
     built here as for a cell; when it cannot be, that is every node's first problem."""
     with tempfile.TemporaryDirectory() as tmp:
         obj, why = orchestrator_problem(run, Path(tmp))
-        found = on_all(hosts, lambda h: node_problems(h, obj))
+        found = on_all(hosts, lambda h: node_problems(h, obj, run.link_engine))
     return {h.name: ([why] if why else []) + p for h, p in zip(hosts, found, strict=True)}

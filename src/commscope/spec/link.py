@@ -31,6 +31,17 @@ LINK_DEFAULTS: dict[str, str] = {"delay": "0ms", "jitter": "0ms", "loss": "0pct"
 # What tc answers when the kernel lacks sch_netem (probed by commscope.cluster.shaping).
 NETEM_UNKNOWN = "Specified qdisc kind is unknown"
 
+# The two engines of the one link model (delay, jitter and loss on the receiver's ingress):
+# netem on the ifb where the kernel has it; otherwise nftables' random drop for loss and the
+# NFQUEUE delayer (commscope.node.delayer) for delay and jitter. ``auto`` picks netem where the
+# node's kernel has it.
+LINK_ENGINES: tuple[str, ...] = ("auto", "netem", "nfqueue")
+# Bounds of the impairments a cell may ask for. One-way delay: 1 s is past any terrestrial or
+# geostationary path (~280 ms one way) and keeps gloo's and TCP's timeouts out of play. Loss:
+# above 20 % TCP spends the cell in retransmission timeouts, not in training.
+MAX_DELAY_MS = 1000.0
+MAX_LOSS_PCT = 20.0
+
 _RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
 _TIME_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1000.0}
 _NUM = r"(\d+(?:\.\d*)?|\.\d+)"
@@ -70,8 +81,11 @@ def _parse_loss_pct(text: str) -> float:
     if not m or (m.group(2) == "" and float(m.group(1)) != 0):
         raise ValueError(f"loss={text!r} is not a percentage: use e.g. '0.5%' or '0%'")
     pct = float(m.group(1))
-    if pct > 100:
-        raise ValueError(f"loss={text!r} must be between 0% and 100% (e.g. '0.5%')")
+    if pct > MAX_LOSS_PCT:
+        raise ValueError(
+            f"loss={text!r} must be between 0% and {tc_num(MAX_LOSS_PCT)}% (e.g. '0.5%'): above, "
+            "TCP spends the cell in retransmission timeouts"
+        )
     return pct
 
 
@@ -103,13 +117,15 @@ def tc_ms(x: float) -> str:
 
 @dataclass(frozen=True)
 class LinkShape:
-    """What one node's experiment link looks like: a rate cap plus netem impairments, and the
-    TCP congestion control the node runs.
+    """What one node's experiment link looks like: a rate cap plus impairments (delay, jitter,
+    loss), and the TCP congestion control the node runs.
 
     ``rate_bps`` is in bits per second of L2 frames (tbf counts whole Ethernet frames without
-    FCS), ``None`` means uncapped. Delay and jitter are one-way, applied on the receive side.
-    ``cc`` is one of :data:`CC_ALGORITHMS`; it needs no qdisc (a sysctl of the node's network
-    namespace), so it plays no part in :attr:`is_noop` or :attr:`needs_netem`.
+    FCS), ``None`` means uncapped. Delay and jitter are one-way, applied on the receive side:
+    each packet is held ``delay_ms`` plus a uniform draw in ``±jitter_ms`` (never less than
+    zero, since jitter may not exceed the delay). ``loss_pct`` drops packets at random on the
+    receive side. ``cc`` is one of :data:`CC_ALGORITHMS`; it needs no qdisc (a sysctl of the
+    node's network namespace), so it plays no part in :attr:`is_noop` or :attr:`impaired`.
     """
 
     rate_bps: int | None
@@ -128,19 +144,33 @@ class LinkShape:
         ):
             if not (value >= 0 and math.isfinite(value)):
                 raise ValueError(f"{field}={value} must be a finite number >= 0")
-        if self.loss_pct > 100:
-            raise ValueError(f"loss_pct={self.loss_pct} must be <= 100")
+        if self.loss_pct > MAX_LOSS_PCT:
+            raise ValueError(
+                f"loss={tc_num(self.loss_pct)}% must be at most {tc_num(MAX_LOSS_PCT)}%: above, "
+                "TCP spends the cell in retransmission timeouts"
+            )
+        if self.delay_ms > MAX_DELAY_MS:
+            raise ValueError(
+                f"delay={tc_ms(self.delay_ms)} must be at most {tc_ms(MAX_DELAY_MS)} one way "
+                "(a geostationary hop is ~280ms)"
+            )
+        if self.jitter_ms > self.delay_ms:
+            raise ValueError(
+                f"jitter={tc_ms(self.jitter_ms)} exceeds delay={tc_ms(self.delay_ms)}: a packet "
+                "is held delay ± jitter, which must not go below zero; raise delay or lower "
+                "jitter"
+            )
         _check_cc(self.cc)
 
     @property
-    def needs_netem(self) -> bool:
-        """Whether this shape needs the netem qdisc (any delay, jitter or loss)."""
+    def impaired(self) -> bool:
+        """Whether this shape has delay, jitter or loss (needs an impairment engine)."""
         return self.delay_ms > 0 or self.jitter_ms > 0 or self.loss_pct > 0
 
     @property
     def is_noop(self) -> bool:
         """No cap and no impairment: the link gets no qdisc (its ``cc`` is still set)."""
-        return self.rate_bps is None and not self.needs_netem
+        return self.rate_bps is None and not self.impaired
 
     @classmethod
     def parse(
@@ -182,15 +212,26 @@ class LinkShape:
         return " ".join([rate, *self.impairments(), f"cc={self.cc}"])
 
 
-def check_shape_supported(shape: LinkShape, has_netem: bool) -> None:
-    """Refuse a shape this kernel cannot apply, saying why: never silently drop delay/loss."""
-    if not shape.needs_netem or has_netem:
-        return
-    raise ValueError(
-        f"cell asks for {', '.join(shape.impairments())} but this kernel has no netem qdisc "
-        f"(tc: {NETEM_UNKNOWN}); remove delay/jitter/loss from the sweep or run on a kernel "
-        "with sch_netem"
-    )
+def choose_engine(requested: str, has_netem: bool) -> str:
+    """The engine that applies delay, jitter and loss on a node: ``netem`` or ``nfqueue``.
+
+    ``requested`` is ``run.link_engine``: ``auto`` takes netem where the kernel has it, else
+    the nftables + NFQUEUE engine; ``netem`` on a kernel without it is refused (ValueError
+    naming the key and the fix), never silently replaced."""
+    if requested not in LINK_ENGINES:
+        raise ValueError(
+            f"run.link_engine={requested!r}: use one of {list(LINK_ENGINES)} (auto: netem where "
+            "the kernel has it, else nftables loss and the NFQUEUE delayer)"
+        )
+    if requested == "auto":
+        return "netem" if has_netem else "nfqueue"
+    if requested == "netem" and not has_netem:
+        raise ValueError(
+            f"run.link_engine=netem but this kernel has no netem qdisc (tc: {NETEM_UNKNOWN}); "
+            "set run.link_engine to auto or nfqueue (nftables loss and the NFQUEUE delayer), "
+            "or run on a kernel with sch_netem"
+        )
+    return requested
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from commscope.spec.link import LINK_AXES, LINK_DEFAULTS, LinkSetting, LinkShape
+from commscope.spec.link import LINK_AXES, LINK_DEFAULTS, LINK_ENGINES, LinkSetting, LinkShape
 
 # The experiment links' MTU (bytes of IP packet; a frame adds 14 bytes of Ethernet header).
 # 576 is the smallest datagram every IPv4 host must accept (RFC 791); 65535 is veth's maximum.
@@ -134,7 +134,9 @@ class RunSettings:
     the log and the report. ``socket_hz`` is the socket statistics rate (0: off); ``pcap``
     captures packet headers with tcpdump: True always, False never, None (default) when the
     wire source is ``counters`` (the node-pair matrix comes from the capture then);
-    ``master_port`` is torchrun's rendezvous port.
+    ``master_port`` is torchrun's rendezvous port. ``link_engine`` applies the cells' delay,
+    jitter and loss: ``netem``, ``nfqueue`` (nftables random drop and the NFQUEUE delayer of
+    :mod:`commscope.node.delayer`) or ``auto`` (netem where the node's kernel has it).
     """
 
     timeout_s: float = 300.0
@@ -145,10 +147,16 @@ class RunSettings:
     pcap: bool | None = None
     wire: str = "bpf"
     wire_bin_us: float = 100.0
+    link_engine: str = "auto"
 
     def __post_init__(self) -> None:
         if not self.timeout_s > 0:
             raise ValueError(f"run.timeout_s={self.timeout_s} must be > 0")
+        if self.link_engine not in LINK_ENGINES:
+            raise ValueError(
+                f"run.link_engine={self.link_engine!r}: use one of {list(LINK_ENGINES)} (auto: "
+                "netem where the kernel has it, else nftables loss and the NFQUEUE delayer)"
+            )
         if self.wire not in WIRE_SOURCES:
             raise ValueError(
                 f"run.wire={self.wire!r}: use one of {list(WIRE_SOURCES)} (bpf: in-kernel "
@@ -176,6 +184,7 @@ class RunSettings:
             "pcap": lambda v: None if v is None else bool(v),
             "wire": str,
             "wire_bin_us": float,
+            "link_engine": str,
         }
         return cls(**{k: casts[k](v) for k, v in kw.items()})
 
