@@ -103,6 +103,7 @@ def test_remove_script_order_and_sudo() -> None:
         "sudo -n pkill -KILL -f",
         "sudo -n nft -j list table ip commscope_link",
         "sudo -n nft delete table ip commscope_link",
+        "sudo -n rm -f /w/link/delayer.pid /w/link/delayer.json",
         "@@left",
     ]
     positions = [script.index(step) for step in steps]

@@ -181,7 +181,8 @@ def remove_script(iface: str, paths: NodePaths, sudo: str, report: bool = True) 
             f"echo {_MARK}nft; {sudo}nft -j list table ip {NFT_TABLE} 2>/dev/null",
         ]
     lines.append(f"{sudo}nft delete table ip {NFT_TABLE} 2>/dev/null")
-    lines.append(f"{sudo}rm -f {shlex.quote(paths.pidfile)}")
+    # The statistics are read (above) once: a later cell without a delayer must not report them.
+    lines.append(f"{sudo}rm -f {shlex.quote(paths.pidfile)} {shlex.quote(paths.stats)}")
     if report:
         lines += [f"echo {_MARK}left", leftovers_script(paths, sudo)]
     return "\n".join(lines) + "\ntrue"
