@@ -16,7 +16,7 @@ from commscope.cluster import netns
 from commscope.cluster.clock import estimate_offset
 from commscope.cluster.hosts import Cluster, Host, NodeSpec
 from commscope.cluster.netns import cleanup_all, list_netns, provision_netns, teardown_netns
-from commscope.cluster.shaping import qdisc_snapshot, shaped
+from commscope.cluster.shaping import apply_shape, qdisc_snapshot, shaped
 from commscope.spec.link import LinkShape
 
 integration = pytest.mark.integration
@@ -213,8 +213,11 @@ def test_teardown_and_cleanup_leave_nothing_behind(tmp_path: Path) -> None:
         # A stray process inside node0 (think: a rank that outlived its run).
         with cluster.hosts()[0] as host:
             stray = int(host.run("nohup sleep 300 >/dev/null 2>&1 < /dev/null & echo $!").stdout)
-        assert all(_alive(p) for p in [*pids, stray])
-        return cluster, [*pids, stray]
+            # A crashed cell's link engine: its rules in place, its delayer bound to the queue.
+            apply_shape(host, LinkShape.parse("none", "5ms", loss="1%"), engine="nfqueue")
+            delayer = int(host.run(f"cat {host.spec.workdir}/link/delayer.pid").stdout)
+        assert all(_alive(p) for p in [*pids, stray, delayer])
+        return cluster, [*pids, stray, delayer]
 
     def assert_gone(pids: list[int]) -> None:
         assert not [ns for ns in list_netns() if ns.startswith(f"cs-{SCRATCH}-")]
