@@ -15,6 +15,7 @@ from commscope.bench.analysis import (
     busbw_factor,
     cap_bytes_per_s,
     fit_alpha_beta,
+    fit_links,
     fit_table,
     link_alpha_beta,
     link_settings,
@@ -26,7 +27,7 @@ from commscope.bench.run import bench_spec
 from commscope.collectives.ring import wire_bytes
 from commscope.collectives.traffic import ring_send_bytes
 from commscope.plots.bench import bench_figures
-from commscope.spec.link import LinkSetting
+from commscope.spec.link import UNSHAPED, LinkSetting
 from commscope.spec.settings import MicrobenchSettings, RunSettings, benchmark_sizes
 from commscope.workload.microbench import OPS, iterations, sendrecv_pair, size_numel
 
@@ -222,3 +223,16 @@ def test_bad_microbench_config_names_the_key(block: dict, key: str) -> None:
 
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         validate_config({"models": {"m": {"batch": 1}}, "sweep": _SWEEP, "microbench": block})
+
+
+def test_fit_links_only_benchmarked_ones() -> None:
+    """A cell reads its own link's fit and the unshaped one, each only where it is benchmarked
+    (a config listing its links must not make every cell's link run a microbenchmark)."""
+    own = LinkSetting(bw="50mbit")
+    delayed = LinkSetting(bw="none", delay="5ms")
+    benched = [own.id, UNSHAPED.id]
+    assert fit_links(own, benched, enabled=True) == [own.id, UNSHAPED.id]
+    assert fit_links(UNSHAPED, benched, enabled=True) == [UNSHAPED.id]
+    assert fit_links(delayed, benched, enabled=True) == [UNSHAPED.id]
+    assert fit_links(delayed, [own.id], enabled=True) == []
+    assert fit_links(own, benched, enabled=False) == []

@@ -259,14 +259,15 @@ def combine(link_dirs: Sequence[Path], out_dir: Path) -> dict[str, pd.DataFrame]
 
 def fit_links(link: LinkSetting, bench_links: Iterable[str], enabled: bool) -> list[str]:
     """The link settings (their ids) whose fits a cell on ``link`` reads for its timing
-    prediction: its own and, when benchmarked anyway, the unshaped one (for intra-node ops);
-    none when the microbenchmark is disabled. The workflow turns them into file paths."""
+    prediction: its own and the unshaped one (for intra-node ops), each only when benchmarked
+    (``bench_links``: a config that lists its links benchmarks only those, and a cell on
+    another link is predicted from the trace's effective bandwidth, see
+    :func:`commscope.predict.cell.cell_links`); none when the microbenchmark is disabled. The
+    workflow turns them into file paths."""
     if not enabled:
         return []
-    own, unshaped = link.id, UNSHAPED.id
-    if unshaped in set(bench_links) and own != unshaped:
-        return [own, unshaped]
-    return [own]
+    benched = set(bench_links)
+    return [lid for lid in dict.fromkeys((link.id, UNSHAPED.id)) if lid in benched]
 
 
 def link_alpha_beta(fit: pd.DataFrame, link: LinkSetting) -> dict[str, tuple[float, float]]:
