@@ -125,3 +125,17 @@ def test_parse_removal() -> None:
 def test_loss_counters_without_a_table() -> None:
     assert loss_counters("") is None
     assert loss_counters("Error: No such file or directory") is None
+
+
+def test_engine_problem_names_the_key_and_the_fix() -> None:
+    """What `snakemake` and `commscope check` say before anything runs when the engine cannot."""
+    from commscope.experiment.readiness import engine_problem
+
+    assert engine_problem("auto", has_netem=True, missing=["nft"], build="x") == ""
+    assert engine_problem("auto", has_netem=False, missing=[], build=None) == ""
+    msg = engine_problem("auto", has_netem=False, missing=["nft"], build="no C compiler")
+    assert "run.link_engine=auto" in msg and "sweep.delay/jitter/loss" in msg
+    assert "nft missing (Debian package nftables)" in msg
+    assert "the NFQUEUE delayer cannot be built: no C compiler" in msg
+    refused = engine_problem("netem", has_netem=False, missing=[], build=None)
+    assert refused.startswith("run.link_engine=netem but this kernel has no netem qdisc")
