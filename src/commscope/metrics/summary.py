@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import pandas as pd
@@ -12,12 +13,28 @@ from commscope.metrics.counters import bin_width_ns, counted_wire_bytes, traffic
 from commscope.metrics.framework import wire_vs_framework
 from commscope.metrics.matrix import comm_matrix, node_matrix, node_traffic_split
 from commscope.metrics.steps import step_times, training_window
+from commscope.spec.link import LINK_AXES, LinkSetting
 from commscope.units import NS_PER_S
 
 # Bin width at which cell_summary() reports burstiness: fine enough for the micro-bursts that
 # live below 10 ms to show, coarse enough for a 100 Hz sampler to resolve.
 SUMMARY_BIN_MS = 10.0
 
+
+# The link columns of the summary: the cell's delay, jitter and loss as numbers (its link axes
+# parsed), then the engine that applied them and what that engine measured while the cell ran
+# (run.json ``link_engine``, copied into cell.json; see :func:`link_engine_summary`).
+LINK_SUMMARY_COLUMNS = [
+    "delay_ms",
+    "jitter_ms",
+    "loss_pct",
+    "link_engine",
+    "delay_late_us_mean",
+    "delay_late_us_p99",
+    "delay_undelayed_share",
+    "loss_packets_seen",
+    "loss_measured_pct",
+]
 
 SUMMARY_COLUMNS = [
     "world_size",
@@ -48,6 +65,7 @@ SUMMARY_COLUMNS = [
     "wire_resolution_us",
     "wire_fallback",
     "wire_offload",
+    *LINK_SUMMARY_COLUMNS,
 ]
 # The burstiness columns of the summary beside the 10 ms ones: suffix -> bin width (ms).
 SHAPE_SUMMARY_BINS: dict[str, float] = {"100us": 0.1, "1ms": 1.0, "100ms": 100.0}
@@ -116,6 +134,58 @@ def _wire_source(traces: CellTraces) -> dict[str, Any]:
     }
 
 
+def link_numbers(params: Mapping[str, Any]) -> dict[str, float]:
+    """A cell's link axes as numbers: ``bw_bps`` (NaN uncapped), ``delay_ms``, ``jitter_ms`` and
+    ``loss_pct``, parsed from its axis strings (``"50mbit"``, ``"5ms"``, ``"0.1pct"``) by
+    :meth:`commscope.spec.link.LinkSetting.shape`. An axis ``params`` lacks (a cell recorded
+    before it existed) takes its default: no cap, no delay, jitter or loss. ValueError for a
+    value the link model refuses."""
+    given = {axis: str(params[axis]) for axis in LINK_AXES if params.get(axis) is not None}
+    shape = LinkSetting.from_mapping({"bw": "none", **given}).shape()
+    return {
+        "bw_bps": float(shape.rate_bps) if shape.rate_bps is not None else float("nan"),
+        "delay_ms": shape.delay_ms,
+        "jitter_ms": shape.jitter_ms,
+        "loss_pct": shape.loss_pct,
+    }
+
+
+def link_engine_summary(record: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The link-engine columns of :func:`cell_summary` from a run's ``link_engine`` record
+    (run.json, copied into cell.json; None for runs recorded before there was one).
+
+    * link_engine: the engine that applied delay, jitter and loss (``netem`` or ``nfqueue``),
+      ``''`` when the cell had none of them (or the run predates the record).
+    * delay_late_us_mean, delay_late_us_p99: how late the NFQUEUE delayer released packets
+      after their due time, the worst node's mean and p99 (µs); NaN without a delayer that
+      released any packet (netem records no such statistic).
+    * delay_undelayed_share: packets the delayer let through at once instead of holding them
+      (its ring or the kernel's queue full: ``overflow`` plus ``missed``), over every packet
+      queued to it, summed over nodes.
+    * loss_packets_seen, loss_measured_pct: packets the nftables loss rules saw and the share
+      of them dropped (%), summed over nodes; NaN without loss rules.
+    """
+    nan = float("nan")
+    record = record or {}
+    nodes = [node for node in (record.get("nodes") or {}).values() if node]
+    delayers = [node["delayer"] for node in nodes if node.get("delayer")]
+    # A delayer that released nothing reports a lateness of 0: no measurement, not a perfect one.
+    timed = [d for d in delayers if d.get("late_us") and int(d.get("released", 1)) > 0]
+    queued = sum(int(d.get("packets", 0)) + int(d.get("missed", 0)) for d in delayers)
+    undelayed = sum(int(d.get("overflow", 0)) + int(d.get("missed", 0)) for d in delayers)
+    losses = [node["loss"] for node in nodes if node.get("loss")]
+    seen = sum(int(loss.get("seen", 0)) for loss in losses)
+    dropped = sum(int(loss.get("dropped", 0)) for loss in losses)
+    return {
+        "link_engine": str(record.get("engine") or ""),
+        "delay_late_us_mean": max((float(d["late_us"]["mean"]) for d in timed), default=nan),
+        "delay_late_us_p99": max((float(d["late_us"]["p99"]) for d in timed), default=nan),
+        "delay_undelayed_share": undelayed / queued if queued else nan,
+        "loss_packets_seen": float(seen) if losses else nan,
+        "loss_measured_pct": 100 * dropped / seen if seen else nan,
+    }
+
+
 def cell_summary(traces: CellTraces, node_mat: pd.DataFrame | None = None) -> pd.DataFrame:
     """The headline numbers of one cell, one row, over its measured (non-warm-up) steps.
 
@@ -143,6 +213,9 @@ def cell_summary(traces: CellTraces, node_mat: pd.DataFrame | None = None) -> pd
     * wire_source (``bpf`` or ``counters``), wire_resolution_us (the counters' resolution),
       wire_fallback (why a requested BPF source fell back; '' when it did not), wire_offload
       (TSO/GSO was on at some node: packets are super-packets there, not frames).
+    * delay_ms, jitter_ms, loss_pct: the cell's link axes as numbers (:func:`link_numbers`);
+      link_engine and what it measured (:func:`link_engine_summary`, from cell.json
+      ``link_engine``).
 
     Columns: cell params, then SUMMARY_COLUMNS.
     """
@@ -182,4 +255,7 @@ def cell_summary(traces: CellTraces, node_mat: pd.DataFrame | None = None) -> pd
     row["intranode_bytes_per_step"] = intra if n_measured else nan
 
     row.update(_wire_summary(traces, st, n_measured, bw_bps))
+    numbers = link_numbers(params)
+    row.update({col: numbers[col] for col in ("delay_ms", "jitter_ms", "loss_pct")})
+    row.update(link_engine_summary(traces.meta.get("link_engine")))
     return pd.DataFrame([row], columns=[*params, *SUMMARY_COLUMNS])
