@@ -122,7 +122,12 @@ METRIC_TABLES: tuple[str, ...] = (
 SUMMARY_FILE = "summary.parquet"
 # The study tables the aggregate job derives from the aggregated metric tables
 # (results/aggregate/<name>.parquet; commscope.metrics.study.derive_study_tables).
-STUDY_TABLES: tuple[str, ...] = ("msg_size_cdf", "step_time_over_repeats", "bytes_per_step_by_op")
+STUDY_TABLES: tuple[str, ...] = (
+    "msg_size_cdf",
+    "step_time_over_repeats",
+    "bytes_per_step_by_op",
+    "slowdown",
+)
 # The cross-cell figures (results/figures/<name>.png) and the aggregate tables they draw.
 STUDY_FIGURES: tuple[str, ...] = (
     "msg_size_cdf",
@@ -130,6 +135,7 @@ STUDY_FIGURES: tuple[str, ...] = (
     "bytes_per_step_by_op",
     "comm_matrix_nodes",
     "comm_matrix_ranks",
+    "slowdown",
 )
 STUDY_FIGURE_TABLES: tuple[str, ...] = (*STUDY_TABLES, "summary", "node_matrix", "comm_matrix")
 # The microbenchmark figures (results/microbench/figures/<name>.png).

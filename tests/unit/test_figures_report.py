@@ -339,6 +339,25 @@ def test_aggregate_writes_the_study_tables(study: dict) -> None:
     assert set(STUDY_TABLES) <= set(study_table_paths(agg))
 
 
+def test_aggregate_slowdown_of_the_synthetic_study(study: dict) -> None:
+    # Each strategy's 10 Mbit/s repeats (300 and 302 ms steps) over its unshaped runs' mean
+    # step (100 and 102 ms): a slowdown per repeat, averaged, with its interval.
+    table = pd.read_parquet(study["agg"] / "slowdown.parquet").set_index(["strategy", "bw"])
+    per_repeat = pd.Series([0.300 / 0.101, 0.302 / 0.101])
+    for strategy in STRATEGY_BUCKETS:
+        capped = table.loc[(strategy, "10mbit")]
+        assert capped["varied"] == "bw" and capped["repeats"] == 2
+        assert capped["baseline_repeats"] == 2
+        assert capped["baseline_step_time_s"] == pytest.approx(0.101)
+        assert capped["slowdown_mean"] == pytest.approx(per_repeat.mean())
+        assert capped["slowdown_sd"] == pytest.approx(per_repeat.std())
+        assert capped["slowdown_ci_low"] < capped["slowdown_mean"] < capped["slowdown_ci_high"]
+        assert table.loc[(strategy, "none"), "varied"] == "baseline"
+    # Cells run before there was a link engine: none named, nothing measured.
+    summary = pd.read_parquet(study["agg"] / "summary.parquet")
+    assert (summary["link_engine"] == "").all() and summary["delay_late_us_mean"].isna().all()
+
+
 def test_cross_node_share_and_alpha_beta_curve() -> None:
     grid = pd.DataFrame([[3.0, 1.0], [0.0, 4.0]])
     assert cross_node_share(grid) == pytest.approx(1 / 8)

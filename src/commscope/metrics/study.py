@@ -8,18 +8,50 @@ tables; the small helpers at the end are the arithmetic the figures' titles and 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
 
 from commscope.collectives.ring import bench_wire_bytes
+from commscope.metrics.summary import link_numbers
 from commscope.metrics.volume import size_cdf
 
 # Parameters that, besides strategy and model, tell series apart in sweep plots.
 SERIES_AXES = ("nodes", "ranks_per_node", "delay", "jitter", "loss", "cc")
 # The aggregated metric tables they are derived from.
 STUDY_SOURCES: tuple[str, ...] = ("msg_sizes", "summary", "op_volume", "step_times")
+
+# What a training run is apart from its link's shaping: a cell's slowdown is against the cells of
+# the same setup on the unshaped link. The congestion control belongs to the setup (it shapes
+# nothing: an uncapped, unimpaired link with BBR is BBR's own baseline).
+SETUP_AXES: tuple[str, ...] = ("model", "strategy", "nodes", "ranks_per_node", "cc", "steps")
+# The link axes that shape a link, in LINK_AXES order, with the number each is judged by: a cell
+# moved off the unshaped link along an axis whose number is not the unshaped one (a cap, or
+# more than 0 ms / 0 %).
+SHAPING_AXES: dict[str, str] = {
+    "bw": "bw_bps",
+    "delay": "delay_ms",
+    "jitter": "jitter_ms",
+    "loss": "loss_pct",
+}
+SLOWDOWN_COLUMNS: list[str] = [
+    *SETUP_AXES,
+    *SHAPING_AXES,
+    *SHAPING_AXES.values(),
+    "varied",
+    "step_time_mean_s",
+    "repeats",
+    "baseline_step_time_s",
+    "baseline_repeats",
+    "slowdown_mean",
+    "slowdown_sd",
+    "slowdown_ci_low",
+    "slowdown_ci_high",
+]
+# Confidence level of the slowdown's interval over repeats.
+CI_LEVEL = 0.95
 
 
 def measured_size_cdf(msgs: pd.DataFrame) -> pd.DataFrame:
@@ -80,14 +112,142 @@ def bytes_per_step_by_op(op_volume: pd.DataFrame, step_table: pd.DataFrame) -> p
     return out[cols]
 
 
+def _t_central(t: float, df: int) -> float:
+    """P(|T| < t) for Student's t with ``df`` (a positive integer) degrees of freedom: the
+    finite series of Abramowitz & Stegun 26.7.3 (odd df) and 26.7.4 (even df)."""
+    theta = math.atan(t / math.sqrt(df))
+    c2 = math.cos(theta) ** 2
+    if df % 2:
+        # 2/pi (theta + sin cos (1 + 2/3 cos^2 + 2*4/(3*5) cos^4 + ... up to cos^(df-3)))
+        term = total = 1.0
+        for k in range(3, df - 1, 2):
+            term *= (k - 1) / k * c2
+            total += term
+        series = math.sin(theta) * math.cos(theta) * total if df > 1 else 0.0
+        return 2 / math.pi * (theta + series)
+    # sin (1 + 1/2 cos^2 + 1*3/(2*4) cos^4 + ... up to cos^(df-2))
+    term = total = 1.0
+    for k in range(2, df - 1, 2):
+        term *= (k - 1) / k * c2
+        total += term
+    return math.sin(theta) * total
+
+
+def t_quantile(df: int, level: float = CI_LEVEL) -> float:
+    """The two-sided Student's t critical value: the t with P(|T| < t) = ``level`` at ``df``
+    degrees of freedom (df 1: 12.71, 4: 2.78, 30: 2.04 at 95 %), by bisection on
+    :func:`_t_central` (no SciPy in the analysis environment)."""
+    if df < 1 or not 0 < level < 1:
+        raise ValueError(f"t_quantile needs df >= 1 and 0 < level < 1, got df={df}, {level=}")
+    lo, hi = 0.0, 1.0
+    while _t_central(hi, df) < level:
+        hi *= 2
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if _t_central(mid, df) < level else (lo, mid)
+    return (lo + hi) / 2
+
+
+def _varied(row: pd.Series) -> str:
+    """Which shaping axis moved a cell off the unshaped link: one of :data:`SHAPING_AXES`,
+    ``several`` or ``baseline``."""
+    moved = [
+        axis
+        for axis, col in SHAPING_AXES.items()
+        if (pd.notna(row[col]) if axis == "bw" else row[col] > 0)
+    ]
+    return moved[0] if len(moved) == 1 else ("several" if moved else "baseline")
+
+
+def _mean_ci(group: pd.Series) -> pd.Series:
+    """Mean, sample sd, count and the :data:`CI_LEVEL` interval (t over repeats; NaN below two
+    repeats) of one setting's per-repeat slowdowns."""
+    values = group.dropna()
+    n = len(values)
+    mean = float(values.mean()) if n else float("nan")
+    sd = float(values.std(ddof=1)) if n > 1 else float("nan")
+    half = t_quantile(n - 1) * sd / math.sqrt(n) if n > 1 else float("nan")
+    return pd.Series(
+        {
+            "slowdown_mean": mean,
+            "slowdown_sd": sd,
+            "slowdown_ci_low": mean - half,
+            "slowdown_ci_high": mean + half,
+        }
+    )
+
+
+def slowdown_table(summary: pd.DataFrame) -> pd.DataFrame:
+    """How much slower each setting trains than the same setup on the unshaped link.
+
+    A setting is a cell over its repeats; its setup (:data:`SETUP_AXES`: model, strategy, nodes,
+    ranks_per_node, cc, steps) run with no cap, no delay, no jitter and no loss is its baseline.
+    Each repeat's slowdown is its ``step_time_mean_s`` over the baseline's, averaged over the
+    baseline's repeats (so the interval below covers the setting's repeat-to-repeat spread, not
+    the baseline's). The link's numbers come from the axis strings
+    (:func:`commscope.metrics.summary.link_numbers`), so ``0us`` and ``0ms`` are the same.
+
+    * varied: the shaping axis that moved the setting off the baseline (``bw``, ``delay``,
+      ``jitter``, ``loss``), ``several``, or ``baseline`` (the unshaped cells themselves, whose
+      slowdown is 1 on average).
+    * step_time_mean_s, repeats: the setting's mean step time over its repeats with one.
+    * baseline_step_time_s, baseline_repeats: the baseline's mean step time and its repeats;
+      NaN and 0 when the setup has no unshaped cell, and then every slowdown column is NaN:
+      the row stays, so the setting is listed rather than dropped.
+    * slowdown_mean, slowdown_sd (sample sd, NaN for one repeat), slowdown_ci_low/high: the
+      :data:`CI_LEVEL` Student's t interval of the mean over repeats (NaN below two).
+
+    Columns: :data:`SLOWDOWN_COLUMNS`, one row per setting, ordered by setup, then baseline
+    first and the shaping axes in order.
+    """
+    link_keys = list(SHAPING_AXES)
+    needed = [*SETUP_AXES, *link_keys, "step_time_mean_s"]
+    if summary.empty or any(c not in summary for c in needed):
+        return pd.DataFrame(columns=SLOWDOWN_COLUMNS)
+    numbers = pd.DataFrame(
+        [link_numbers(rec) for rec in summary[link_keys].to_dict("records")], index=summary.index
+    )
+    df = pd.concat([summary[needed], numbers[list(SHAPING_AXES.values())]], axis=1)
+    df["step_time_mean_s"] = df["step_time_mean_s"].astype("float64")
+    df["varied"] = df.apply(_varied, axis=1) if len(df) else pd.Series(dtype=str)
+    setup = list(SETUP_AXES)
+    baseline = (
+        df[df["varied"] == "baseline"]
+        .groupby(setup, dropna=False)["step_time_mean_s"]
+        .agg(baseline_step_time_s="mean", baseline_repeats="count")
+        .reset_index()
+    )
+    df = df.merge(baseline, on=setup, how="left")
+    df["baseline_repeats"] = df["baseline_repeats"].fillna(0).astype("int64")
+    df["slowdown"] = df["step_time_mean_s"] / df["baseline_step_time_s"]
+    keys = [*setup, *link_keys]
+    grouped = df.groupby(keys, sort=False, dropna=False)
+    out = grouped.agg(
+        **{col: (col, "first") for col in SHAPING_AXES.values()},
+        varied=("varied", "first"),
+        step_time_mean_s=("step_time_mean_s", "mean"),
+        repeats=("step_time_mean_s", "count"),
+        baseline_step_time_s=("baseline_step_time_s", "first"),
+        baseline_repeats=("baseline_repeats", "first"),
+    )
+    stats = grouped["slowdown"].apply(_mean_ci).unstack()
+    out = out.join(stats).reset_index()
+    order = {axis: i for i, axis in enumerate(["baseline", *SHAPING_AXES, "several"])}
+    out = out.assign(_order=out["varied"].map(order)).sort_values(
+        [*setup, "_order", *SHAPING_AXES.values()], na_position="last", kind="stable"
+    )
+    return out[SLOWDOWN_COLUMNS].reset_index(drop=True)
+
+
 def derive_study_tables(tables: Mapping[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
     """Every table of :data:`STUDY_TABLES`, by name, from the aggregated metric tables
     ``tables`` (at least :data:`STUDY_SOURCES`): :func:`measured_size_cdf`,
-    :func:`step_time_over_repeats` and :func:`bytes_per_step_by_op`."""
+    :func:`step_time_over_repeats`, :func:`bytes_per_step_by_op` and :func:`slowdown_table`."""
     return {
         "msg_size_cdf": measured_size_cdf(tables["msg_sizes"]),
         "step_time_over_repeats": step_time_over_repeats(tables["summary"]),
         "bytes_per_step_by_op": bytes_per_step_by_op(tables["op_volume"], tables["step_times"]),
+        "slowdown": slowdown_table(tables["summary"]),
     }
 
 

@@ -1,9 +1,11 @@
-"""Figures across cells: message sizes, step time vs bandwidth, bytes per step by op, and the
-communication matrices (:mod:`.matrices`), drawn from the aggregated tables and the study
-tables the aggregate job derives (:data:`commscope.contracts.STUDY_TABLES`)."""
+"""Figures across cells: message sizes, step time vs bandwidth, bytes per step by op, the
+communication matrices (:mod:`.matrices`) and the slowdown on a shaped link, drawn from the
+aggregated tables and the study tables the aggregate job derives
+(:data:`commscope.contracts.STUDY_TABLES`)."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -11,10 +13,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import seaborn as sns
-from matplotlib.ticker import FuncFormatter
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogLocator
 
 from commscope.contracts import STUDY_FIGURE_TABLES, STUDY_FIGURES, table_file
-from commscope.metrics.study import SERIES_AXES
+from commscope.metrics.study import SERIES_AXES, SETUP_AXES
+from commscope.metrics.summary import link_numbers
 from commscope.plots._style import _new_figure, _no_data, _palette, _save, _styled
 from commscope.plots.matrices import plot_comm_matrices
 from commscope.units import bytes_tick
@@ -30,10 +34,13 @@ def plot_study(tables: Mapping[str, Path], figures: Mapping[str, Path]) -> list[
 
     ``msg_size_cdf.png``: message-size CDF per strategy (measured steps only, log x).
     ``step_time_vs_bw.png``: mean step time vs bandwidth cap per strategy, error bars are the
-    standard deviation over repeats; the uncapped cells sit at the right, labelled "no cap".
+    standard deviation over repeats; the uncapped cells sit at the right, labelled "no cap"
+    (series with delay, jitter or loss at one cap only are left to ``slowdown.png``).
     ``bytes_per_step_by_op.png``: framework bytes per measured step by op type and strategy.
     ``comm_matrix_nodes.png``, ``comm_matrix_ranks.png``: node x node and rank x rank bytes per
     measured step, one representative cell per strategy (see :func:`plot_comm_matrices`).
+    ``slowdown.png``: step time over the unshaped link's, against the cap, the delay and the
+    loss (:func:`plot_slowdown`).
     One panel per model when several models were run. Every figure is always written (with a
     "no data" note when its table is empty) so pipeline outputs are predictable.
     """
@@ -52,6 +59,7 @@ def plot_study(tables: Mapping[str, Path], figures: Mapping[str, Path]) -> list[
             figures["comm_matrix_nodes"],
             figures["comm_matrix_ranks"],
         ),
+        plot_slowdown(pd.read_parquet(tables["slowdown"]), figures["slowdown"]),
     ]
 
 
@@ -105,6 +113,33 @@ def _series_label(row: pd.Series, varying: list[str]) -> str:
     return f"{row['strategy']} ({extra})" if extra else str(row["strategy"])
 
 
+def cap_series(step_times: pd.DataFrame) -> pd.DataFrame:
+    """The rows of :func:`~commscope.metrics.study.step_time_over_repeats` that
+    :func:`plot_step_time_vs_bw` draws, with their series ``label``: the strategy and the
+    :data:`SERIES_AXES` that differ between the rows drawn. A series with delay, jitter or loss
+    at one cap only says nothing about the cap (the slowdown figure has it) and is left out;
+    one that sweeps the cap under an impairment stays."""
+    series = [c for c in SERIES_AXES if c in step_times]
+    rows = step_times.assign(label=step_times.apply(_series_label, axis=1, varying=series))
+    caps = rows.groupby("label")["bw"].transform("nunique")
+    rows = rows[(caps > 1) | ~_impaired(rows)]
+    varying = [c for c in series if rows[c].nunique(dropna=False) > 1]
+    return rows.assign(label=rows.apply(_series_label, axis=1, varying=varying)).reset_index(
+        drop=True
+    )
+
+
+def _impaired(rows: pd.DataFrame) -> pd.Series:
+    """Per row: does its link have delay, jitter or loss (its axis strings, parsed)?"""
+    axes = [a for a in ("bw", "delay", "jitter", "loss") if a in rows]
+    numbers = [link_numbers({a: rec[a] for a in axes}) for rec in rows[axes].to_dict("records")]
+    return pd.Series(
+        [n["delay_ms"] > 0 or n["jitter_ms"] > 0 or n["loss_pct"] > 0 for n in numbers],
+        index=rows.index,
+        dtype=bool,
+    )
+
+
 @_styled
 def plot_step_time_vs_bw(step_times: pd.DataFrame, out_png: Path) -> Path:
     """Step time vs bandwidth cap per strategy (one panel per model) from
@@ -114,15 +149,16 @@ def plot_step_time_vs_bw(step_times: pd.DataFrame, out_png: Path) -> Path:
     if step_times.empty:
         _no_data(axes[0], "cells")
         return _save(fig, out_png)
-    agg = step_times.copy()
+    agg = cap_series(step_times)
+    if agg.empty:
+        _no_data(axes[0], "cells that vary the cap")
+        return _save(fig, out_png)
     cap_mbps = agg["bw_bps"] / 1e6
     finite = cap_mbps.dropna()
     # Uncapped cells get a position right of the largest cap (log axis: a factor, not a sum),
     # and their own tick label, instead of being dropped or drawn at a made-up rate.
     no_cap_x = float(finite.max() * 4) if not finite.empty else 1.0
     agg["x"] = cap_mbps.fillna(no_cap_x)
-    varying = [c for c in SERIES_AXES if c in agg]
-    agg["label"] = agg.apply(_series_label, axis=1, varying=varying)
     palette = _palette(agg["strategy"].astype(str))
     markers = ["o", "s", "^", "D", "v", "P", "X"]
     for ax, model in zip(axes, models, strict=True):
@@ -190,3 +226,144 @@ def plot_bytes_per_step(data: pd.DataFrame, out_png: Path) -> Path:
         ax.set_title(f"bytes per step by op{f' — {model}' if model else ''}")
         ax.legend(title="op", fontsize="small")
     return _save(fig, out_png)
+
+
+# The panels of the slowdown figure: the shaping axis each moves alone, the column its x is, how
+# the x axis reads, what "no data" says, and the tick label of the unshaped point.
+_SLOWDOWN_PANELS: tuple[tuple[str, str, str, str, str], ...] = (
+    ("bw", "bw_bps", "bandwidth cap (Mbit/s, log scale)", "cap", "no cap"),
+    ("delay", "delay_ms", "one-way delay on each node's ingress (ms, log scale)", "delay", "0"),
+    ("loss", "loss_pct", "random loss on each node's ingress (%, log scale)", "loss", "0"),
+)
+
+
+def _held_fixed(series: pd.DataFrame) -> str:
+    """What every series of a panel shares, for its title: ``"2 nodes × 1 rank, gpt-tiny"``
+    (a setup axis that differs between series is in the series' labels instead)."""
+    parts = []
+    if series["nodes"].nunique() == 1 and series["ranks_per_node"].nunique() == 1:
+        nodes, ranks = series["nodes"].iloc[0], series["ranks_per_node"].iloc[0]
+        parts.append(f"{_count(nodes, 'node')} × {_count(ranks, 'rank')}")
+    for axis in ("model", "cc"):
+        if series[axis].nunique() == 1:
+            parts.append(str(series[axis].iloc[0]))
+    return ", ".join([*parts, "unshaped otherwise"])
+
+
+def _count(value: object, noun: str) -> str:
+    return f"{value} {noun}" if str(value) == "1" else f"{value} {noun}s"
+
+
+def _setup_label(row: pd.Series, varying: list[str]) -> str:
+    """A series' legend label: its strategy, then the setup axes that differ between series."""
+    extra = ", ".join(f"{axis}={row[axis]}" for axis in varying)
+    return f"{row['strategy']} ({extra})" if extra else str(row["strategy"])
+
+
+def _slowdown_series(slowdown: pd.DataFrame, axis: str) -> pd.DataFrame:
+    """Rows of the setups that vary ``axis`` alone: their ``axis`` cells and their unshaped
+    baseline, where a slowdown exists."""
+    rows = slowdown[slowdown["varied"].isin([axis, "baseline"]) & slowdown["slowdown_mean"].notna()]
+    moved = rows[rows["varied"] == axis][list(SETUP_AXES)].drop_duplicates()
+    return rows.merge(moved, on=list(SETUP_AXES), how="inner")
+
+
+@_styled
+def plot_slowdown(slowdown: pd.DataFrame, out_png: Path) -> Path:
+    """Draw :func:`slowdown_figure` to ``out_png``; see :func:`plot_study`."""
+    return _save(slowdown_figure(slowdown), out_png)
+
+
+@_styled
+def slowdown_figure(slowdown: pd.DataFrame) -> Figure:
+    """Slowdown against the bandwidth cap, the one-way delay and the loss, three panels side by
+    side, from :func:`~commscope.metrics.study.slowdown_table`.
+
+    A panel draws the setups that vary its axis alone (the other shaping axes unshaped), one
+    line per setup coloured by strategy, from the unshaped point (slowdown 1 on average: "no
+    cap" at the right of the cap panel, "0" at the left of the others; log x) through each
+    setting. Error bars are the 95 % interval over repeats where there are two or more. The
+    dashed line is 1× (as fast as unshaped); the y axis turns logarithmic when a panel spans
+    more than 10×. Titles say what is held fixed (once, above the panels, when they share it).
+    Jitter and settings that move several axes at once are in the table only. One legend for
+    the figure; a panel without such setups says so.
+    """
+    fig, axes = _new_figure(len(_SLOWDOWN_PANELS), width=5.0, height=4.4)
+    drawn = {
+        axis: _slowdown_series(slowdown, axis) if not slowdown.empty else slowdown
+        for axis, *_ in _SLOWDOWN_PANELS
+    }
+    every = pd.concat([d for d in drawn.values() if not d.empty] or [pd.DataFrame()])
+    # Setup axes besides the strategy that differ between drawn series go into the labels; a
+    # label keeps its colour (the strategy's, as in every figure) and marker in every panel.
+    varying = [
+        a for a in SETUP_AXES if a != "strategy" and not every.empty and every[a].nunique() > 1
+    ]
+    palette = _palette(slowdown["strategy"].astype(str)) if not slowdown.empty else {}
+    labels = sorted(set(every.apply(_setup_label, axis=1, varying=varying))) if len(every) else []
+    markers = dict(zip(labels, itertools.cycle(["o", "s", "^", "D", "v", "P", "X"]), strict=False))
+    held = {axis: _held_fixed(rows) for axis, rows in drawn.items() if not rows.empty}
+    shared = len(set(held.values())) == 1
+    handles: dict[str, object] = {}
+    for ax, (axis, col, xlabel, what, unshaped_label) in zip(axes, _SLOWDOWN_PANELS, strict=True):
+        rows = drawn[axis]
+        title = {"bw": "vs bandwidth cap", "delay": "vs one-way delay", "loss": "vs loss"}[axis]
+        ax.set_title(f"slowdown {title}" + ("" if shared or rows.empty else f"\n{held[axis]}"))
+        if rows.empty:
+            _no_data(ax, f"cells that vary the {what} alone")
+            continue
+        scale = 1e-6 if axis == "bw" else 1.0  # caps in Mbit/s
+        values = rows[col].astype("float64") * scale
+        shaped = values[rows["varied"] == axis]
+        # The unshaped point gets a place on the log axis beyond the shaped ones (a factor, not a
+        # sum) and its own tick label: right of the largest cap, left of the smallest delay/loss.
+        edge = float(shaped.max() if axis == "bw" else shaped.min())
+        unshaped_x = edge * 4 if axis == "bw" else edge / 4
+        rows = rows.assign(x=values.where(rows["varied"] == axis, unshaped_x))
+        rows = rows.assign(label=rows.apply(_setup_label, axis=1, varying=varying))
+        for label, sub in rows.groupby("label", sort=True):
+            sub = sub.sort_values("x")
+            mean = sub["slowdown_mean"]
+            handles[str(label)] = ax.errorbar(
+                sub["x"],
+                mean,
+                yerr=[
+                    (mean - sub["slowdown_ci_low"]).fillna(0.0),
+                    (sub["slowdown_ci_high"] - mean).fillna(0.0),
+                ],
+                label=label,
+                color=palette[str(sub["strategy"].iloc[0])],
+                marker=markers[str(label)],
+                capsize=3,
+                linewidth=1.3,
+            )
+        ax.axhline(1.0, color="0.4", ls="--", lw=0.9)
+        ax.set_xscale("log")
+        ticks = sorted(set(shaped.tolist()))
+        ax.set_xticks([*ticks, unshaped_x], [*(f"{t:g}" for t in ticks), unshaped_label])
+        ax.xaxis.set_minor_formatter(FuncFormatter(lambda *_: ""))
+        ax.axvline(math.sqrt(edge * unshaped_x), color="0.7", ls=":", lw=0.8)
+        top = float(rows[["slowdown_mean", "slowdown_ci_high"]].max().max())
+        bottom = float(rows[["slowdown_mean", "slowdown_ci_low"]].min().min())
+        if bottom > 0 and top / bottom > 10:
+            ax.set_yscale("log")
+            ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+            ax.yaxis.set_minor_formatter(FuncFormatter(lambda *_: ""))
+        else:
+            ax.set_ylim(bottom=0, top=max(top, 1.0) * 1.08)
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _pos: f"{y:g}×"))
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("slowdown (step time / unshaped)")
+    if shared:
+        fig.suptitle(next(iter(held.values())))
+    if handles:
+        fig.legend(
+            [handles[label] for label in sorted(handles)],
+            sorted(handles),
+            title="strategy",
+            # Below the panels: right of them it would cover the last panel's long title.
+            loc="outside lower center",
+            ncols=min(len(handles), 5),
+            fontsize="small",
+        )
+    return fig
