@@ -7,6 +7,8 @@ rule report:
         summary=f"results/aggregate/{table_file('summary')}",
         crosscheck=f"results/aggregate/{table_file('crosscheck')}",
         matrix_check=f"results/aggregate/{table_file('matrix_check')}",
+        # The sensitivity section's table (the aggregate job's; its figure is among figures).
+        slowdown=f"results/aggregate/{table_file('slowdown')}",
         figures=rules.study_figures.output,
         learning=rules.learning.output.figures,
         learning_tables=[rules.learning.output.loss, rules.learning.output.routing],

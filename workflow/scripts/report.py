@@ -20,6 +20,7 @@ with log_to(snakemake.log[0]):
         out_html=Path(snakemake.output[0]),
         template=Path(snakemake.input.template),
         captions=Path(snakemake.input.captions),
+        slowdown=Path(snakemake.input.slowdown),
         tables=study_tables(
             crosscheck=Path(snakemake.input.crosscheck),
             matrix_check=Path(snakemake.input.matrix_check),

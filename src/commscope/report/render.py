@@ -21,9 +21,19 @@ import pandas as pd
 import yaml
 
 import commscope
-from commscope.report.sections import cells_rows, strategy_rows
+from commscope.metrics.study import slowdown_table
+from commscope.report.sections import (
+    SENSITIVITY_INTRO,
+    cells_rows,
+    sensitivity_sentences,
+    sensitivity_table,
+    strategy_rows,
+)
 
 DEFAULT_TITLE = "commscope: what parallelism strategies do to the network"
+# The study figure shown in the sensitivity section rather than among the other figures
+# (commscope.plots.study.plot_slowdown).
+SLOWDOWN_FIGURE = "slowdown"
 
 _VERSION_PACKAGES = ("torch", "snakemake", "pandas", "numpy", "pyarrow", "matplotlib", "seaborn")
 
@@ -99,15 +109,34 @@ def _figure_entries(study_figures: Sequence[Path], captions: dict) -> list[dict[
 
 def _extra_tables(tables: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The ``tables`` sections as title, intro, header and rows of text."""
-    return [
-        {
-            "title": t["title"],
-            "intro": t.get("intro", ""),
-            "header": list(map(str, t["frame"].columns)),
-            "rows": [[_cell_text(v) for v in row] for row in t["frame"].itertuples(index=False)],
-        }
-        for t in tables
-    ]
+    sections = []
+    for t in tables:
+        header, rows = _frame_rows(t["frame"])
+        sections.append(
+            {"title": t["title"], "intro": t.get("intro", ""), "header": header, "rows": rows}
+        )
+    return sections
+
+
+def _frame_rows(frame: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    """Header and text rows of a table shown as is."""
+    header = list(map(str, frame.columns))
+    return header, [[_cell_text(v) for v in row] for row in frame.itertuples(index=False)]
+
+
+def _sensitivity(
+    summary: pd.DataFrame, slowdown: pd.DataFrame, figure: dict[str, str] | None
+) -> dict[str, Any]:
+    """The "Sensitivity to the link" section: how to read it, the slowdown figure, the compact
+    strategy x setting table and the sentences computed from the data."""
+    header, rows = _frame_rows(sensitivity_table(slowdown))
+    return {
+        "intro": SENSITIVITY_INTRO,
+        "figure": figure,
+        "header": header,
+        "rows": rows,
+        "sentences": sensitivity_sentences(slowdown, summary),
+    }
 
 
 def render_report(
@@ -121,18 +150,22 @@ def render_report(
     captions: Path | None = None,
     title: str = DEFAULT_TITLE,
     tables: list[dict[str, Any]] | None = None,
+    slowdown: Path | None = None,
 ) -> None:
     """Write the study report to ``out_html`` as one self-contained HTML file.
 
     ``summary`` is the study's aggregated ``summary.parquet``, ``template`` the Jinja2 template
     file (``report/templates/report.html.j2``; it may include others next to it), ``captions``
     the figure captions (``report/captions.yaml``, keyed by figure file stem).
-    Sections: what was run (one row per cell), a summary per strategy, the study figures with
-    captions saying how to read them, per-cell throughput figures (``cell_figures`` maps cell id
-    to PNG; collapsible), the full config as YAML, and the software versions. ``tables`` adds
-    sections after the summary, each a dict with ``title``, ``intro`` (text) and ``frame`` (a
-    DataFrame shown as is). Images are embedded as base64 data URIs and the CSS is inline, so
-    the file references nothing outside itself.
+    Sections: what was run (one row per cell, with its link engine), a summary per strategy,
+    the sensitivity to the link (``slowdown``, the aggregate's ``slowdown.parquet``, or the
+    same table derived from ``summary`` when not given; the study figure ``slowdown.png``
+    appears there), the study figures with captions saying how to read them, per-cell
+    throughput figures (``cell_figures`` maps cell id to PNG; collapsible), the full config as
+    YAML, and the software versions. ``tables`` adds sections after the sensitivity, each a
+    dict with ``title``, ``intro`` (text) and ``frame`` (a DataFrame shown as is). Images are
+    embedded as base64 data URIs and the CSS is inline, so the file references nothing outside
+    itself.
     """
     template = Path(template)
     if not template.is_file():
@@ -141,6 +174,14 @@ def render_report(
     summary_table = pd.read_parquet(summary)
     cells_header, cell_rows = cells_rows(summary_table)
     strategy_header, strat_rows = strategy_rows(summary_table)
+    slowdown_frame = (
+        pd.read_parquet(slowdown) if slowdown is not None else slowdown_table(summary_table)
+    )
+    figures = _figure_entries(study_figures, caption_map)
+    stems = [Path(png).stem for png in study_figures]
+    slowdown_figure = (
+        figures.pop(stems.index(SLOWDOWN_FIGURE)) if SLOWDOWN_FIGURE in stems else None
+    )
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(template.parent)),
         autoescape=True,
@@ -155,7 +196,8 @@ def render_report(
         strategy_header=strategy_header,
         strategy_rows=strat_rows,
         unresolved_cells=_unresolved_cells(summary_table),
-        figures=_figure_entries(study_figures, caption_map),
+        sensitivity=_sensitivity(summary_table, slowdown_frame, slowdown_figure),
+        figures=figures,
         cell_figures=[
             {"cell": cell, "uri": _data_uri(png)} for cell, png in sorted(cell_figures.items())
         ],
