@@ -80,7 +80,7 @@ def test_apply_script_order() -> None:
         "iptables -t mangle -S PREROUTING",  # the removal of an earlier run's pieces
         "nft -f -",
         "-m commscope.node.delayer build",
-        "--delay-us 10000 --jitter-us 2000 --seed 7 --pidfile \"$pidfile\"",
+        '--delay-us 10000 --jitter-us 2000 --seed 7 --pidfile "$pidfile"',
         "grep -q '^ready' /w/link/delayer.log ||",
         "iptables -t mangle -A PREROUTING -i exp0",
     ]

@@ -260,6 +260,8 @@ def _cell_meta(
         "captures": run_meta.get("captures"),
         "clock": run_meta.get("clock"),
         "links": run_meta.get("links"),
+        # Which engine applied delay/jitter/loss, and its record (delayer lateness, drops).
+        "link_engine": run_meta.get("link_engine"),
     }
 
 
