@@ -21,9 +21,7 @@ implementation ran.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -31,6 +29,9 @@ import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from commscope.node.native import BuildError, build_c_program
+from commscope.node.native import default_cache_dir as default_cache_dir  # callers import it here
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -113,44 +114,15 @@ SOURCE = Path(__file__).with_name("sampler.c")
 _RECORD_FIELDS = 5
 
 
-def default_cache_dir() -> Path:
-    """The per-user build cache of the node programs ($XDG_CACHE_HOME/commscope)."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "commscope"
-
-
 def native_binary(cache_dir: Path | None = None, source: Path = SOURCE) -> Path | None:
-    """Path of the compiled C sampler, built on first use; None (and why, on stderr) if this
-    machine cannot build it. The file name carries a hash of the source, so an edited source
-    is rebuilt; the build goes to a temporary name renamed into place, so nodes sharing the
-    cache directory never run a half-written binary."""
-    if not source.exists():
-        print(f"commscope.node.sampler: {source} missing", file=sys.stderr)
-        return None
-    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
-    cache = cache_dir if cache_dir is not None else default_cache_dir()
-    binary = cache / f"commscope-sampler-{digest}"
-    if os.access(binary, os.X_OK):
-        return binary
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        print("commscope.node.sampler: no C compiler (cc, gcc)", file=sys.stderr)
-        return None
+    """Path of the compiled C sampler, built on first use (:func:`commscope.node.native.
+    build_c_program`: cached by source hash, renamed into place); None (and why, on stderr) if
+    this machine cannot build it."""
     try:
-        cache.mkdir(parents=True, exist_ok=True)
-        tmp = binary.with_name(f"{binary.name}.{os.getpid()}.tmp")
-        build = subprocess.run(
-            [cc, "-O2", "-o", str(tmp), str(source)], capture_output=True, text=True, timeout=120
-        )
-        if build.returncode != 0:
-            print(f"commscope.node.sampler: {cc} failed:\n{build.stderr}", file=sys.stderr)
-            tmp.unlink(missing_ok=True)
-            return None
-        tmp.rename(binary)
-    except (OSError, subprocess.SubprocessError) as err:
+        return build_c_program(source, "sampler", cache_dir)
+    except BuildError as err:
         print(f"commscope.node.sampler: cannot build the C sampler: {err}", file=sys.stderr)
         return None
-    return binary
 
 
 def sample_native(
