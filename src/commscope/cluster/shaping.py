@@ -476,15 +476,23 @@ def shaped(
     def state(h: Host) -> tuple[str, str, list[str]]:
         return qdisc_snapshot(h), congestion_control(h), impairment_leftovers(h)
 
+    def clean_state(h: Host) -> tuple[str, str, list[str]]:
+        snap, cc, left = state(h)
+        if left:
+            # A crashed run's delay or loss would silently impair this cell: remove it first
+            # (the qdiscs such a run left are replaced by the apply below anyway).
+            log.warning("%s has a link engine left by an earlier run: %s", h.name, "; ".join(left))
+            remove_shape(h)
+            snap, cc, left = state(h)
+        return snap, cc, left
+
     # Per-node steps run concurrently (on_all): each is an SSH round trip.
-    before = {h.name: st for h, st in zip(hosts, on_all(hosts, state), strict=True)}
+    before = {h.name: st for h, st in zip(hosts, on_all(hosts, clean_state), strict=True)}
     for name, (snap, _, left) in before.items():
         if any(not line.endswith(": default") for line in snap.splitlines()):
             log.warning("%s already has non-default qdiscs before shaping:\n%s", name, snap)
         if left:
-            # A crashed run's delay or loss would silently impair this cell: applying clears it
-            # (apply_script starts with the removal), and a cell without impairments unshapes.
-            log.warning("%s has a link engine left by an earlier run: %s", name, "; ".join(left))
+            raise ShapingError(f"{name}: cannot remove an earlier run's link engine: {left}")
     index = {h.name: i for i, h in enumerate(hosts)}
     try:
         on_all(hosts, lambda h: apply_shape(h, shape, engine, seed + index[h.name]))
