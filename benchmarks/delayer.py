@@ -14,6 +14,8 @@ SIGTERM: the order the shaping code uses). Four parts, each printed as a table:
 (c) capacity: a TCP transfer (iperf3, 5 s) through one delayer (D = 1 ms) vs none: goodput,
     packets per second through the delayer, its CPU share, lateness, spin, ENOBUFS, and the
     packets that went through undelayed (missed, overflow).
+(ping) where iputils ping is installed, the same check with it: ping -U with both directions
+    delayed, plain ping (kernel receive stamp) with one.
 (d) TCP under a cap: tbf 50 Mbit/s on each side's egress + 20 ms delay on each side's ingress,
     iperf3 -t 10: goodput vs the ceiling 50 x 1448 / 1514 = 47.8 Mbit/s, retransmits.
 
@@ -28,6 +30,7 @@ import json
 import math
 import os
 import select
+import shutil
 import signal
 import statistics
 import subprocess
@@ -250,6 +253,29 @@ def part_a(
     return rows
 
 
+def ping(count: int = 100, user: bool = True) -> dict:
+    """iputils ping csdba -> csdbb, 10 ms apart: its min/avg/max/mdev in ms. ``user``: -U."""
+    flags = ["-U"] if user else []
+    out = _run(*_ns("csdba"), "ping", *flags, "-q", "-c", str(count), "-i", "0.01", ADDR["csdbb"])
+    summary = out.strip().splitlines()[-1].split("=")[1].split()[0]
+    return dict(zip(("min", "avg", "max", "mdev"), map(float, summary.split("/")), strict=True))
+
+
+def part_ping(program: Path, tmp: Path, delays_ms: list[float]) -> list[dict]:
+    """The cross-check with iputils ping where it is installed: -U with both directions
+    delayed, and plain ping (kernel receive stamp) with only csdbb's ingress delayed."""
+    rows = [{"D_ms": 0, "both_U": ping(), "one_kernel": ping(user=False)}]
+    for d_ms in delays_ms:
+        with ExitStack() as stack:
+            for ns in NS:
+                stack.enter_context(delaying(program, tmp, ns, round(d_ms * 1000)))
+            both = ping()
+        with delaying(program, tmp, "csdbb", round(d_ms * 1000)):
+            one = ping(user=False)
+        rows.append({"D_ms": d_ms, "both_U": both, "one_kernel": one})
+    return rows
+
+
 def part_b(program: Path, tmp: Path, count: int) -> dict:
     d_us, j_us = 10_000, 2_000
     with ExitStack() as stack:
@@ -367,6 +393,19 @@ def _print_tables(result: dict) -> None:
     _print_a(result["a1"])
     print("\n(a) delay on both directions, UDP RTT timed in user space (ping -U)")
     _print_a(result["a"])
+    if "ping" in result:
+        base = result["ping"][0]
+        print("\n(ping) iputils ping, 100 x 10 ms apart: added avg vs configured, mdev")
+        print(f"{'D ms':>6} {'-U both ways':>13} {'err us':>7} {'mdev':>6}", end="")
+        print(f" {'one way':>9} {'err us':>7} {'mdev':>6}")
+        for r in result["ping"][1:]:
+            both = r["both_U"]["avg"] - base["both_U"]["avg"]
+            one = r["one_kernel"]["avg"] - base["one_kernel"]["avg"]
+            print(
+                f"{r['D_ms']:6g} {both:13.3f} {(both - 2 * r['D_ms']) * 1000:7.0f}"
+                f" {r['both_U']['mdev']:6.3f} {one:9.3f} {(one - r['D_ms']) * 1000:7.0f}"
+                f" {r['one_kernel']['mdev']:6.3f}"
+            )
     b = result["b"]
     print(f"\n(b) jitter: D {b['D_ms']} ms +- {b['J_ms']} ms uniform, both directions")
     print(f"  RTT mean {b['mean_ms']:.3f} ms, std {b['std_ms']:.3f} ms", end="")
@@ -430,6 +469,8 @@ def main() -> None:
             "c": lambda: part_c(program, Path(tmp), 5),
             "d": lambda: part_d(program, Path(tmp), 10),
         }
+        if shutil.which("ping"):
+            parts["ping"] = lambda: part_ping(program, Path(tmp), delays)
         result["steal_s"] = {}
         for name, part in parts.items():
             steal = steal_seconds()
