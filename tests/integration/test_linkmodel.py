@@ -284,3 +284,15 @@ def test_dirty_engine_is_detected(hosts: list[Host], monkeypatch: pytest.MonkeyP
         monkeypatch.undo()
         remove_shape(hosts[0])
     _clean(hosts)
+
+
+def test_a_delayer_that_dies_fails_the_cell(hosts: list[Host]) -> None:
+    """A delayer killed during the cell leaves the delay silently off (--queue-bypass): the
+    cell must not pass as delayed."""
+    _needs_nfqueue(hosts)
+    node0 = hosts[0]
+    paths = impair.NodePaths(node0.spec.workdir)
+    died = pytest.raises(ShapingError, match="node0: the delayer left no statistics")
+    with died, shaped(hosts, LinkShape.parse("none", "2ms")):
+        node0.run(f"pkill -KILL -f {paths.pattern}")
+    _clean(hosts)

@@ -494,8 +494,10 @@ def shaped(
         if left:
             raise ShapingError(f"{name}: cannot remove an earlier run's link engine: {left}")
     index = {h.name: i for i, h in enumerate(hosts)}
+    applied = False
     try:
         on_all(hosts, lambda h: apply_shape(h, shape, engine, seed + index[h.name]))
+        applied = True
         yield record
     finally:
 
@@ -508,6 +510,19 @@ def shaped(
             left = removed.pop("leftovers")
             if removed:
                 record["nodes"][h.name] = removed
+            # --queue-bypass lets packets through undelayed once the delayer is gone: one that
+            # died during the cell (no exit statistics) took the delay with it.
+            delayed = (
+                applied
+                and record["engine"] == "nfqueue"
+                and bool(shape.delay_ms or shape.jitter_ms)
+            )
+            if delayed and "delayer" not in removed:
+                return (
+                    f"{h.name}: the delayer left no statistics: it died during the cell, "
+                    f"and its packets passed undelayed from then on (see "
+                    f"{impair.NodePaths(h.spec.workdir).log})"
+                )
             try:
                 after, cc_after = qdisc_snapshot(h), congestion_control(h)
             except Exception as exc:
