@@ -71,6 +71,12 @@ def test_delay_rule_add_and_delete_match() -> None:
     assert "-i exp0 -m comment --comment commscope-delay" in add
 
 
+def _in_order(script: str, steps: list[str]) -> bool:
+    """Whether every step occurs in ``script``, each after the one before."""
+    positions = [script.index(step) for step in steps]
+    return positions == sorted(positions)
+
+
 def test_apply_script_order() -> None:
     """Leftovers removed first; the delayer is ready before the rule sends it packets."""
     paths = NodePaths("/w")
@@ -84,8 +90,7 @@ def test_apply_script_order() -> None:
         "grep -q '^ready' /w/link/delayer.log ||",
         "iptables -t mangle -A PREROUTING -i exp0",
     ]
-    positions = [script.index(step) for step in steps]
-    assert positions == sorted(positions)
+    assert _in_order(script, steps)
     # The script must not match the pattern its own removal step kills the delayer by.
     assert "--pidfile /w/link/delayer.pid" not in script
     loss_only = apply_script("exp0", paths, LinkShape.parse("none", loss="1%"), "/py", "", 0)
@@ -106,8 +111,7 @@ def test_remove_script_order_and_sudo() -> None:
         "sudo -n rm -f /w/link/delayer.pid /w/link/delayer.json",
         "@@left",
     ]
-    positions = [script.index(step) for step in steps]
-    assert positions == sorted(positions)
+    assert _in_order(script, steps)
     assert script.endswith("\ntrue")  # removal never fails the round trip
 
 
