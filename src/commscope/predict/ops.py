@@ -46,6 +46,7 @@ from commscope.predict.frameworks import (
     fsdp_units,
 )
 from commscope.predict.options import PredictOptions
+from commscope.predict.roles import RoleOps, build_roles
 from commscope.predict.schedule import schedule_actions
 from commscope.predict.shapes import Param, gpt_params, grad_ready_order, moe_params, vision_model
 from commscope.spec.models import VISION_KINDS, expert_capacity, is_moe_block, model_config
@@ -540,6 +541,44 @@ def resolve_plan(
     return ParallelPlan.from_dict(spec).resolve(world)
 
 
+def predict_step(
+    model_spec: dict[str, Any],
+    plan_spec: dict[str, Any] | ParallelPlan,
+    nodes: int,
+    ranks_per_node: int,
+    dtype_bytes: int = 4,
+    options: PredictOptions | None = None,
+    backend: str = DEFAULT_BACKEND,
+) -> RoleOps:
+    """Every communication op of one steady-state step, held one template per role
+    (:mod:`commscope.predict.roles`): :meth:`~commscope.predict.roles.RoleOps.frame` is
+    :func:`predict_ops`' table, and its traffic, matrices and summaries come without building
+    that table (what ``commscope predict`` does at thousands of GPUs)."""
+    o = (options or PredictOptions()).resolve()
+    kind = model_spec.get("kind", "gpt")
+    world = nodes * ranks_per_node
+    plan = resolve_plan(model_spec, plan_spec, world)
+    cfg = model_config(model_spec)
+    if o.framework == "megatron" and kind != "gpt":
+        raise ValueError("framework megatron models GPT under PTD-P only (model kind gpt)")
+    ctx = _Ctx(kind, cfg, plan, o, nodes, ranks_per_node, dtype_bytes)
+    gen: Callable[[_Ctx, int], tuple[list[tuple], float]] = (
+        _vision_rank if kind in VISION_KINDS else _moe_rank if kind == "moe" else _gpt_rank
+    )
+    meta = {
+        "kind": kind,
+        "plan": asdict(plan),
+        "options": asdict(o),
+        "nodes": nodes,
+        "ranks_per_node": ranks_per_node,
+        "dtype_bytes": dtype_bytes,
+        "microbatches": plan.microbatches if plan.pp > 1 else 1,
+        "flops": {},  # per rank, filled by each table (its ranks only)
+        "backend": backend,
+    }
+    return build_roles(plan, world, ranks_per_node, lambda r: gen(ctx, r), PRED_COLUMNS, meta)
+
+
 def predict_ops(
     model_spec: dict[str, Any],
     plan_spec: dict[str, Any] | ParallelPlan,
@@ -560,34 +599,7 @@ def predict_ops(
     :mod:`commscope.predict.timing` needs: the plan, micro-batches and FLOPs per rank, and the
     ``backend`` whose algorithms put the ops on the wire (NCCL for GPU clusters; ``gloo`` for
     the CPU cells measured here), which the sent bytes and matrices of a prediction follow.
+    One rank per role is emulated and relabelled onto the others (:func:`predict_step`).
     """
-    o = (options or PredictOptions()).resolve()
-    kind = model_spec.get("kind", "gpt")
-    world = nodes * ranks_per_node
-    plan = resolve_plan(model_spec, plan_spec, world)
-    cfg = model_config(model_spec)
-    if o.framework == "megatron" and kind != "gpt":
-        raise ValueError("framework megatron models GPT under PTD-P only (model kind gpt)")
-    ctx = _Ctx(kind, cfg, plan, o, nodes, ranks_per_node, dtype_bytes)
-    gen: Callable[[_Ctx, int], tuple[list[tuple], float]] = (
-        _vision_rank if kind in VISION_KINDS else _moe_rank if kind == "moe" else _gpt_rank
-    )
-    wanted = sorted(set(ranks)) if ranks is not None else range(world)
-    rows: list[tuple] = []
-    flops: dict[int, float] = {}
-    for r in wanted:
-        r_rows, flops[r] = gen(ctx, r)
-        rows += r_rows
-    pred = pd.DataFrame(rows, columns=PRED_COLUMNS)
-    pred.attrs["predict"] = {
-        "kind": kind,
-        "plan": asdict(plan),
-        "options": asdict(o),
-        "nodes": nodes,
-        "ranks_per_node": ranks_per_node,
-        "dtype_bytes": dtype_bytes,
-        "microbatches": plan.microbatches if plan.pp > 1 else 1,
-        "flops": flops,
-        "backend": backend,
-    }
-    return pred
+    step = predict_step(model_spec, plan_spec, nodes, ranks_per_node, dtype_bytes, options, backend)
+    return step.frame(ranks)

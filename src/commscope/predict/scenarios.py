@@ -33,16 +33,20 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
+from commscope.collectives.traffic import DEFAULT_BACKEND
 from commscope.contracts import SCENARIO_FILES, with_params
 from commscope.predict.compare import summarize
-from commscope.predict.matrix import node_matrix, rank_matrix
-from commscope.predict.ops import TRAFFIC_TYPES, predict_ops
+from commscope.predict.matrix import node_grid, step_rank_matrix
+from commscope.predict.ops import TRAFFIC_TYPES, predict_step
 from commscope.predict.options import PredictOptions
+from commscope.predict.roles import RoleOps
 from commscope.spec.plan import ParallelPlan
 
 # Seed 002 §4 (GPT under PTD-P): (l, h, s) = (48, 1600, 1024) and (54, 2000, 1024), micro-batch
@@ -55,6 +59,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     "gpt-3b": dict(layers=54, hidden=2000, heads=20, seq=1024, vocab=50257, batch=256),
 }
 PRESET_MICROBATCHES = 8
+# Seed 002 §5.1: "mixed-precision training, utilizing 16-bit precision for model parameters,
+# activations, and gradients": a preset's messages are fp16 unless the scenario says otherwise.
+PRESET_DTYPE_BYTES = 2
 PLAN_KEYS = (
     "pp",
     "tp",
@@ -92,7 +99,7 @@ SCENARIO_DEFAULTS: dict[str, Any] = {
     "recompute": None,  # None: the framework's default (megatron: on)
     "vocab_parallel": None,
     "tied_embeddings": None,
-    "dtype_bytes": 2,  # fp16/bf16 training
+    "dtype_bytes": PRESET_DTYPE_BYTES,  # fp16/bf16 training, as seed 002
 }
 # The scenario's parameters repeated in every table it writes (not the sweep cells'
 # contracts.PARAM_COLUMNS: a scenario is no cell).
@@ -240,16 +247,24 @@ def resolve_scenario(spec: dict[str, Any], name: str = "") -> Scenario:
 
 @dataclass
 class ScenarioPrediction:
-    """One scenario's predicted step: ops, per-rank traffic and matrices (see the module
-    docstring for the columns), and how long the prediction took."""
+    """One scenario's predicted step: per-rank traffic and matrices (see the module docstring
+    for the columns), the ops (built on first use of :attr:`ops`: at thousands of GPUs the
+    table has millions of rows that the other tables do not need), how long the prediction
+    took (``seconds``) and where that time went (``phases``: plan, roles, tables)."""
 
     scenario: Scenario
-    ops: pd.DataFrame
+    step: RoleOps
     traffic: pd.DataFrame
     node_matrix: pd.DataFrame
     rank_matrix: pd.DataFrame
     seconds: float
     meta: dict[str, Any] = field(default_factory=dict)
+    phases: dict[str, float] = field(default_factory=dict)
+
+    @cached_property
+    def ops(self) -> pd.DataFrame:
+        """Every rank's ops (:func:`commscope.predict.ops.predict_ops`' table)."""
+        return self.step.frame()
 
     def per_node(self) -> pd.DataFrame:
         """Per node and traffic type: the traffic table summed over the node's ranks."""
@@ -271,20 +286,48 @@ def _sum_traffic(traffic: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     return out[[*params, *keys, *cols]]
 
 
+def step_summary(step: RoleOps) -> pd.DataFrame:
+    """:func:`commscope.predict.compare.summarize` of ``step.frame()``, from one rank per
+    group of ranks whose summaries agree (:meth:`RoleOps.sent_classes`), repeated onto the
+    others.
+
+    The representatives are summarized together, in one table: pandas sums a group with
+    ``np.add.reduceat`` when the rows are already in group order and with its compensated
+    loop when they are not, and a table of one rank of every role is in group order exactly
+    when the whole step's is, so each float comes out as the whole table's would.
+    """
+    classes = step.sent_classes(step.meta.get("backend") or DEFAULT_BACKEND)
+    firsts = [int(ranks[0]) for ranks in classes]
+    reps = summarize(step.frame(firsts))
+    if reps.empty:
+        return reps
+    at = {r: np.flatnonzero(reps["rank"].to_numpy() == r) for r in firsts}
+    rows = np.concatenate([np.tile(at[int(c[0])], len(c)) for c in classes])
+    ranks = np.concatenate([np.repeat(c, len(at[int(c[0])])) for c in classes])
+    out = reps.iloc[rows].reset_index(drop=True)
+    out["rank"] = ranks
+    out["node"] = ranks // step.ranks_per_node
+    # summarize's order: rank, node, then traffic (each rank's rows are in traffic order).
+    return out.sort_values("rank", kind="stable").reset_index(drop=True)
+
+
 def predict_scenario(spec: dict[str, Any], name: str = "") -> ScenarioPrediction:
     """Predict one scenario (a spec as in :data:`SCENARIO_DEFAULTS`) on every rank.
 
     ``traffic`` has one row per rank and traffic type the rank takes part in;
     ``intra_node_bytes + inter_node_bytes == sent_bytes`` on every row, and the node matrix
-    sums to the job's ``sent_bytes``. Pure arithmetic: GPT-3B on 32 GPUs takes well under a
-    second.
+    sums to the job's ``sent_bytes``. Pure arithmetic over one emulated rank per role
+    (:mod:`commscope.predict.roles`): GPT-3B takes well under a second on 32 GPUs and seconds
+    on 16,384 (benchmarks/predict.py).
     """
     t0 = time.perf_counter()
     sc = resolve_scenario(spec, name)
-    ops = predict_ops(sc.model, sc.plan, sc.nodes, sc.gpus_per_node, sc.dtype_bytes, sc.options)
+    t_plan = time.perf_counter()
+    step = predict_step(sc.model, sc.plan, sc.nodes, sc.gpus_per_node, sc.dtype_bytes, sc.options)
+    t_roles = time.perf_counter()
     params = sc.params()
-    ranks = rank_matrix(ops)
-    summary = summarize(ops)
+    ranks = step_rank_matrix(step)
+    summary = step_summary(step)
     # The ring model's transmitted bytes of each (rank, traffic), by where they go.
     local = ranks["src_node"] == ranks["dst_node"]
     split = (
@@ -303,7 +346,7 @@ def predict_scenario(spec: dict[str, Any], name: str = "") -> ScenarioPrediction
     traffic = traffic.sort_values(["rank", "traffic"]).reset_index(drop=True)
     traffic["traffic"] = traffic["traffic"].astype(str)
     traffic = with_params(params, traffic)[TRAFFIC_COLUMNS]
-    nodes = with_params(params, node_matrix(ops, by_traffic=True))
+    nodes = with_params(params, node_grid(ranks, sc.nodes, by=["traffic"]))
     ranks = with_params(params, ranks)
     meta = {
         "scenario": name,
@@ -314,11 +357,13 @@ def predict_scenario(spec: dict[str, Any], name: str = "") -> ScenarioPrediction
         "nodes": sc.nodes,
         "gpus_per_node": sc.gpus_per_node,
         "dtype_bytes": sc.dtype_bytes,
-        "ops": len(ops),
+        "ops": step.n_ops(),
     }
-    seconds = time.perf_counter() - t0
+    t_end = time.perf_counter()
+    seconds = t_end - t0
     meta["predict_seconds"] = seconds
-    return ScenarioPrediction(sc, ops, traffic, nodes, ranks, seconds, meta)
+    phases = {"plan": t_plan - t0, "roles": t_roles - t_plan, "tables": t_end - t_roles}
+    return ScenarioPrediction(sc, step, traffic, nodes, ranks, seconds, meta, phases)
 
 
 def traffic_table(traffic: pd.DataFrame, seconds: float | None = None) -> pd.DataFrame:
@@ -403,7 +448,7 @@ def run_scenario(name: str, spec: dict[str, Any], out: Path | ScenarioFiles) -> 
         sc.plan.mapping,
         sc.nodes,
         sc.gpus_per_node,
-        len(pred.ops),
+        pred.meta["ops"],
         pred.seconds,
     )
     return pred
