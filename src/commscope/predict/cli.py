@@ -3,20 +3,27 @@
 Examples::
 
     # Seed 002's GPT-3B on 32 GPUs, (p, t, d) = (4, 2, 4), DeepSpeed's default mapping
+    # (a preset trains in fp16, as the paper: --dtype-bytes 4 for fp32)
     commscope predict --preset gpt-3b --pp 4 --tp 2 --dp 4 --gpus-per-node 8 \\
-        --mapping pp-dp-tp --framework megatron --dtype-bytes 2 --rank 0
+        --mapping pp-dp-tp --framework megatron --rank 0
     # ... and its customized mapping (DP across nodes), tables and heatmap written to a folder
     commscope predict --preset gpt-3b --pp 4 --tp 2 --dp 4 --mapping dp-pp-tp \\
-        --framework megatron --dtype-bytes 2 --out results/predictions/gpt-3b-custom
+        --framework megatron --out results/predictions/gpt-3b-custom
+    # 16,384 GPUs: the node x node matrix is summarized (top pairs, inside vs across nodes)
+    commscope predict --preset gpt-3b --pp 4 --tp 2 --dp 2048 --framework megatron
     # a named scenario of a study config's ``predictions:``
     commscope predict --config config/config.yaml --scenario gpt-3b-32gpu-default
     # a cell of a study config, as commscope's trainer would run it
     commscope predict --config config/config.yaml --cell-index 3
 
 Nothing is launched: the prediction is pure arithmetic over the plan (see
-:mod:`commscope.predict.ops`), so clusters far larger than any we have take seconds. The
-flags make a scenario (:mod:`commscope.predict.scenarios`); ``--out`` writes the same files as
-the workflow's ``predict_scenario`` and ``scenario_heatmap`` rules, plus the ops.
+:mod:`commscope.predict.ops`; one rank per role is emulated, :mod:`commscope.predict.roles`), so
+clusters far larger than any we have take seconds. The flags make a scenario
+(:mod:`commscope.predict.scenarios`). The terminal gets one rank's traffic, the whole job per
+traffic type and the node x node matrix summarized: inside vs across nodes, the busiest node's
+egress and the ``--top`` node pairs (the whole grid too up to 8 nodes). ``--out`` writes the
+whole matrix and the same files as the workflow's ``predict_scenario`` and ``scenario_heatmap``
+rules, plus the ops.
 """
 
 from __future__ import annotations
@@ -32,7 +39,10 @@ import pandas as pd
 import yaml
 
 from commscope.config import cells_frame, load_config, strategy_spec
+from commscope.predict.matrix import node_matrix_summary
+from commscope.predict.ops import FP32_BYTES
 from commscope.predict.scenarios import (
+    PRESET_DTYPE_BYTES,
     PRESETS,
     ScenarioPrediction,
     predict_scenario,
@@ -42,6 +52,8 @@ from commscope.predict.timing import predict_step_time
 from commscope.units import fmt_bytes, si_byte_unit
 
 MODEL_KEYS = ("kind", "layers", "hidden", "heads", "seq", "vocab", "batch", "ffn_mult")
+# Up to this many nodes the terminal gets the whole node x node grid as well as its summary.
+GRID_MAX_NODES = 8
 
 
 def _bytes_text(n: float) -> str:
@@ -81,9 +93,18 @@ def build_parser() -> argparse.ArgumentParser:
     fw.add_argument("--framework", choices=("torch", "megatron"), default="torch")
     for flag in ("recompute", "vocab-parallel", "tied-embeddings"):
         fw.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=None)
-    fw.add_argument("--dtype-bytes", type=int, default=4, help="2 for fp16/bf16 training")
+    fw.add_argument(
+        "--dtype-bytes",
+        type=int,
+        help=f"bytes per element; default {PRESET_DTYPE_BYTES} (fp16, seed 002's precision) with "
+        f"a --preset, else {FP32_BYTES} (fp32, as commscope's trainer); with --scenario it "
+        "replaces the scenario's",
+    )
     out = p.add_argument_group("output")
     out.add_argument("--rank", type=int, default=0, help="rank whose traffic is printed")
+    out.add_argument(
+        "--top", type=int, default=10, help="node pairs listed, most bytes across nodes first"
+    )
     out.add_argument(
         "--out",
         type=Path,
@@ -98,13 +119,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _framework_spec(args: argparse.Namespace) -> dict[str, Any]:
+def _framework_spec(args: argparse.Namespace, default_dtype_bytes: int) -> dict[str, Any]:
     return {
         "framework": args.framework,
         "recompute": args.recompute,
         "vocab_parallel": args.vocab_parallel,
         "tied_embeddings": args.tied_embeddings,
-        "dtype_bytes": args.dtype_bytes,
+        "dtype_bytes": default_dtype_bytes if args.dtype_bytes is None else args.dtype_bytes,
     }
 
 
@@ -120,7 +141,10 @@ def scenario_spec(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
                 f"--scenario {args.scenario!r} is not in {args.config}'s predictions: "
                 f"{sorted(scenarios)}"
             )
-        return args.scenario, dict(scenarios[args.scenario])
+        spec = dict(scenarios[args.scenario])
+        if args.dtype_bytes is not None:
+            spec["dtype_bytes"] = args.dtype_bytes
+        return args.scenario, spec
     if args.config is not None:
         config = load_config(args.config)
         cells = cells_frame(config)
@@ -132,7 +156,7 @@ def scenario_spec(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
             **strategy_spec(config, cell["strategy"]),
             "nodes": int(cell["nodes"]),
             "gpus_per_node": int(cell["ranks_per_node"]),
-            **_framework_spec(args),
+            **_framework_spec(args, FP32_BYTES),  # the cells train in fp32
         }
     model: dict[str, Any] = json.loads(args.model_json.read_text()) if args.model_json else {}
     for key in MODEL_KEYS:
@@ -155,14 +179,15 @@ def scenario_spec(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
         "reshard_after_forward": not args.no_reshard_after_forward,
         "gpus_per_node": args.gpus_per_node,
         "nodes": args.nodes,
-        **_framework_spec(args),
+        # A preset is one of seed 002's setups: its precision (fp16) unless told otherwise.
+        **_framework_spec(args, PRESET_DTYPE_BYTES if args.preset else FP32_BYTES),
     }
     return args.preset or "cli", spec
 
 
 def _print_header(result: ScenarioPrediction) -> None:
     sc, plan = result.scenario, result.scenario.plan
-    meta = result.ops.attrs["predict"]
+    meta = result.step.meta
     print(
         f"model {json.dumps(sc.model)}\n"
         f"plan pp={plan.pp} tp={plan.tp} dp={plan.dp} ep={plan.ep} ({plan.dp_kind}) "
@@ -193,8 +218,8 @@ def _print_rank(result: ScenarioPrediction, rank: int) -> None:
     print(table.to_string(index=False))
 
 
-def _print_job(result: ScenarioPrediction) -> None:
-    """The whole job per traffic type, then the node x node matrix."""
+def _print_job(result: ScenarioPrediction, top: int) -> None:
+    """The whole job per traffic type, then the node x node matrix (:func:`_print_nodes`)."""
     job = result.table()
     print("\nwhole job, one step (sent = ring-model bytes on the links):")
     print(
@@ -210,12 +235,48 @@ def _print_job(result: ScenarioPrediction) -> None:
             }
         ).to_string(index=False)
     )
-    mat = result.node_matrix.pivot_table(
-        index="src_node", columns="dst_node", values="bytes", aggfunc="sum"
+    _print_nodes(result, top)
+
+
+def _print_nodes(result: ScenarioPrediction, top: int) -> None:
+    """The node x node matrix in a few lines: inside vs across nodes, the busiest egress, the
+    ``top`` pairs across nodes per traffic type; the whole grid too when it is small."""
+    nodes = result.scenario.nodes
+    summary = node_matrix_summary(result.node_matrix, top)
+    every = summary.split.set_index("traffic").loc["all"]
+    share = every["inter_node_share"]
+    print(
+        f"\nnode x node bytes sent per step: {nodes} nodes x {result.scenario.gpus_per_node} "
+        f"GPUs; {summary.pairs:,} of {nodes * (nodes - 1):,} ordered node pairs exchange "
+        f"bytes across the network\n  inside nodes {_bytes_text(every['intra_node_bytes'])}, "
+        f"across nodes {_bytes_text(every['inter_node_bytes'])}"
+        + (f" ({share:.2%} of the sent bytes)" if share == share else "")
     )
-    unit, scale = si_byte_unit(float(mat.to_numpy().max()) if mat.size else 0.0)
-    print(f"\nnode x node bytes sent per step, {unit} (row = source; diagonal: inside a node):")
-    print(mat.div(scale).round(3).to_string())
+    if summary.busiest_node >= 0:
+        print(
+            f"  busiest node across the network: node {summary.busiest_node} sends "
+            f"{_bytes_text(summary.busiest_egress)} to other nodes"
+        )
+        pairs = summary.top_pairs
+        kinds = [c for c in pairs.columns if c not in ("src_node", "dst_node", "all")]
+        table = pd.DataFrame(
+            {
+                "src node": pairs["src_node"],
+                "dst node": pairs["dst_node"],
+                "bytes": [_bytes_text(b) for b in pairs["all"]],
+                **{k: [_bytes_text(b) if b else "-" for b in pairs[k]] for k in kinds},
+            }
+        )
+        shown = "all" if len(pairs) == summary.pairs else f"top {len(pairs)}"
+        print(f"  node pairs across nodes, {shown} by bytes:")
+        print("  " + table.to_string(index=False).replace("\n", "\n  "))
+    if nodes <= GRID_MAX_NODES:
+        mat = result.node_matrix.pivot_table(
+            index="src_node", columns="dst_node", values="bytes", aggfunc="sum"
+        )
+        unit, scale = si_byte_unit(float(mat.to_numpy().max()) if mat.size else 0.0)
+        print(f"\nnode x node, {unit} (row = source; diagonal: inside a node):")
+        print(mat.div(scale).round(3).to_string())
 
 
 def _print_step_time(pred: pd.DataFrame, args: argparse.Namespace) -> None:
@@ -261,7 +322,7 @@ def main(argv: list[str] | None = None, draw_heatmap: HeatmapWriter | None = Non
         return 2
     _print_header(result)
     _print_rank(result, args.rank)
-    _print_job(result)
+    _print_job(result, args.top)
     if args.flops_per_s:
         _print_step_time(result.ops, args)
     if args.out is not None:
