@@ -59,9 +59,29 @@ def _save(fig: Figure, out_png: Path) -> Path:
 
 
 def _palette(names: Sequence[str]) -> dict[str, tuple]:
-    """Colour per name, assigned in sorted order so a strategy keeps its colour everywhere."""
+    """Colour per name, assigned in sorted order so a strategy keeps its colour everywhere.
+
+    The colour-blind palette has 10 colours and repeats after them (the default study has 12
+    strategies: DDP and TP were both blue), so names past the tenth get :data:`_MORE_COLOURS`,
+    which are unlike any of the ten, and only past the twentieth do colours repeat."""
     ordered = sorted({str(n) for n in names})
-    return dict(zip(ordered, sns.color_palette("colorblind", max(len(ordered), 1)), strict=False))
+    colours = [*sns.color_palette("colorblind", 10), *sns.color_palette(_MORE_COLOURS)]
+    return {name: colours[i % len(colours)] for i, name in enumerate(ordered)}
+
+
+# Ten more colours, each far from every colour of seaborn's colour-blind palette.
+_MORE_COLOURS = [
+    "#000000",
+    "#7a7a00",
+    "#000080",
+    "#800000",
+    "#008080",
+    "#ff00ff",
+    "#7fff00",
+    "#a0522d",
+    "#4b0082",
+    "#ffd700",
+]
 
 
 def _no_data(ax: Axes, what: str) -> None:
