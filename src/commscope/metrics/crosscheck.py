@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,8 @@ from commscope.collectives.traffic import (
     op_sends,
     protocol_bytes,
 )
-from commscope.contracts import table_file, with_params
+from commscope.contracts import WIRE_FLOW_COLUMNS, table_file, with_params
+from commscope.metrics._common import _op_sends, _shared
 from commscope.metrics.counters import wire_counts
 from commscope.metrics.sockets import retransmitted_bytes
 from commscope.metrics.window import check_window, ops_in_window
@@ -69,17 +71,24 @@ def framework_node_bytes(
     Columns: node, framework_tx_bytes, framework_rx_bytes, protocol_tx_bytes,
     protocol_rx_bytes.
     """
-    cols = [
-        "node",
-        "framework_tx_bytes",
-        "framework_rx_bytes",
-        "protocol_tx_bytes",
-        "protocol_rx_bytes",
-    ]
     if ops.empty:
-        return pd.DataFrame(columns=cols)
+        return pd.DataFrame(columns=_NODE_BYTES_COLUMNS)
     place = Placement.from_ops(ops, ranks_per_node)
-    sends = op_sends(ops, backend=backend, with_messages=True)
+    return _node_bytes(_op_sends(ops, backend, with_messages=True), place)
+
+
+_NODE_BYTES_COLUMNS = [
+    "node",
+    "framework_tx_bytes",
+    "framework_rx_bytes",
+    "protocol_tx_bytes",
+    "protocol_rx_bytes",
+]
+
+
+def _node_bytes(sends: pd.DataFrame, place: Placement) -> pd.DataFrame:
+    """:func:`framework_node_bytes` from the ops' transfers (``op_sends`` with messages)."""
+    cols = _NODE_BYTES_COLUMNS
     src = sends["rank"].map(place.node)
     dst = sends["dst_rank"].map(place.node)
     remote = src != dst
@@ -217,8 +226,11 @@ def crosscheck(
         return empty
     window, n_steps = checked
     backend = backend or traces.backend
-    framework = framework_node_bytes(
-        ops_in_window(traces.ops, window), backend, params.get("ranks_per_node")
+    sends, place = _window_transfers(traces, window, backend)
+    framework = (
+        _node_bytes(sends, place)
+        if sends is not None
+        else pd.DataFrame(columns=_NODE_BYTES_COLUMNS)
     )
     wire = wire_counts(traces.counters, window)
     merged = pd.merge(wire, framework, on="node", how="outer").sort_values("node")
@@ -251,17 +263,37 @@ MATRIX_CHECK_COLUMNS = [
 ]
 
 
+def _window_transfers(
+    traces: CellTraces, window: tuple[int, int], backend: str
+) -> tuple[pd.DataFrame | None, Placement]:
+    """The transfers of the ops issued in ``window`` (:func:`ops_in_window`; ``op_sends``
+    with messages, None when there is none) and where those ops' ranks run: what crosscheck
+    and matrix_check model. Shared inside ``shared_results``, so the ops are cut and modelled
+    once and the cut (a copy of nearly every op of a long run) is not kept."""
+
+    def compute() -> tuple[pd.DataFrame | None, Placement]:
+        ops = ops_in_window(traces.ops, window)
+        place = Placement.from_ops(ops, traces.params.get("ranks_per_node"))
+        if ops.empty:
+            return None, place
+        return op_sends(ops, backend=backend, with_messages=True), place
+
+    key = ("window_transfers", int(window[0]), int(window[1]), backend)
+    return _shared(key, (traces, traces.ops), compute)
+
+
 def _pair_framework_bytes(
-    ops: pd.DataFrame, backend: str, place: Placement
+    sends: pd.DataFrame | None, place: Placement
 ) -> tuple[pd.Series, pd.Series]:
-    """Per (src_node, dst_node): the payload bytes ``ops`` send under ``backend``'s
-    algorithms, and the protocol bytes of the messages carrying them (both empty for no
-    ops)."""
+    """Per (src_node, dst_node): the payload bytes of the transfers ``sends`` (``op_sends``
+    with messages; None for no ops), and the protocol bytes of the messages carrying them
+    (both empty for no ops)."""
     framework = protocol = pd.Series(dtype="float64")
-    if not ops.empty:
-        sends = op_sends(ops, backend=backend, with_messages=True)
-        sends["src_node"] = sends["rank"].map(place.node)
-        sends["dst_node"] = sends["dst_rank"].map(place.node)
+    if sends is not None:
+        shared = sends  # read-only: assign, not set
+        sends = shared.assign(
+            src_node=shared["rank"].map(place.node), dst_node=shared["dst_rank"].map(place.node)
+        )
         framework = sends.groupby(["src_node", "dst_node"])["bytes"].sum()
         messages = sends.groupby(["src_node", "dst_node"])["messages"].sum()
         # The receiver's recv-ready notice of a message travels the opposite way. Rebuild the
@@ -316,15 +348,13 @@ def matrix_check(
         return empty
     window, n_steps = checked
     backend = backend or traces.backend
-    in_window = wire_flows[(wire_flows["t_ns"] >= window[0]) & (wire_flows["t_ns"] < window[1])]
-    wire = (
-        in_window.groupby(["src_node", "dst_node"])[["bytes", "packets"]]
-        .sum()
-        .rename(columns={"bytes": "wire_bytes", "packets": "wire_packets"})
+    wire = _pair_sums(wire_flows, window).rename(
+        columns={"bytes": "wire_bytes", "packets": "wire_packets"}
     )
-    ops = ops_in_window(traces.ops, window)
     place = Placement.from_ops(traces.ops, params.get("ranks_per_node"))
-    framework, protocol = _pair_framework_bytes(ops, backend, place)
+    framework, protocol = _pair_framework_bytes(
+        _window_transfers(traces, window, backend)[0], place
+    )
     nodes = set(range(positive_int(params.get("nodes")))) | set(place.recorded.values())
     nodes |= {int(v) for v in wire.index.get_level_values(0)}
     nodes |= {int(v) for v in wire.index.get_level_values(1)}
@@ -346,6 +376,34 @@ def matrix_check(
     out["tolerance_bytes"] = _tolerance_bytes(fw.to_numpy(), n_steps, tolerance)
     out["passed"] = out["unexplained_bytes"].abs() <= out["tolerance_bytes"]
     return with_params(params, out[MATRIX_CHECK_COLUMNS])
+
+
+def _pair_sums(wire_flows: pd.DataFrame, window: tuple[int, int]) -> pd.DataFrame:
+    """Bytes and packets of the ``wire_flows`` bins that start inside ``window``, summed per
+    (src_node, dst_node): all :func:`matrix_check` reads of the flows."""
+    in_window = wire_flows[(wire_flows["t_ns"] >= window[0]) & (wire_flows["t_ns"] < window[1])]
+    return in_window.groupby(["src_node", "dst_node"])[["bytes", "packets"]].sum()
+
+
+def summed_flows(batches: Iterable[pd.DataFrame], window: tuple[int, int]) -> pd.DataFrame:
+    """A ``wire_flows`` table read in ``batches`` (any split of its rows), reduced to what
+    :func:`matrix_check` reads over ``window``: one row per node pair, at the window's start,
+    with the bytes and packets of its bins inside the window (integer sums, exact in any
+    order), so ``matrix_check(traces, summed_flows(...))`` is ``matrix_check(traces, table)``
+    for that window, while the table (10**7 rows of 100 µs bins in a long run) is never held
+    whole. Empty when the table is; a table with no bin in the window gives a row outside it.
+    """
+    sums, outside = [], None
+    for batch in batches:
+        if not batch.empty:
+            sums.append(_pair_sums(batch, window))
+            outside = batch.iloc[:1].assign(t_ns=window[1]) if outside is None else outside
+    if outside is None:
+        return pd.DataFrame(columns=WIRE_FLOW_COLUMNS)
+    total = pd.concat(sums).groupby(level=[0, 1]).sum() if sums else pd.DataFrame()
+    if total.empty:
+        return outside[WIRE_FLOW_COLUMNS].reset_index(drop=True)
+    return total.reset_index().assign(t_ns=window[0])[WIRE_FLOW_COLUMNS]
 
 
 CROSSCHECK_SUMMARY_COLUMNS = [

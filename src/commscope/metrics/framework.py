@@ -11,9 +11,8 @@ import pandas as pd
 
 from commscope.cell.load import _backend_of
 from commscope.collectives.matrix import Placement
-from commscope.collectives.traffic import op_sends
 from commscope.contracts import with_params
-from commscope.metrics._common import _as_int_ns, _params_from
+from commscope.metrics._common import _as_int_ns, _op_sends, _params_from
 from commscope.metrics.counters import counted_wire_bytes
 
 WIRE_COLUMNS = [
@@ -91,7 +90,7 @@ def _framework_tx_per_node(ops: pd.DataFrame, meta: dict[str, Any]) -> pd.DataFr
     if ops.empty:
         return pd.DataFrame(columns=cols)
     place = Placement.from_ops(ops, meta.get("params", {}).get("ranks_per_node"))
-    sends = op_sends(ops, backend=_backend_of(meta))
+    sends = _op_sends(ops, _backend_of(meta))
     src = sends["rank"].map(place.node)
     # A destination that cannot be placed (-1) counts as remote, like any other node.
     remote = src != sends["dst_rank"].map(place.node)

@@ -8,10 +8,20 @@ import pandas as pd
 
 from commscope.cell.load import CellTraces
 from commscope.contracts import PARAM_COLUMNS, with_params
+from commscope.metrics._common import _shared
 from commscope.metrics.window import check_window
 
 _CONNECTION = ["node", "src", "sport", "dst", "dport"]
 _SOCKET_CUMULATIVE = ("total_retrans", "bytes_retrans", "bytes_sent")
+# The columns of sockets.parquet the socket metrics read (besides the cell parameters): a
+# reader may leave the others out (the per-cell job does: 10 Hz per connection adds up).
+SOCKET_INPUT_COLUMNS: tuple[str, ...] = (
+    *_CONNECTION,
+    "t_ns",
+    "rtt_us",
+    "cwnd",
+    *_SOCKET_CUMULATIVE,
+)
 
 SOCKET_COLUMNS = [
     "node",
@@ -31,7 +41,12 @@ SOCKET_COLUMNS = [
 def _remote_connections(sockets: pd.DataFrame) -> pd.DataFrame:
     """Rows of connections to another address (a connection to the node's own experiment
     address runs over loopback and never reaches the interface), numbers as float64 (the
-    file's nullable UInt64 turns into NaN)."""
+    file's nullable UInt64 turns into NaN). Shared by socket_stats and retransmitted_bytes
+    inside ``shared_results`` (read-only)."""
+    return _shared("remote_connections", (sockets,), lambda: _remote_rows(sockets))
+
+
+def _remote_rows(sockets: pd.DataFrame) -> pd.DataFrame:
     rows = sockets
     if {"src", "dst"} <= set(rows.columns):
         rows = rows[rows["src"].astype(str) != rows["dst"].astype(str)]
@@ -46,6 +61,12 @@ def _remote_connections(sockets: pd.DataFrame) -> pd.DataFrame:
 
 
 def _connection_increase(rows: pd.DataFrame, window: tuple[int, int]) -> pd.DataFrame:
+    """:func:`_grown` over ``window``, shared inside ``shared_results`` (read-only)."""
+    key = ("connection_increase", int(window[0]), int(window[1]))
+    return _shared(key, (rows,), lambda: _grown(rows, window))
+
+
+def _grown(rows: pd.DataFrame, window: tuple[int, int]) -> pd.DataFrame:
     """Per connection, how much each cumulative counter of :data:`_SOCKET_CUMULATIVE` grew
     over ``window``: max - min over the samples from the last one at or before the window's
     start to the first one at or after its end (the samples bracketing the window, so a

@@ -11,6 +11,7 @@ import pandas as pd
 from commscope.cell.load import CellTraces
 from commscope.collectives.matrix import Placement
 from commscope.contracts import P2P_OPS, parse_ranks
+from commscope.metrics._common import _shared
 from commscope.metrics.steps import step_times, training_window
 
 
@@ -85,8 +86,8 @@ def quiet_window(
         g: len({place.node(r) for r in parse_ranks(g)}) > 1 for g in group_ranks.unique()
     }
     remote = group_ranks.map(spans_nodes).astype(bool)
-    peer_node = pd.to_numeric(ops["peer"], errors="coerce").fillna(-1).map(place.node)
-    remote = remote.where(~p2p, ops["rank"].map(place.node) != peer_node)
+    peer_node = _nodes(pd.to_numeric(ops["peer"], errors="coerce").fillna(-1), place)
+    remote = remote.where(~p2p, _nodes(ops["rank"], place) != peer_node)
     frame = pd.DataFrame({"issued": issued, "ended": np.maximum(ended, issued), "remote": remote})
     inst = frame.groupby(keys, dropna=False).agg(
         start=("issued", "max"), end=("ended", "max"), remote=("remote", "any")
@@ -120,12 +121,23 @@ def quiet_window(
     return (start, end) if start < end else window
 
 
+def _nodes(ranks: pd.Series, place: Placement) -> pd.Series:
+    """``ranks.map(place.node)``, calling it once per distinct rank rather than per row."""
+    return ranks.map({rank: place.node(rank) for rank in pd.unique(ranks)})
+
+
 def check_window(traces: CellTraces) -> tuple[tuple[int, int], int] | None:
     """The window the cross-validation compares the wire and the ops over, and the number of
     measured steps in it: :func:`training_window` with its edges moved to quiet instants
     (:func:`quiet_window`). None when the cell recorded no steps."""
-    st = step_times(traces.steps, traces.warmup_steps)
-    if st.empty:
-        return None
-    window = quiet_window(traces.ops, training_window(st), traces.params.get("ranks_per_node"))
-    return window, int((~st["warmup"].astype(bool)).sum()) or len(st)
+
+    def compute() -> tuple[tuple[int, int], int] | None:
+        st = step_times(traces.steps, traces.warmup_steps)
+        if st.empty:
+            return None
+        rpn = traces.params.get("ranks_per_node")
+        window = quiet_window(traces.ops, training_window(st), rpn)
+        return window, int((~st["warmup"].astype(bool)).sum()) or len(st)
+
+    # crosscheck, matrix_check and socket_stats all start here.
+    return _shared("check_window", (traces, traces.ops, traces.steps), compute)
