@@ -5,44 +5,64 @@ writes the derived study tables, :data:`~commscope.contracts.STUDY_TABLES`) with
 their rules declare (no directory from which the package would pick names);
 :func:`compute_cell_metrics` and :func:`aggregate_cells` are the directory-based conveniences
 for tests and interactive use, with the contract's file names (:mod:`commscope.contracts`).
+
+Both keep memory near the size of the numbers a cell holds, whatever its length
+(docs/analysis.md): what is written is what :func:`cell_metric_tables` and ``pd.concat`` give,
+but the largest tables are read lean and written in parts (:mod:`._parquet`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextvars
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
-from commscope.cell.load import CellTraces, load_cell_files, read_optional
+from commscope.cell.load import CellTraces, read_optional
+from commscope.collectives.moe import alltoall_splits_from_routing
 from commscope.contracts import (
     CELL_FILE,
     COUNTERS_FILE,
     METRIC_TABLES,
     OPS_FILE,
+    PARAM_COLUMNS,
     ROUTING_FILE,
     SOCKETS_FILE,
     STEPS_FILE,
     STUDY_TABLES,
+    WIRE_FLOW_COLUMNS,
     WIRE_FLOWS_FILE,
     table_file,
+    with_params,
 )
-from commscope.metrics._common import _concat
+from commscope.metrics._common import _concat, shared_results
+from commscope.metrics._parquet import PartWriter, concat_files, write_frame
 from commscope.metrics.counters import (
     DEFAULT_BIN_MS,
     SHAPE_COLUMNS,
     THROUGHPUT_COLUMNS,
-    throughput_table,
+    _counter_series,
+    _throughput,
+    throughput_frame,
+    throughput_parts,
+    throughput_specs,
     traffic_shape,
 )
-from commscope.metrics.crosscheck import crosscheck, matrix_check
+from commscope.metrics.crosscheck import crosscheck, matrix_check, summed_flows
 from commscope.metrics.framework import WIRE_COLUMNS, wire_vs_framework
 from commscope.metrics.matrix import comm_matrix, node_matrix
-from commscope.metrics.sockets import socket_stats
+from commscope.metrics.sockets import SOCKET_INPUT_COLUMNS, socket_stats
 from commscope.metrics.steps import step_times, training_window
 from commscope.metrics.study import STUDY_SOURCES, derive_study_tables
 from commscope.metrics.summary import cell_summary
 from commscope.metrics.volume import message_sizes, op_volume
+from commscope.metrics.window import check_window
 
 
 def cell_metric_tables(traces: CellTraces, wire_flows: pd.DataFrame) -> dict[str, pd.DataFrame]:
@@ -55,7 +75,104 @@ def cell_metric_tables(traces: CellTraces, wire_flows: pd.DataFrame) -> dict[str
     per node and direction, :func:`crosscheck`), matrix_check (node x node matrix vs the
     captured ``wire_flows`` when the cell has them, :func:`matrix_check`) and sockets (TCP's
     rtt, cwnd and retransmissions per node, :func:`socket_stats`).
+
+    The throughput table of a long run is large (ten rows per node and millisecond):
+    :func:`write_cell_metrics` writes the same tables without ever holding it whole.
     """
+    with shared_results():
+        tables = _cell_tables(traces, wire_flows, counter_params=None)
+        return {
+            name: table.frame() if isinstance(table, _ThroughputSource) else table
+            for name, table in tables
+        }
+
+
+class _ThroughputSource:
+    """The cell's throughput table before it is computed: stacked whole (:meth:`frame`, what
+    :func:`cell_metric_tables` returns) or written part by part (:meth:`write`)."""
+
+    def __init__(
+        self,
+        counters: pd.DataFrame,
+        window: tuple[int, int] | None,
+        params: dict[str, Any] | None,
+        empty_columns: list[str],
+    ) -> None:
+        self.counters = counters
+        self.specs = throughput_specs(window, DEFAULT_BIN_MS)
+        # The counters' parameters when they were read without their columns (else None).
+        self.params = params
+        self.empty_columns = empty_columns
+
+    def prepare(self) -> None:
+        """Clean the counter series now (inside ``shared_results`` they are then shared):
+        :meth:`write` may run in another thread beside the tables that read them too."""
+        for _, _, series in _counter_series(self.counters):
+            for col in ("tx_bytes", "rx_bytes"):
+                series.cum[col]  # noqa: B018 (computed and kept now, not in both threads)
+
+    def frame(self) -> pd.DataFrame:
+        """The whole table (as :func:`throughput_table` gives it)."""
+        table = _throughput(self.counters, self.specs, 0)
+        if self.params is not None and not table.empty:
+            table = with_params(self.params, table)
+        return _concat([table], self.empty_columns)
+
+    def write(self, path: Path) -> None:
+        """Write the table to ``path`` as ``frame().to_parquet(path, index=False)`` would, one
+        part (:func:`throughput_parts`) at a time, when the counters were read without their
+        parameter columns (one cell); otherwise as that."""
+        cells = list(throughput_parts(self.counters, self.specs))
+        parts = iter(cells[0][1]) if self.params is not None and len(cells) == 1 else iter(())
+        first = next(parts, None)
+        if first is None:
+            self.frame().to_parquet(path, index=False)
+            return
+        head = with_params(self.params or {}, throughput_frame([first.head(1)]))
+        with PartWriter(path, head) as writer:
+            for part in _chain(first, parts):
+                writer.write(
+                    len(part),
+                    {
+                        **(self.params or {}),
+                        "node": part.node,
+                        "iface": part.iface,
+                        "bin_ms": part.bin_ms,
+                        "t_start_ns": part.t_start_ns,
+                        "tx_bps": part.tx_bps,
+                        "rx_bps": part.rx_bps,
+                        "resolved": part.resolved,
+                    },
+                )
+
+
+def _chain(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
+    yield first
+    yield from rest
+
+
+def _throughput_source(
+    traces: CellTraces, st: pd.DataFrame, counter_params: dict[str, Any] | None
+) -> _ThroughputSource | None:
+    """The cell's throughput table (None without counters), from its step times ``st``."""
+    if traces.counters.empty:
+        return None
+    window = training_window(st) if not st.empty else None
+    empty = [*traces.params, *THROUGHPUT_COLUMNS]
+    return _ThroughputSource(traces.counters, window, counter_params, empty)
+
+
+def _cell_tables(
+    traces: CellTraces,
+    wire_flows: pd.DataFrame,
+    counter_params: dict[str, Any] | None,
+    throughput: _ThroughputSource | None = None,
+) -> Iterator[tuple[str, pd.DataFrame | _ThroughputSource]]:
+    """:func:`cell_metric_tables`' tables, each as soon as it is computed (a caller writing
+    them lets go of each before the next), the throughput table not yet computed
+    (``throughput`` when the caller made it already). With ``counter_params`` the counters
+    were read without their parameter columns (whose values, those of every row,
+    ``counter_params`` holds) and the tables from them get them back."""
     params = traces.params
     st = step_times(traces.steps, traces.warmup_steps)
     # The same measured steps as the summary: steps that issued no op still count as steps.
@@ -64,34 +181,30 @@ def cell_metric_tables(traces: CellTraces, wire_flows: pd.DataFrame) -> dict[str
         traces.ops, traces.warmup_steps, measured_steps=measured_steps, backend=traces.backend
     )
     node_mat = node_matrix(rank_mat)
-    tables: dict[str, pd.DataFrame] = {
-        "summary": cell_summary(traces, node_mat=node_mat),
-        "comm_matrix": rank_mat,
-        "node_matrix": node_mat,
-        "op_volume": op_volume(traces.ops, per_rank=True),
-        "msg_sizes": message_sizes(traces.ops, traces.warmup_steps),
-        "step_times": st,
-    }
+    yield "summary", cell_summary(traces, node_mat=node_mat)
+    yield "comm_matrix", rank_mat
+    yield "node_matrix", node_mat
+    yield "op_volume", op_volume(traces.ops, per_rank=True)
+    yield "msg_sizes", message_sizes(traces.ops, traces.warmup_steps)
+    yield "step_times", st
     if traces.counters.empty:
-        tables["throughput"] = pd.DataFrame(columns=[*params, *THROUGHPUT_COLUMNS])
-        tables["shape"] = pd.DataFrame(columns=[*params, *SHAPE_COLUMNS])
-        tables["wire"] = pd.DataFrame(columns=[*params, *WIRE_COLUMNS])
+        yield "throughput", pd.DataFrame(columns=[*params, *THROUGHPUT_COLUMNS])
+        yield "shape", pd.DataFrame(columns=[*params, *SHAPE_COLUMNS])
+        yield "wire", pd.DataFrame(columns=[*params, *WIRE_COLUMNS])
     else:
         window = training_window(st) if not st.empty else None
-        tables["throughput"] = _concat(
-            [throughput_table(traces.counters, window, DEFAULT_BIN_MS)],
-            [*params, *THROUGHPUT_COLUMNS],
-        )
-        tables["shape"] = (
-            traffic_shape(traces.counters, window, DEFAULT_BIN_MS)
-            if window is not None
-            else pd.DataFrame(columns=[*params, *SHAPE_COLUMNS])
-        )
-        tables["wire"] = wire_vs_framework(traces.ops, traces.counters, traces.meta)
-    tables["crosscheck"] = crosscheck(traces)
-    tables["matrix_check"] = matrix_check(traces, wire_flows)
-    tables["sockets"] = socket_stats(traces)
-    return tables
+        yield "throughput", throughput or _throughput_source(traces, st, counter_params)
+        if window is None:
+            yield "shape", pd.DataFrame(columns=[*params, *SHAPE_COLUMNS])
+        else:
+            shape = traffic_shape(traces.counters, window, DEFAULT_BIN_MS)
+            if counter_params is not None and not shape.empty:
+                shape = with_params(counter_params, shape)
+            yield "shape", shape
+        yield "wire", wire_vs_framework(traces.ops, traces.counters, traces.meta)
+    yield "crosscheck", crosscheck(traces)
+    yield "matrix_check", matrix_check(traces, wire_flows)
+    yield "sockets", socket_stats(traces)
 
 
 def write_cell_metrics(
@@ -107,16 +220,145 @@ def write_cell_metrics(
     """Compute one cell's metric tables from its trace files (``cell`` = cell.json, ``ops``,
     ``steps``, ``counters``, ``routing`` = moe.parquet, ``sockets``, ``wire_flows``; missing
     optional ones count as empty, see :func:`~commscope.cell.load.load_cell_files`) and write
-    each to ``outputs[name]`` for every name of :data:`METRIC_TABLES`
-    (:func:`cell_metric_tables`)."""
+    each to ``outputs[name]`` for every name of :data:`METRIC_TABLES`: the files hold what
+    :func:`cell_metric_tables` of :func:`~commscope.cell.load.load_cell_files`' traces gives.
+
+    Read lean (a long run's inputs are 10**7 rows): the text parameter columns of ``ops`` and
+    ``steps`` as categoricals, ``counters`` and ``sockets`` without their parameter columns
+    (each holds one value, taken once from the counters file for the tables built from them)
+    and sockets without the columns no metric reads, ``wire_flows`` summed per node pair over
+    the window as it is read (:func:`~commscope.metrics.crosscheck.summed_flows`). The
+    throughput table is written in parts, by a thread of its own, while the other tables are
+    computed and written (each as soon as it is computed).
+    """
     missing = [name for name in METRIC_TABLES if name not in outputs]
     if missing:
         raise ValueError(f"write_cell_metrics: no output path for tables {missing}")
-    traces = load_cell_files(cell, ops, steps, counters, routing, sockets)
-    tables = cell_metric_tables(traces, read_optional(wire_flows))
+    ops_table, ops_text = _read_params_categorical(ops)
+    ops_table = alltoall_splits_from_routing(ops_table, read_optional(routing))
+    steps_table, steps_text = _read_params_categorical(steps)
+    text_params = {*ops_text, *steps_text}
+    # The counters' interface names only tell series apart (counters.py groups by them).
+    counter_table, counter_params = _read_cell_data(counters, categorical=["iface"])
+    socket_table, _ = _read_cell_data(sockets, SOCKET_INPUT_COLUMNS)
+    # What load_cell_files gives, read leaner.
+    traces = CellTraces(
+        ops=ops_table,
+        steps=steps_table,
+        counters=counter_table,
+        meta=json.loads(Path(cell).read_text()),
+        sockets=socket_table,
+    )
     for name in METRIC_TABLES:
         Path(outputs[name]).parent.mkdir(parents=True, exist_ok=True)
-        tables[name].to_parquet(outputs[name], index=False)
+    with shared_results(), ThreadPoolExecutor(max_workers=1) as pool:
+        throughput = _throughput_source(
+            traces, step_times(traces.steps, traces.warmup_steps), counter_params
+        )
+        writing = None
+        if throughput is not None:
+            # The throughput table (ten rows per node and millisecond) is written by a thread
+            # of its own while the other tables are computed: its time is spent encoding
+            # parquet, outside the GIL. The series it reads are cleaned here first, so both
+            # threads share them (shared_results, carried over by copy_context).
+            throughput.prepare()
+            job = contextvars.copy_context().run
+            writing = pool.submit(job, throughput.write, Path(outputs["throughput"]))
+        checked = check_window(traces)
+        flows = _window_flows(wire_flows, checked[0]) if checked else pd.DataFrame()
+        written = []
+        for name, table in _cell_tables(traces, flows, counter_params, throughput):
+            written.append(name)
+            if not isinstance(table, _ThroughputSource):
+                write_frame(table, Path(outputs[name]), plain=text_params)
+                pa.default_memory_pool().release_unused()
+            elif writing is None:
+                table.write(Path(outputs[name]))
+            del table
+        if writing is not None:
+            writing.result()
+    if sorted(written) != sorted(METRIC_TABLES):
+        raise RuntimeError(f"write_cell_metrics wrote {written}, not {list(METRIC_TABLES)}")
+
+
+def _read_params_categorical(path: Path) -> tuple[pd.DataFrame, list[str]]:
+    """The table at ``path`` (an empty frame without it) with its text parameter columns as
+    categoricals (one byte a row instead of the text), and their names: the tables that copy
+    them (op_volume, msg_sizes, step_times) are written back as text (:func:`write_frame`)."""
+    if not Path(path).exists():
+        return pd.DataFrame(), []
+    schema = pq.read_schema(path)
+    text = [c for c in PARAM_COLUMNS if c in schema.names and schema.field(c).type in _TEXT_TYPES]
+    return _read(path, read_dictionary=text or None), text
+
+
+_TEXT_TYPES = (pa.string(), pa.large_string())
+
+
+def _read(path: Path, **kwargs: Any) -> pd.DataFrame:
+    """``pd.read_parquet(path, **kwargs)`` that needs little more memory than the frame: one
+    block per column (no copy into 2-d blocks), arrow's buffers freed as they are converted,
+    and what arrow's allocator kept of them handed back (numpy allocates elsewhere)."""
+    frame = pd.read_parquet(
+        path, to_pandas_kwargs={"split_blocks": True, "self_destruct": True}, **kwargs
+    )
+    pa.default_memory_pool().release_unused()
+    return frame
+
+
+def _read_cell_data(
+    path: Path | None, columns: Sequence[str] | None = None, categorical: Sequence[str] = ()
+) -> tuple[pd.DataFrame, dict[str, Any] | None]:
+    """A per-cell trace table without its cell parameter columns (and, given ``columns``,
+    only those of them it has; the text columns named in ``categorical`` as categoricals),
+    and the parameters' values, when each parameter column holds one value throughout the
+    file (by the file's statistics); otherwise (several cells, no statistics) the whole table
+    and None. A missing file (or none given) is an empty frame, as
+    :func:`~commscope.cell.load.read_optional` gives."""
+    if path is None or not Path(path).exists():
+        return pd.DataFrame(), None
+    meta = pq.ParquetFile(path)
+    names = meta.schema_arrow.names
+    param_cols = [c for c in PARAM_COLUMNS if c in names]
+    if not param_cols or meta.metadata.num_rows == 0 or not _constant(meta, param_cols):
+        return _read(path), None
+    keep = [c for c in names if c not in param_cols and (columns is None or c in columns)]
+    text = [c for c in categorical if c in keep and meta.schema_arrow.field(c).type in _TEXT_TYPES]
+    data = _read(path, columns=keep, read_dictionary=text or None)
+    first = next(meta.iter_batches(batch_size=1, columns=param_cols)).to_pandas()
+    return data, {c: first[c].iloc[0] for c in param_cols}
+
+
+def _constant(meta: pq.ParquetFile, columns: list[str]) -> bool:
+    """Whether each of ``columns`` holds a single non-null value in every row of the file,
+    judged from the row groups' statistics (False when some are missing)."""
+    index = {name: i for i, name in enumerate(meta.schema_arrow.names)}
+    seen: dict[str, Any] = {}
+    for g in range(meta.metadata.num_row_groups):
+        group = meta.metadata.row_group(g)
+        for col in columns:
+            stats = group.column(index[col]).statistics
+            if stats is None or not stats.has_min_max or stats.null_count != 0:
+                return False
+            if stats.min != stats.max or seen.setdefault(col, stats.min) != stats.min:
+                return False
+    return True
+
+
+def _window_flows(path: Path | None, window: tuple[int, int]) -> pd.DataFrame:
+    """The wire_flows table at ``path`` as :func:`matrix_check` needs it over ``window``
+    (:func:`~commscope.metrics.crosscheck.summed_flows`), read a row group at a time; an
+    empty frame without the file."""
+    if path is None or not Path(path).exists():
+        return pd.DataFrame()
+    source = pq.ParquetFile(path)
+    if not set(WIRE_FLOW_COLUMNS) <= set(source.schema_arrow.names):
+        return pd.read_parquet(path)
+    batches = (
+        source.read_row_group(g, columns=WIRE_FLOW_COLUMNS).to_pandas()
+        for g in range(source.metadata.num_row_groups)
+    )
+    return summed_flows(batches, window)
 
 
 def compute_cell_metrics(cell_dir: Path, out_dir: Path) -> None:
@@ -148,16 +390,8 @@ def aggregate_tables(inputs: Mapping[str, Sequence[Path]], outputs: Mapping[str,
     for name, out in outputs.items():
         if name in STUDY_TABLES:
             continue
-        frames = [pd.read_parquet(p) for p in inputs.get(name, ()) if Path(p).exists()]
-        non_empty = [f for f in frames if not f.empty]
-        if non_empty:
-            table = pd.concat(non_empty, ignore_index=True)
-        elif frames:
-            table = frames[0]
-        else:
-            table = pd.DataFrame()
         Path(out).parent.mkdir(parents=True, exist_ok=True)
-        table.to_parquet(out, index=False)
+        concat_files([Path(p) for p in inputs.get(name, ()) if Path(p).exists()], Path(out))
     derived = [name for name in STUDY_TABLES if name in outputs]
     if not derived:
         return
