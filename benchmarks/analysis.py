@@ -583,6 +583,16 @@ def _stage_in_child(stage: str, cell_root: Path, profile: bool) -> dict[str, Any
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _write_in_child(root: Path, ops: int, samples: int, nodes: int, source: str) -> None:
+    """:func:`write_cell` in a process of its own (its memory is not the stages')."""
+    if root.exists():
+        shutil.rmtree(root)
+    cmd = [sys.executable, __file__, "_write", str(root), str(ops), str(samples), str(nodes)]
+    done = subprocess.run([*cmd, source], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"writing the cell failed:\n{done.stderr[-4000:]}")
+
+
 def _rows(path: Path) -> int:
     import pyarrow.parquet as pq
 
@@ -602,6 +612,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--keep", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None, help="write the results here too")
+    parser.add_argument("--reuse", action="store_true", help="reuse the cells kept in --keep")
     args = parser.parse_args(argv)
     work = args.keep or Path(tempfile.mkdtemp(prefix="csd-analysis-"))
     stages = [s for s in args.stages.split(",") if s]
@@ -615,25 +626,11 @@ def main(argv: list[str] | None = None) -> None:
             for scale in (float(x) for x in args.scales.split(",")):
                 ops, samples = int(args.ops * scale), int(args.samples * scale)
                 root = work / f"{source}-{scale:g}"
-                if root.exists():
-                    shutil.rmtree(root)
-                gen = subprocess.run(
-                    [
-                        sys.executable,
-                        __file__,
-                        "_write",
-                        str(root),
-                        str(ops),
-                        str(samples),
-                        str(args.nodes),
-                        source,
-                    ],
-                    capture_output=True,
-                    text=True,
-                    check=False,
-                )
-                if gen.returncode != 0:
-                    raise RuntimeError(f"writing the cell failed:\n{gen.stderr[-4000:]}")
+                if args.reuse and (root / "trace" / CELL_TABLE_FILES["cell"]).exists():
+                    for old in ("metrics", "aggregate"):
+                        shutil.rmtree(root / old, ignore_errors=True)
+                else:
+                    _write_in_child(root, ops, samples, args.nodes, source)
                 trace = root / "trace"
                 rows = {
                     name: _rows(trace / CELL_TABLE_FILES[name])
