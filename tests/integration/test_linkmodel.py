@@ -44,9 +44,11 @@ def _ping(src: Host, dst: Host, count: int, interval: float = 0.02) -> tuple[flo
     """The mean RTT in ms of ``count`` pings src -> dst (ping's own summary, µs precision) and
     each reply's RTT (ping prints 3 significant digits: 0.1 ms resolution from 10 ms up).
     ``-U``: user-to-user time, since ping's kernel receive stamp is taken before prerouting and
-    would hide a delay on src's own ingress."""
+    would hide a delay on src's own ingress. ping runs at real-time priority 5 (below the
+    delayer's 10) so that load on the machine (a busy CI runner, training ranks) does not
+    delay its own wake-ups: the test measures the link, not the scheduler."""
     out = src.run(
-        f"ping -U -n -c {count} -i {interval} -W 2 {dst.spec.exp_addr}",
+        f"chrt -f 5 ping -U -n -c {count} -i {interval} -W 2 {dst.spec.exp_addr}",
         warn=True,
         timeout=count * (interval + 1) + 30,
     ).stdout
