@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Collection, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -193,20 +194,31 @@ def concat_files(paths: Sequence[Path], out: Path) -> None:
         table.to_parquet(out, index=False)
         return
     text = [f.name for f in pq.ParquetFile(non_empty[0]).schema_arrow if f.type in _TEXT_TYPES]
+    sources = [pq.ParquetFile(path, read_dictionary=text) for path in non_empty]
+    groups = [(f, g) for f in sources for g in range(f.metadata.num_row_groups)]
     writer: pq.ParquetWriter | None = None
     written = None
-    try:
-        for path in non_empty:
-            source = pq.ParquetFile(path, read_dictionary=text)
-            for group in range(source.metadata.num_row_groups):
-                table = source.read_row_group(group)
+    # The next row group is decoded by a second thread while this one is encoded (both
+    # outside the GIL): a long run's throughput is ~100 row groups of each.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        try:
+            coming = pool.submit(_read_group, *groups[0])
+            for i in range(len(groups)):
+                table = coming.result()
+                if i + 1 < len(groups):
+                    coming = pool.submit(_read_group, *groups[i + 1])
                 if writer is None:
                     written = table.schema.remove_metadata()
                     writer = pq.ParquetWriter(out, written, **_options(table))
                 writer.write_table(table.cast(written))
-    finally:
-        if writer is not None:
-            _close(writer, footer)
+                del table
+        finally:
+            if writer is not None:
+                _close(writer, footer)
+
+
+def _read_group(source: pq.ParquetFile, group: int) -> pa.Table:
+    return source.read_row_group(group)
 
 
 def _shared_footer(files: Sequence[pq.ParquetFile]) -> dict[bytes, bytes] | None:

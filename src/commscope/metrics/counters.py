@@ -223,13 +223,24 @@ def _series_of(
 
     if resolution is None:
         resolution = _resolution_values(counters)
-    interval = float(np.median(np.diff(t))) if len(t) > 1 else math.inf
+    interval = _median(np.diff(t)) if len(t) > 1 else math.inf
     return _CounterSeries(
         t_ns=t,
         cum=_Cumulative(values),
         sample_interval_ns=interval,
         declared_resolution_ns=_declared_resolution(resolution, rows),
     )
+
+
+def _median(values: np.ndarray) -> float:
+    """``float(np.median(values))`` of integers, the same number sooner when few distinct
+    values repeat (the intervals of a sparse in-kernel series: its bin width and a handful of
+    gaps), where numpy's selection takes ~40x a sort's time (0.2 s per 10**6)."""
+    if len(values) > 4096 and len(np.unique(values[:4096])) <= 64:
+        ordered, k = np.sort(values), len(values) // 2
+        middle = ordered[k : k + 1] if len(values) % 2 else ordered[k - 1 : k + 1]
+        return float(np.mean(middle))  # as np.median averages the middle of its partition
+    return float(np.median(values))
 
 
 def _resolution_values(counters: pd.DataFrame) -> np.ndarray | None:

@@ -64,6 +64,11 @@ from commscope.metrics.summary import cell_summary
 from commscope.metrics.volume import message_sizes, op_volume
 from commscope.metrics.window import check_window
 
+# The widths of the throughput table (the shape table's are DEFAULT_BIN_MS too). At 100 µs it
+# has ten rows per node and millisecond: most of a long run's metrics time is writing them
+# (docs/analysis.md; the benchmark's --throughput-bins measures without them).
+THROUGHPUT_BIN_MS: tuple[float, ...] = DEFAULT_BIN_MS
+
 
 def cell_metric_tables(traces: CellTraces, wire_flows: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """Every per-cell metric table of one cell, by name (:data:`METRIC_TABLES`).
@@ -99,7 +104,7 @@ class _ThroughputSource:
         empty_columns: list[str],
     ) -> None:
         self.counters = counters
-        self.specs = throughput_specs(window, DEFAULT_BIN_MS)
+        self.specs = throughput_specs(window, THROUGHPUT_BIN_MS)
         # The counters' parameters when they were read without their columns (else None).
         self.params = params
         self.empty_columns = empty_columns
@@ -152,14 +157,18 @@ def _chain(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
 
 
 def _throughput_source(
-    traces: CellTraces, st: pd.DataFrame, counter_params: dict[str, Any] | None
+    counters: pd.DataFrame,
+    traces: CellTraces,
+    st: pd.DataFrame,
+    counter_params: dict[str, Any] | None,
 ) -> _ThroughputSource | None:
-    """The cell's throughput table (None without counters), from its step times ``st``."""
-    if traces.counters.empty:
+    """The throughput table of ``counters`` (None when there are none), ``traces``' cell, from
+    its step times ``st``."""
+    if counters.empty:
         return None
     window = training_window(st) if not st.empty else None
     empty = [*traces.params, *THROUGHPUT_COLUMNS]
-    return _ThroughputSource(traces.counters, window, counter_params, empty)
+    return _ThroughputSource(counters, window, counter_params, empty)
 
 
 def _cell_tables(
@@ -193,7 +202,10 @@ def _cell_tables(
         yield "wire", pd.DataFrame(columns=[*params, *WIRE_COLUMNS])
     else:
         window = training_window(st) if not st.empty else None
-        yield "throughput", throughput or _throughput_source(traces, st, counter_params)
+        yield (
+            "throughput",
+            throughput or _throughput_source(traces.counters, traces, st, counter_params),
+        )
         if window is None:
             yield "shape", pd.DataFrame(columns=[*params, *SHAPE_COLUMNS])
         else:
@@ -234,36 +246,39 @@ def write_cell_metrics(
     missing = [name for name in METRIC_TABLES if name not in outputs]
     if missing:
         raise ValueError(f"write_cell_metrics: no output path for tables {missing}")
-    ops_table, ops_text = _read_params_categorical(ops)
-    ops_table = alltoall_splits_from_routing(ops_table, read_optional(routing))
-    steps_table, steps_text = _read_params_categorical(steps)
-    text_params = {*ops_text, *steps_text}
-    # The counters' interface names only tell series apart (counters.py groups by them).
-    counter_table, counter_params = _read_cell_data(counters, categorical=["iface"])
-    socket_table, _ = _read_cell_data(sockets, SOCKET_INPUT_COLUMNS)
-    # What load_cell_files gives, read leaner.
-    traces = CellTraces(
-        ops=ops_table,
-        steps=steps_table,
-        counters=counter_table,
-        meta=json.loads(Path(cell).read_text()),
-        sockets=socket_table,
-    )
     for name in METRIC_TABLES:
         Path(outputs[name]).parent.mkdir(parents=True, exist_ok=True)
+    meta = json.loads(Path(cell).read_text())
+    steps_table, steps_text = _read_params_categorical(steps)
+    # The counters' interface names only tell series apart (counters.py groups by them).
+    counter_table, counter_params = _read_cell_data(counters, categorical=["iface"])
     with shared_results(), ThreadPoolExecutor(max_workers=1) as pool:
-        throughput = _throughput_source(
-            traces, step_times(traces.steps, traces.warmup_steps), counter_params
-        )
+        # The cell as far as it is read: enough for its throughput table.
+        early = CellTraces(ops=pd.DataFrame(), steps=steps_table, counters=counter_table, meta=meta)
+        st = step_times(steps_table, early.warmup_steps)
+        throughput = _throughput_source(counter_table, early, st, counter_params)
         writing = None
         if throughput is not None:
             # The throughput table (ten rows per node and millisecond) is written by a thread
-            # of its own while the other tables are computed: its time is spent encoding
+            # of its own, started as soon as the counters and steps are in, while the other
+            # inputs are read and the other tables computed: its time is spent encoding
             # parquet, outside the GIL. The series it reads are cleaned here first, so both
             # threads share them (shared_results, carried over by copy_context).
             throughput.prepare()
             job = contextvars.copy_context().run
             writing = pool.submit(job, throughput.write, Path(outputs["throughput"]))
+        ops_table, ops_text = _read_params_categorical(ops)
+        ops_table = alltoall_splits_from_routing(ops_table, read_optional(routing))
+        text_params = {*ops_text, *steps_text}
+        # What load_cell_files gives, read leaner.
+        traces = CellTraces(
+            ops=ops_table,
+            steps=steps_table,
+            counters=counter_table,
+            meta=meta,
+            sockets=_read_cell_data(sockets, SOCKET_INPUT_COLUMNS)[0],
+        )
+        del ops_table
         checked = check_window(traces)
         flows = _window_flows(wire_flows, checked[0]) if checked else pd.DataFrame()
         written = []
