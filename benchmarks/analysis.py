@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import json
+import os
 import pstats
 import resource
 import shutil
@@ -527,10 +528,17 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _run_stage(stage: str, cell_root: Path, profile: bool) -> dict[str, Any]:
-    """Run one stage on the cell under ``cell_root`` in this process; its time and memory."""
+def _run_stage(
+    stage: str, cell_root: Path, profile: bool, throughput_bins: str | None = None
+) -> dict[str, Any]:
+    """Run one stage on the cell under ``cell_root`` in this process; its time and memory.
+    ``throughput_bins`` ("1,10,100"): what if the throughput table had only those widths."""
     from commscope import metrics
     from commscope.cell import wire
+    from commscope.metrics import io
+
+    if throughput_bins:
+        io.THROUGHPUT_BIN_MS = tuple(float(b) for b in throughput_bins.split(","))
 
     base_mb = _peak_rss_mb()
     trace, out = cell_root / "trace", cell_root / "metrics"
@@ -558,23 +566,34 @@ def _run_stage(stage: str, cell_root: Path, profile: bool) -> dict[str, Any]:
     else:
         raise ValueError(f"unknown stage {stage}")
     profiler = cProfile.Profile() if profile else None
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     if profiler:
         profiler.runcall(work)
     else:
         work()
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     if profiler:
         stats = pstats.Stats(profiler, stream=sys.stderr)
         stats.sort_stats("cumulative").print_stats(30)
         stats.sort_stats("tottime").print_stats(20)
-    return {"stage": stage, "seconds": elapsed, "peak_mb": _peak_rss_mb(), "imports_mb": base_mb}
+    return {
+        "stage": stage,
+        "seconds": elapsed,
+        "cpu_seconds": cpu,
+        "peak_mb": _peak_rss_mb(),
+        "imports_mb": base_mb,
+        "load_avg_1min": os.getloadavg()[0],
+    }
 
 
-def _stage_in_child(stage: str, cell_root: Path, profile: bool) -> dict[str, Any]:
+def _stage_in_child(
+    stage: str, cell_root: Path, profile: bool, throughput_bins: str | None
+) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "_stage", stage, str(cell_root)]
     if profile:
         cmd.append("--profile")
+    if throughput_bins:
+        cmd.append(f"--throughput-bins={throughput_bins}")
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if profile:
         print(done.stderr, file=sys.stderr)
@@ -613,13 +632,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--keep", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None, help="write the results here too")
     parser.add_argument("--reuse", action="store_true", help="reuse the cells kept in --keep")
+    parser.add_argument(
+        "--throughput-bins",
+        default=None,
+        help="what if: the throughput table at these widths only (ms, e.g. 1,10,100)",
+    )
     args = parser.parse_args(argv)
     work = args.keep or Path(tempfile.mkdtemp(prefix="csd-analysis-"))
     stages = [s for s in args.stages.split(",") if s]
     results = []
     print(
         f"{'source':9} {'scale':>5} {'ops':>9} {'samples':>10} {'stage':11} {'time s':>7} "
-        f"{'peak MB':>8} {'imports MB':>10}  rows"
+        f"{'cpu s':>6} {'peak MB':>8} {'imports MB':>10} {'load':>5}  rows"
     )
     try:
         for source in args.source.split(","):
@@ -638,7 +662,7 @@ def main(argv: list[str] | None = None) -> None:
                 }
                 todo = (["parse-bins"] if args.parse and source == "bpf" else []) + stages
                 for stage in todo:
-                    res = _stage_in_child(stage, root, args.profile)
+                    res = _stage_in_child(stage, root, args.profile, args.throughput_bins)
                     if stage == "metrics":
                         rows["throughput"] = _rows(root / "metrics" / "throughput.parquet")
                         rows["msg_sizes"] = _rows(root / "metrics" / "msg_sizes.parquet")
@@ -648,8 +672,9 @@ def main(argv: list[str] | None = None) -> None:
                     results.append({**res, "rows": dict(rows)})
                     print(
                         f"{source:9} {scale:5g} {rows['ops']:9d} {rows['counters']:10d} "
-                        f"{stage:11} {res['seconds']:7.2f} {res['peak_mb']:8.0f} "
-                        f"{res['imports_mb']:10.0f}  "
+                        f"{stage:11} {res['seconds']:7.2f} {res['cpu_seconds']:6.1f} "
+                        f"{res['peak_mb']:8.0f} {res['imports_mb']:10.0f} "
+                        f"{res['load_avg_1min']:5.1f}  "
                         + " ".join(f"{k}={v}" for k, v in rows.items()),
                         flush=True,
                     )
@@ -667,7 +692,10 @@ if __name__ == "__main__":
         _, _, root, ops, samples, nodes, source = sys.argv
         write_cell(Path(root), int(ops), int(samples), int(nodes), source)
     elif len(sys.argv) > 1 and sys.argv[1] == "_stage":
-        result = _run_stage(sys.argv[2], Path(sys.argv[3]), "--profile" in sys.argv)
+        bins = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--throughput-bins=")]
+        result = _run_stage(
+            sys.argv[2], Path(sys.argv[3]), "--profile" in sys.argv, bins[0] if bins else None
+        )
         print(json.dumps(result))
     else:
         main()

@@ -32,6 +32,7 @@ from commscope.contracts import METRIC_TABLES, PARAM_COLUMNS, table_file, with_p
 from commscope.metrics import _parquet as pq_parts
 from commscope.metrics import counters as c
 from commscope.metrics._common import shared_results
+from commscope.metrics.crosscheck import summed_flows
 from commscope.units import NS_PER_MS, NS_PER_S
 
 
@@ -445,3 +446,74 @@ def test_aggregation_equals_pd_concat(cell_files: Path, tmp_path: Path) -> None:
     assert len(pd.read_parquet(out / "throughput.parquet")) == 2 * len(
         pd.read_parquet(cell_files / "metrics" / "throughput.parquet")
     )
+
+
+# --------------------------------------------------------------------------------------------
+# The pieces on their own
+# --------------------------------------------------------------------------------------------
+
+
+def test_median_of_intervals_is_numpys() -> None:
+    rng = np.random.default_rng(5)
+    for n in (1, 2, 7, 4096, 4097, 20_000, 20_001):
+        few = rng.choice(rng.integers(1, 10**9, 4), n) * 100_000  # a sparse series' intervals
+        many = rng.integers(999_000, 1_001_000, n)  # a sampler's
+        for values in (few, many):
+            assert c._median(values) == float(np.median(values))
+
+
+def test_summed_flows_give_matrix_check_the_same_sums() -> None:
+    window = (1_000, 2_000)
+    flows = pd.DataFrame(
+        {
+            "t_ns": [500, 1_000, 1_500, 1_999, 2_000, 1_200],
+            "src_node": [0, 0, 1, 0, 0, 2],
+            "dst_node": [1, 1, 0, 1, 1, 0],
+            "bytes": [10, 20, 30, 40, 50, 0],
+            "packets": [1, 2, 3, 4, 5, 0],
+        }
+    )
+    batches = [flows.iloc[:2], flows.iloc[2:2], flows.iloc[2:]]
+    summed = summed_flows(batches, window)
+    inside = flows[(flows["t_ns"] >= 1_000) & (flows["t_ns"] < 2_000)]
+    expected = inside.groupby(["src_node", "dst_node"])[["bytes", "packets"]].sum()
+    got = summed.set_index(["src_node", "dst_node"])[["bytes", "packets"]]
+    pd.testing.assert_frame_equal(got, expected)
+    assert (summed["t_ns"] == window[0]).all()
+    # No bin in the window: one row outside it (the table is not empty); no table: empty.
+    outside = summed_flows([flows.iloc[:1]], window)
+    assert len(outside) == 1 and not (window[0] <= outside["t_ns"].iloc[0] < window[1])
+    assert summed_flows([], window).empty
+
+
+def test_write_frame_writes_categorical_parameters_back_as_text(tmp_path: Path) -> None:
+    n = 3_000
+    frame = pd.DataFrame(
+        {
+            "cell": pd.Categorical(["a/b"] * n),
+            "strategy": pd.Categorical(["ddp", "tp"] * (n // 2)),  # not constant
+            "rank": np.arange(n) % 4,
+            "op": pd.array(["allreduce", "send", "recv"] * (n // 3), dtype="str"),
+        }
+    )
+    plain = frame.astype({"cell": "str", "strategy": "str"})
+    saved = (pq_parts.SMALL_ROWS, pq_parts.PART_ROWS)
+    pq_parts.SMALL_ROWS, pq_parts.PART_ROWS = 10, 1_000
+    try:
+        pq_parts.write_frame(frame, tmp_path / "mixed.parquet", plain=["cell", "strategy"])
+        constant = frame.drop(columns="strategy")
+        pq_parts.write_frame(constant, tmp_path / "parts.parquet", plain=["cell"])
+    finally:
+        pq_parts.SMALL_ROWS, pq_parts.PART_ROWS = saved
+    plain.to_parquet(tmp_path / "reference.parquet", index=False)
+    plain.drop(columns="strategy").to_parquet(tmp_path / "reference-parts.parquet", index=False)
+    for got, ref in (("mixed", "reference"), ("parts", "reference-parts")):
+        pd.testing.assert_frame_equal(
+            pd.read_parquet(tmp_path / f"{got}.parquet"),
+            pd.read_parquet(tmp_path / f"{ref}.parquet"),
+            check_exact=True,
+        )
+        assert pq.read_schema(tmp_path / f"{got}.parquet").equals(
+            pq.read_schema(tmp_path / f"{ref}.parquet"), check_metadata=True
+        )
+    assert pq.ParquetFile(tmp_path / "parts.parquet").metadata.num_row_groups == 3
