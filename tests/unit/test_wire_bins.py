@@ -4,10 +4,18 @@ was received."""
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
+import pytest
 
+from commscope.cell import wire
 from commscope.cell.wire import counters_from_bins, directed_bins, flows_from_bins, serialized, snap
+from commscope.contracts import WIRE_FLOW_COLUMNS
 
 B = 100_000
 ADDR = {"a0": 0, "a1": 1}
@@ -110,3 +118,179 @@ def test_capped_counters_spread_bins_at_the_rate_and_keep_totals() -> None:
     # 7 x B, one after the other; linear in between.
     at = np.interp(np.array([7, 8, 9, 11, 12, 13]) * B, n1["t_ns"], n1["rx_bytes"])
     assert at.tolist() == [0, 500, 1000, 2000, 2500, 3000]
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 12: the same tables as the pandas implementation before it (frozen below), on the
+# analysis benchmark's bins of a long run (scaled down) and on irregular bins
+# --------------------------------------------------------------------------------------------
+
+
+def _ref_directed(bins: pd.DataFrame, addr_to_node: dict[str, int]) -> pd.DataFrame:
+    peer_node = bins["peer"].map(addr_to_node)
+    ingress = bins["hook"] == "ingress"
+    seen = ingress & peer_node.notna()
+    rx = bins[ingress].assign(direction="rx")
+    tx_seen = bins[seen].assign(direction="tx", node=peer_node[seen].astype(np.int64))
+    tx_unseen = bins[(bins["hook"] == "egress") & peer_node.isna()].assign(direction="tx")
+    cols = ["node", "t_ns", "direction", "bytes", "packets"]
+    out = pd.concat([rx[cols], tx_seen[cols], tx_unseen[cols]], ignore_index=True)
+    return out.groupby(["node", "t_ns", "direction"], as_index=False)[["bytes", "packets"]].sum()
+
+
+def _ref_counters(
+    bins: pd.DataFrame,
+    bin_ns: int,
+    addr_to_node: dict[str, int],
+    ifaces: dict[int, str],
+    spans: dict[int, tuple[int, int]],
+    rate_bps: int | None = None,
+) -> pd.DataFrame:
+    directed = _ref_directed(bins, addr_to_node) if not bins.empty else None
+    frames = []
+    for node, iface in sorted(ifaces.items()):
+        start, end = spans[node]
+        wide = pd.DataFrame()
+        if directed is not None:
+            mine = directed[directed["node"] == node]
+            wide = mine.pivot_table(
+                index="t_ns", columns="direction", values=["bytes", "packets"], aggfunc="sum"
+            ).fillna(0)
+        t_bin = snap(wide.index.to_numpy(), bin_ns) if len(wide) else np.empty(0, np.int64)
+        per_bin = {}
+        for col, key in {
+            "tx_bytes": ("bytes", "tx"),
+            "rx_bytes": ("bytes", "rx"),
+            "tx_packets": ("packets", "tx"),
+            "rx_packets": ("packets", "rx"),
+        }.items():
+            per_bin[col] = wide[key].to_numpy(np.int64) if key in wide.columns else 0 * t_bin
+        frames.append(_ref_sparse(node, iface, t_bin, per_bin, bin_ns, start, end, rate_bps))
+    return pd.concat(frames, ignore_index=True)[wire.COUNTER_COLUMNS]
+
+
+def _ref_sparse(
+    node: int,
+    iface: str,
+    t_bin: np.ndarray,
+    per_bin: dict[str, np.ndarray],
+    bin_ns: int,
+    start: int,
+    end: int,
+    rate_bps: int | None,
+) -> pd.DataFrame:
+    order = np.argsort(t_bin, kind="stable")
+    t_bin = t_bin[order]
+    uniq, inverse = np.unique(t_bin, return_inverse=True)
+    per = {
+        k: np.bincount(inverse, v[order], len(uniq)).astype(np.int64) for k, v in per_bin.items()
+    }
+    lo = int(snap(np.array([start]), bin_ns)[0])
+    hi = max(int(snap(np.array([end]), bin_ns)[0]), int(uniq[-1]) + bin_ns if len(uniq) else end)
+    curves: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for direction in ("tx", "rx"):
+        nbytes = per[f"{direction}_bytes"]
+        busy = nbytes > 0
+        t_end = uniq[busy] + bin_ns
+        if rate_bps:
+            t_start, t_end = serialized(t_end, nbytes[busy], rate_bps)
+        else:
+            t_start = t_end - bin_ns
+        knots = np.concatenate([t_start, t_end])
+        for col in (f"{direction}_bytes", f"{direction}_packets"):
+            cum = np.cumsum(per[col][busy])
+            values = np.concatenate([cum - per[col][busy], cum])
+            o = np.argsort(knots, kind="stable")
+            curves[col] = (knots[o], values[o])
+        if len(knots):
+            lo = min(lo, int(knots.min()))
+    times = np.unique(np.concatenate([[lo, hi], *(k for k, _ in curves.values())]))
+    data = {}
+    for col, (knots, values) in curves.items():
+        if len(knots) == 0:
+            data[col] = np.zeros(len(times), dtype=np.int64)
+            continue
+        k, first = np.unique(knots[::-1], return_index=True)
+        v = values[::-1][first]
+        data[col] = np.rint(np.interp(times, k, v, left=0, right=v[-1])).astype(np.int64)
+    frame = pd.DataFrame({"t_ns": times, **data})
+    frame.insert(0, "iface", iface)
+    frame.insert(0, "node", node)
+    frame["resolution_ns"] = np.int64(bin_ns)
+    return frame
+
+
+def _ref_flows(bins: pd.DataFrame, addr_to_node: dict[str, int], bin_ns: int) -> pd.DataFrame:
+    src = bins["peer"].map(addr_to_node)
+    keep = (bins["hook"] == "ingress") & src.notna()
+    flows = pd.DataFrame(
+        {
+            "t_ns": bins.loc[keep, "t_ns"].to_numpy(np.int64) // bin_ns * bin_ns,
+            "src_node": src[keep].astype(np.int64).to_numpy(),
+            "dst_node": bins.loc[keep, "node"].astype(np.int64).to_numpy(),
+            "bytes": bins.loc[keep, "bytes"].to_numpy(np.int64),
+            "packets": bins.loc[keep, "packets"].to_numpy(np.int64),
+        }
+    )
+    flows = flows[flows["src_node"] != flows["dst_node"]]
+    out = flows.groupby(["t_ns", "src_node", "dst_node"], as_index=False)[["bytes", "packets"]]
+    return out.sum().astype(np.int64)[WIRE_FLOW_COLUMNS]
+
+
+def _irregular_bins() -> tuple[pd.DataFrame, dict[str, int]]:
+    """Every kind of row: ingress from peers and from no peer, egress to peers (ignored) and
+    to no peer, a null peer, bins of one node out of order, two rows of one bin and hook."""
+    rng = np.random.default_rng(7)
+    addr = {"10.0.0.1": 0, "10.0.0.2": 1, "10.0.0.3": 2}
+    n = 5_000
+    peers = np.array([*addr, "", "10.9.9.9"], dtype=object)[rng.integers(0, 5, n)]
+    peers[rng.integers(0, n, 20)] = None
+    bins = pd.DataFrame(
+        {
+            "t_ns": rng.integers(0, 4_000, n) * B + rng.integers(0, 90, n),
+            "hook": np.array(["ingress", "egress"])[rng.integers(0, 2, n)],
+            "peer": pd.array(peers, dtype="str"),
+            "bytes": rng.integers(66, 64_000, n),
+            "packets": rng.integers(1, 40, n),
+            "skbs": 1,
+            "node": rng.integers(0, 3, n),
+        }
+    )
+    return bins, addr
+
+
+def _bench_bins() -> tuple[pd.DataFrame, dict[str, int]]:
+    """The raw bins of benchmarks/analysis.py's synthetic cell, at a small size."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "analysis.py"
+    spec = importlib.util.spec_from_file_location("commscope_benchmark_analysis_bins", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench
+    spec.loader.exec_module(bench)
+    return bench.synthetic_raw_bins(bench.CellShape.of(1_500, 12_000, 3))
+
+
+@pytest.mark.parametrize("make", [_irregular_bins, _bench_bins])
+@pytest.mark.parametrize("rate", [None, 40_000_000])
+def test_bins_give_the_tables_the_previous_implementation_gave(
+    make: Callable[[], tuple[pd.DataFrame, dict[str, int]]], rate: int | None
+) -> None:
+    bins, addr = make()
+    nodes = sorted(set(addr.values()) | {3})  # node 3: no traffic at all
+    lo, hi = int(bins["t_ns"].min()) - 7 * B, int(bins["t_ns"].max()) + 3 * B
+    spans = {n: (lo, hi) for n in nodes}
+    ifaces = {n: f"e{n}" for n in nodes}
+    pd.testing.assert_frame_equal(directed_bins(bins, addr), _ref_directed(bins, addr))
+    pd.testing.assert_frame_equal(
+        counters_from_bins(bins, B, addr, ifaces, spans, rate),
+        _ref_counters(bins, B, addr, ifaces, spans, rate),
+    )
+    for width in (B, 1_000_000):
+        pd.testing.assert_frame_equal(
+            flows_from_bins(bins, addr, width), _ref_flows(bins, addr, width)
+        )
+    empty = bins.iloc[0:0]
+    pd.testing.assert_frame_equal(
+        counters_from_bins(empty, B, addr, ifaces, spans, rate),
+        _ref_counters(empty, B, addr, ifaces, spans, rate),
+    )
