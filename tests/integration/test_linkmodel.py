@@ -160,23 +160,31 @@ def test_loss_rate_within_the_binomial_interval(hosts: list[Host], record_proper
 
 def test_jitter_spread_matches_the_uniform_draw(hosts: list[Host], record_property) -> None:
     """10 ms ± 2 ms uniform on each side: an RTT is 20 ms plus the sum of two independent
-    uniform draws in ±2 ms, standard deviation 2·sqrt(2/3) = 1.63 ms, range ±4 ms. Pings 50 ms
-    apart never queue behind each other, so FIFO clamping does not narrow the spread."""
+    uniform draws in ±2 ms, a triangular distribution on ±4 ms: standard deviation
+    2·sqrt(2/3) = 1.63 ms, interquartile range 2·4·(1 - sqrt(1/2)) = 2.34 ms. Pings 50 ms apart
+    never queue behind each other, so FIFO clamping does not narrow the spread. The checks
+    use quantiles: one stall of this VM (a 20 ms outlier was seen) would move the sd alone."""
     node0, node1 = hosts
     base, _ = _ping(node0, node1, 20)
     with shaped(hosts, LinkShape.parse("none", "10ms", "2ms")):
         _, rtts = _ping(node0, node1, 200, interval=0.05)
     added = [r - base for r in rtts]
+    q = statistics.quantiles(added, n=100)  # q[i] is the (i+1)-th percentile
+    iqr, expected_iqr = q[74] - q[24], 8 * (1 - math.sqrt(0.5))
     sd, expected_sd = statistics.pstdev(added), 2 * math.sqrt(2 / 3)
     print(
-        f"jitter: mean {statistics.mean(added):.3f} ms, sd {sd:.3f} (expected {expected_sd:.3f}), "
+        f"jitter: median {q[49]:.3f} ms, IQR {iqr:.3f} (expected {expected_iqr:.3f}), "
+        f"sd {sd:.3f} (expected {expected_sd:.3f}), p1..p99 {q[0]:.2f}..{q[98]:.2f}, "
         f"range {min(added):.2f}..{max(added):.2f}"
     )
+    record_property("jitter_iqr_ms", round(iqr, 4))
     record_property("jitter_sd_ms", round(sd, 4))
-    assert abs(statistics.mean(added) - 20) <= 0.5
-    # The sd of 200 draws is within ~10 % of its true value at 99 %; the engine adds a little.
-    assert 0.85 * expected_sd <= sd <= 1.2 * expected_sd
-    assert min(added) >= 16 - RTT_TOLERANCE_MS and max(added) <= 24 + 1.0
+    assert abs(q[49] - 20) <= 0.5
+    # The IQR of 200 draws of this distribution stays within 30 % of its true value in all but
+    # ~1 of 1,500 runs (simulated); the tails must reach past one side's ±2 ms (both sides
+    # jittered: p1 16.6, p99 23.4 ms) and stay inside the ±4 ms bounds.
+    assert 0.7 * expected_iqr <= iqr <= 1.3 * expected_iqr
+    assert 16 - RTT_TOLERANCE_MS <= q[0] <= 17.5 and 22.5 <= q[98] <= 24 + 1.0
     _clean(hosts)
 
 
