@@ -210,6 +210,8 @@ def test_scenario_tables_are_those_of_the_whole_op_table() -> None:
     pd.testing.assert_frame_equal(pred.rank_matrix, with_params(params, ranks), check_exact=True)
     nodes = generic.node_matrix(ranks, pred.scenario.nodes, by=["traffic"])
     pd.testing.assert_frame_equal(pred.node_matrix, with_params(params, nodes), check_exact=True)
+    sparse = nodes[nodes["bytes"] > 0].reset_index(drop=True)
+    pd.testing.assert_frame_equal(pred.node_pairs(), sparse, check_exact=True)
     local = ranks["src_node"] == ranks["dst_node"]
     split = (
         ranks.assign(
@@ -255,7 +257,7 @@ def test_node_matrix_summary_by_hand() -> None:
         nm.assign(src_rank=nm["src_node"], dst_rank=nm["dst_node"]), 3, by=["traffic"]
     )
     s = node_matrix_summary(nm, top=1)
-    assert (s.nodes, s.pairs, s.busiest_node, s.busiest_egress) == (3, 2, 0, 5.0)
+    assert (s.pairs, s.busiest_node, s.busiest_egress) == (2, 0, 5.0)
     split = s.split.set_index("traffic")
     assert split.loc["all", "intra_node_bytes"] == 10 and split.loc["all", "inter_node_bytes"] == 8
     assert split.loc["all", "inter_node_share"] == pytest.approx(8 / 18)
@@ -263,6 +265,10 @@ def test_node_matrix_summary_by_hand() -> None:
     assert s.top_pairs.to_dict("records") == [
         {"src_node": 0, "dst_node": 1, "tp": 4.0, "pp": 1.0, "dp": 0.0, "all": 5.0}
     ]
+    # The sparse pairs (what the command summarizes) say the same as the complete grid.
+    sparse = node_matrix_summary(nm[nm["bytes"] > 0], top=1)
+    pd.testing.assert_frame_equal(sparse.split, s.split)
+    pd.testing.assert_frame_equal(sparse.top_pairs, s.top_pairs)
     quiet = node_matrix_summary(nm.assign(bytes=0.0))
     assert (quiet.pairs, quiet.busiest_node, len(quiet.top_pairs)) == (0, -1, 0)
 

@@ -242,7 +242,7 @@ def _print_nodes(result: ScenarioPrediction, top: int) -> None:
     """The node x node matrix in a few lines: inside vs across nodes, the busiest egress, the
     ``top`` pairs across nodes per traffic type; the whole grid too when it is small."""
     nodes = result.scenario.nodes
-    summary = node_matrix_summary(result.node_matrix, top)
+    summary = node_matrix_summary(result.node_pairs(), top)
     every = summary.split.set_index("traffic").loc["all"]
     share = every["inter_node_share"]
     print(

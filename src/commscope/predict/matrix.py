@@ -79,15 +79,25 @@ def node_grid(rank_mat: pd.DataFrame, nodes: int = 0, by: Sequence[str] = ()) ->
         codes += [index[k].map({v: i for i, v in enumerate(lv)}).to_numpy()
                   for k, lv in zip(by, levels, strict=True)]  # fmt: skip
         values[np.ravel_multi_index(codes, shape)] = summed.to_numpy(np.float64)
-    grid = np.indices(shape).reshape(len(shape), -1)
-    out: dict[str, np.ndarray] = {
-        "src_node": np.asarray(order, dtype=np.int64)[grid[0]],
-        "dst_node": np.asarray(order, dtype=np.int64)[grid[1]],
-    }
-    for k, lv, g in zip(by, levels, grid[2:], strict=True):
-        out[k] = np.asarray(lv, dtype=object)[g]
+    # The grid's keys in MultiIndex.from_product order (the first level slowest), each level
+    # as the Index from_product makes of it, so the columns get its dtypes.
+    out: dict[str, Any] = {}
+    names = [*matrix.NODE_PAIR_COLUMNS, *by]
+    level_index = [pd.Index(order), pd.Index(order)] + [pd.Index(lv) for lv in levels]
+    inner = size
+    for name, lv in zip(names, level_index, strict=True):
+        inner //= len(lv)
+        codes = np.tile(np.repeat(np.arange(len(lv)), inner), size // (inner * len(lv)))
+        out[name] = lv.take(codes).array
     out["bytes"] = values
     return pd.DataFrame(out, columns=cols)
+
+
+def node_pairs(rank_mat: pd.DataFrame, by: Sequence[str] = ("traffic",)) -> pd.DataFrame:
+    """Node x node bytes, only the pairs that exchange any (sparse; columns src_node,
+    dst_node, by..., bytes): what :func:`node_grid` holds without its zeros."""
+    keys = [*matrix.NODE_PAIR_COLUMNS, *by]
+    return rank_mat.groupby(keys, as_index=False)["bytes"].sum()
 
 
 @dataclass
@@ -98,12 +108,11 @@ class NodeMatrixSummary:
     nodes and the inter-node share (NaN when nothing moves). ``top_pairs``: the node pairs
     (src != dst) that carry the most bytes, per traffic type (tp, pp, dp, ep, emb order) and
     in all, largest first (ties in node order).
-    ``nodes``, ``pairs`` (node pairs with any traffic across them), ``busiest_egress``:
+    ``pairs`` (ordered node pairs with any traffic across them), ``busiest_egress``:
     the largest number of bytes one node sends to other nodes (its network egress), and
     ``busiest_node`` that node.
     """
 
-    nodes: int
     pairs: int
     split: pd.DataFrame
     top_pairs: pd.DataFrame
@@ -113,11 +122,11 @@ class NodeMatrixSummary:
 
 def node_matrix_summary(node_mat: pd.DataFrame, top: int = 10) -> NodeMatrixSummary:
     """Summarize a node matrix (``src_node``, ``dst_node``, optional ``traffic``, ``bytes``;
-    e.g. a scenario's ``node_matrix``) for the terminal: see :class:`NodeMatrixSummary`."""
+    the complete grid of a scenario's ``node_matrix`` or the sparse :func:`node_pairs`) for
+    the terminal: see :class:`NodeMatrixSummary`."""
     mat = node_mat[node_mat["bytes"] > 0]
     if "traffic" not in mat.columns:
         mat = mat.assign(traffic="all")
-    nodes = len(set(node_mat["src_node"]) | set(node_mat["dst_node"]))
     inside = mat["src_node"] == mat["dst_node"]
     per = pd.DataFrame(
         {
@@ -143,7 +152,6 @@ def node_matrix_summary(node_mat: pd.DataFrame, top: int = 10) -> NodeMatrixSumm
     egress = across.groupby("src_node")["bytes"].sum()
     busiest = int(egress.idxmax()) if len(egress) else -1
     return NodeMatrixSummary(
-        nodes=nodes,
         pairs=len(pairs),
         split=split,
         top_pairs=top_pairs,

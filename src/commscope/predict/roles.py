@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -123,6 +124,11 @@ class Mesh:
     def texts(self, ref: GroupRef, ranks: np.ndarray) -> np.ndarray:
         """Each rank's group as the ops table writes it (``"0,8,16"``), one string object per
         distinct group (rows of one group share it)."""
+        distinct, inverse = self.distinct_texts(ref, ranks)
+        return distinct[inverse]
+
+    def distinct_texts(self, ref: GroupRef, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The distinct groups of ``ranks`` as strings, and which one each rank has."""
         base = self.base(ref, ranks)
         uniq, inverse = np.unique(base, return_inverse=True)
         offsets = self.offsets(ref)
@@ -132,7 +138,7 @@ class Mesh:
             if key not in self._texts:
                 self._texts[key] = ",".join(map(str, (b + offsets).tolist()))
             out[i] = self._texts[key]
-        return out[inverse.reshape(-1)]
+        return out, inverse.reshape(-1)
 
     def ref_of(self, members: Sequence[int], rank: int) -> GroupRef:
         """``members`` (a group ``rank`` uses) relative to ``rank``: a mesh group of ``rank`` or
@@ -235,37 +241,57 @@ class RoleOps:
             out.attrs["predict"] = self._attrs(wanted)
             return out
         start = np.concatenate([[0], np.cumsum(counts)[:-1]])
-        cols = {c: np.empty(total, dtype=self._dtype(c)) for c in self.columns}
+        kinds = {c: self._kind(c) for c in self.columns}
+        # String columns are filled with codes into their distinct values: pandas turns
+        # millions of Python strings into its string column far slower than it takes codes.
+        dtypes = {"int": np.int64, "str": np.int32, "object": object}
+        cols = {c: np.empty(total, dtype=dtypes[k]) for c, k in kinds.items()}
+        strings: dict[str, dict[str, int]] = {c: {} for c, k in kinds.items() if k == "str"}
         for i, role in enumerate(self.roles):
             sel = roles == i
             if not sel.any() or not role.rows:
                 continue
-            self._fill(cols, role, wanted[sel], start[sel])
-        out = pd.DataFrame(cols, columns=self.columns)
+            self._fill(cols, strings, role, wanted[sel], start[sel])
+        columns = {
+            c: pd.Index(list(strings[c])).take(v).array if c in strings else v
+            for c, v in cols.items()
+        }
+        out = pd.DataFrame(columns, columns=self.columns)
         out.attrs["predict"] = self._attrs(wanted)
         return out
 
-    def _dtype(self, column: str) -> Any:
-        """int64 where every template value is an int (as pandas infers from the rows), else
-        object."""
+    def _kind(self, column: str) -> str:
+        """``int`` where every template value is an int (pandas makes the rows' column
+        int64), ``str`` where every one is a string, else ``object``."""
         j = self._col[column]
-        ints = all(
-            isinstance(row[j], (int, np.integer)) and not isinstance(row[j], bool)
-            for role in self.roles
-            for row in role.rows
-        )
-        return np.int64 if ints else object
+        values = [row[j] for role in self.roles for row in role.rows]
+        if all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values):
+            return "int"
+        return "str" if all(isinstance(v, str) for v in values) else "object"
 
     def _fill(
-        self, cols: dict[str, np.ndarray], role: Role, ranks: np.ndarray, start: np.ndarray
+        self,
+        cols: dict[str, np.ndarray],
+        strings: dict[str, dict[str, int]],
+        role: Role,
+        ranks: np.ndarray,
+        start: np.ndarray,
     ) -> None:
-        """Write ``role``'s rows for ``ranks`` (their first rows at ``start``)."""
+        """Write ``role``'s rows for ``ranks`` (their first rows at ``start``); a string
+        column gets codes into ``strings[column]`` (a value's code: its place in the dict)."""
+
+        def coded(column: str, values: Sequence[Any]) -> np.ndarray:
+            if column not in strings:
+                out = np.empty(len(values), dtype=cols[column].dtype)
+                out[:] = list(values)
+                return out
+            codes = strings[column]
+            return np.asarray([codes.setdefault(v, len(codes)) for v in values], dtype=np.int32)
+
         k = len(role.rows)
         idx = start[:, None] + np.arange(k)[None, :]
         for c in self.columns:
-            values = np.empty(k, dtype=cols[c].dtype)
-            values[:] = [row[self._col[c]] for row in role.rows]
-            cols[c][idx] = values[None, :]
+            cols[c][idx] = coded(c, [row[self._col[c]] for row in role.rows])[None, :]
         if role.refs is None:
             return
         rpn = self.ranks_per_node
@@ -275,7 +301,8 @@ class RoleOps:
         refs = role.refs
         for ref in dict.fromkeys(refs):
             at = [j for j, r in enumerate(refs) if r == ref]
-            cols[GROUP][idx[:, at]] = self.mesh.texts(ref, ranks)[:, None]
+            distinct, inverse = self.mesh.distinct_texts(ref, ranks)
+            cols[GROUP][idx[:, at]] = coded(GROUP, distinct.tolist())[inverse][:, None]
             members = None
             for column, places in ((PEER, role.peer_pos), (ROOT, role.root_pos)):
                 for pos in {places[j] for j in at if places[j] >= 0}:
@@ -408,7 +435,9 @@ summarize`) differ only in ``rank`` and ``node``: one role's ranks whose every o
         return out
 
 
+@lru_cache(maxsize=64)
 def _canonical(n: int) -> list[int]:
+    """The group 0..n-1 (shared: op_destinations only reads it)."""
     return list(range(n))
 
 

@@ -43,7 +43,7 @@ import pandas as pd
 from commscope.collectives.traffic import DEFAULT_BACKEND
 from commscope.contracts import SCENARIO_FILES, with_params
 from commscope.predict.compare import summarize
-from commscope.predict.matrix import node_grid, step_rank_matrix
+from commscope.predict.matrix import node_grid, node_pairs, step_rank_matrix
 from commscope.predict.ops import TRAFFIC_TYPES, predict_step
 from commscope.predict.options import PredictOptions
 from commscope.predict.roles import RoleOps
@@ -255,7 +255,6 @@ class ScenarioPrediction:
     scenario: Scenario
     step: RoleOps
     traffic: pd.DataFrame
-    node_matrix: pd.DataFrame
     rank_matrix: pd.DataFrame
     seconds: float
     meta: dict[str, Any] = field(default_factory=dict)
@@ -265,6 +264,18 @@ class ScenarioPrediction:
     def ops(self) -> pd.DataFrame:
         """Every rank's ops (:func:`commscope.predict.ops.predict_ops`' table)."""
         return self.step.frame()
+
+    @cached_property
+    def node_matrix(self) -> pd.DataFrame:
+        """Node x node bytes per traffic type, the complete grid (16.8 M rows at 2,048 nodes,
+        so built on first use; :meth:`node_pairs` has the pairs that carry bytes)."""
+        grid = node_grid(self.rank_matrix, self.scenario.nodes, by=["traffic"])
+        return _with_params(self.scenario.params(), grid)
+
+    def node_pairs(self) -> pd.DataFrame:
+        """The node pairs (and traffic types) that exchange bytes: the non-zero rows of
+        :attr:`node_matrix`, without the scenario's parameters."""
+        return node_pairs(self.rank_matrix)
 
     def per_node(self) -> pd.DataFrame:
         """Per node and traffic type: the traffic table summed over the node's ranks."""
@@ -346,8 +357,7 @@ def predict_scenario(spec: dict[str, Any], name: str = "") -> ScenarioPrediction
     traffic = traffic.sort_values(["rank", "traffic"]).reset_index(drop=True)
     traffic["traffic"] = traffic["traffic"].astype(str)
     traffic = with_params(params, traffic)[TRAFFIC_COLUMNS]
-    nodes = with_params(params, node_grid(ranks, sc.nodes, by=["traffic"]))
-    ranks = with_params(params, ranks)
+    ranks = _with_params(params, ranks)
     meta = {
         "scenario": name,
         "description": sc.description,
@@ -363,7 +373,24 @@ def predict_scenario(spec: dict[str, Any], name: str = "") -> ScenarioPrediction
     seconds = t_end - t0
     meta["predict_seconds"] = seconds
     phases = {"plan": t_plan - t0, "roles": t_roles - t_plan, "tables": t_end - t_roles}
-    return ScenarioPrediction(sc, step, traffic, nodes, ranks, seconds, meta, phases)
+    return ScenarioPrediction(sc, step, traffic, ranks, seconds, meta, phases)
+
+
+def _with_params(params: dict[str, Any], frame: pd.DataFrame) -> pd.DataFrame:
+    """:func:`commscope.contracts.with_params` (the same columns and dtypes) with each
+    constant column taken from a one-row table instead of broadcast from a scalar, which
+    for the strings of pandas' ``str`` dtype is several times cheaper at millions of rows."""
+    one = pd.DataFrame(dict(params), index=[0])
+    zeros = np.zeros(len(frame), dtype=np.intp)
+    lead = {
+        c: np.full(len(frame), one[c].iloc[0], dtype=one[c].dtype)
+        if isinstance(one[c].dtype, np.dtype)
+        else one[c].array.take(zeros)
+        for c in one.columns
+    }
+    rest = frame.drop(columns=list(params), errors="ignore")
+    out = pd.DataFrame({**lead, **{c: rest[c].array for c in rest.columns}}, index=frame.index)
+    return out
 
 
 def traffic_table(traffic: pd.DataFrame, seconds: float | None = None) -> pd.DataFrame:
