@@ -198,12 +198,10 @@ class _Cumulative(dict[str, np.ndarray]):
         return cum
 
 
-def _series_of(
-    counters: pd.DataFrame, rows: np.ndarray | slice, resolution: np.ndarray | None = None
-) -> _CounterSeries:
+def _series_of(counters: pd.DataFrame, rows: np.ndarray | slice) -> _CounterSeries:
     """The cleaned series of ``counters.iloc[rows]`` (one interface): samples sorted by time,
     of samples at the same instant the last one kept (as the sampler or the BPF reader would
-    have overwritten it). ``resolution`` is :func:`_resolution_values` of the whole table."""
+    have overwritten it)."""
     t_all = counters["t_ns"].to_numpy(dtype="int64")
     t = t_all[rows]
     if len(t) > 1 and not bool(np.all(np.diff(t) > 0)):
@@ -221,14 +219,12 @@ def _series_of(
             return column.to_numpy(dtype="float64")
         return column.iloc[rows].to_numpy(dtype="float64")
 
-    if resolution is None:
-        resolution = _resolution_values(counters)
     interval = _median(np.diff(t)) if len(t) > 1 else math.inf
     return _CounterSeries(
         t_ns=t,
         cum=_Cumulative(values),
         sample_interval_ns=interval,
-        declared_resolution_ns=_declared_resolution(resolution, rows),
+        declared_resolution_ns=_declared_resolution(counters, rows),
     )
 
 
@@ -243,24 +239,17 @@ def _median(values: np.ndarray) -> float:
     return float(np.median(values))
 
 
-def _resolution_values(counters: pd.DataFrame) -> np.ndarray | None:
-    """The ``resolution_ns`` column as float64 (NaN where missing or not a number), None
-    without the column."""
-    if RESOLUTION_COLUMN not in counters.columns:
-        return None
-    values = pd.to_numeric(counters[RESOLUTION_COLUMN], errors="coerce")
-    return values.to_numpy(dtype="float64", na_value=np.nan)
-
-
-def _declared_resolution(values: np.ndarray | None, rows: np.ndarray | slice) -> int | None:
+def _declared_resolution(counters: pd.DataFrame, rows: np.ndarray | slice) -> int | None:
     """The ``resolution_ns`` of one series' rows: None without the column or without a value
     (a table concatenated from old and new runs has nulls on the old rows)."""
-    if values is None:
+    if RESOLUTION_COLUMN not in counters.columns:
         return None
-    mine = values[rows]
-    mine = mine[mine > 0]  # NaN compares false: nulls drop out here too
+    column = counters[RESOLUTION_COLUMN]
+    mine = column if isinstance(rows, slice) and rows == slice(None) else column.iloc[rows]
+    values = pd.to_numeric(mine, errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
+    values = values[values > 0]  # NaN compares false: nulls drop out here too
     # Constant per node by contract; should it vary, the coarsest is what holds throughout.
-    return int(mine.max()) if len(mine) else None
+    return int(values.max()) if len(values) else None
 
 
 _COUNTER_BYTES = ("tx_bytes", "rx_bytes")
@@ -340,9 +329,8 @@ def _counter_series(counters: pd.DataFrame) -> list[tuple[int, str, _CounterSeri
     once per counters table inside :func:`~commscope.metrics._common.shared_results`."""
 
     def compute() -> list[tuple[int, str, _CounterSeries]]:
-        resolution = _resolution_values(counters)
         return [
-            (node, iface, _series_of(counters, rows, resolution=resolution))
+            (node, iface, _series_of(counters, rows))
             for node, iface, rows in _series_rows(counters)
         ]
 
@@ -429,8 +417,10 @@ def throughput_table(
 
 
 # Rows of one part of the throughput table at most (:func:`throughput_parts`): the table has
-# ten rows per node and millisecond at 100 µs, far more than one array should hold at once.
-THROUGHPUT_PART_ROWS = 1 << 20
+# ten rows per node and millisecond at 100 µs, far more than one array should hold at once; a
+# part is one row group of the written file, and half a million rows keep the writer's buffers
+# near 50 MB beside the rest of a long run's metrics.
+THROUGHPUT_PART_ROWS = 1 << 19
 
 
 @dataclass(frozen=True)

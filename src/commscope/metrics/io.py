@@ -54,7 +54,12 @@ from commscope.metrics.counters import (
     throughput_specs,
     traffic_shape,
 )
-from commscope.metrics.crosscheck import crosscheck, matrix_check, summed_flows
+from commscope.metrics.crosscheck import (
+    _window_transfers,
+    crosscheck,
+    matrix_check,
+    summed_flows,
+)
 from commscope.metrics.framework import WIRE_COLUMNS, wire_vs_framework
 from commscope.metrics.matrix import comm_matrix, node_matrix
 from commscope.metrics.sockets import SOCKET_INPUT_COLUMNS, socket_stats
@@ -184,6 +189,15 @@ def _cell_tables(
     ``counter_params`` holds) and the tables from them get them back."""
     params = traces.params
     st = step_times(traces.steps, traces.warmup_steps)
+    window = training_window(st) if not st.empty else None
+    # The shape first: the summary asks for the same statistics (shared_results then hands
+    # them over), and computing them beside the summary's own copy of the measured ops would
+    # hold both at once.
+    shape = pd.DataFrame(columns=[*params, *SHAPE_COLUMNS])
+    if not traces.counters.empty and window is not None:
+        shape = traffic_shape(traces.counters, window, DEFAULT_BIN_MS)
+        if counter_params is not None and not shape.empty:
+            shape = with_params(counter_params, shape)
     # The same measured steps as the summary: steps that issued no op still count as steps.
     measured_steps = st.loc[~st["warmup"].astype(bool), "step"] if not st.empty else []
     rank_mat = comm_matrix(
@@ -201,18 +215,11 @@ def _cell_tables(
         yield "shape", pd.DataFrame(columns=[*params, *SHAPE_COLUMNS])
         yield "wire", pd.DataFrame(columns=[*params, *WIRE_COLUMNS])
     else:
-        window = training_window(st) if not st.empty else None
         yield (
             "throughput",
             throughput or _throughput_source(traces.counters, traces, st, counter_params),
         )
-        if window is None:
-            yield "shape", pd.DataFrame(columns=[*params, *SHAPE_COLUMNS])
-        else:
-            shape = traffic_shape(traces.counters, window, DEFAULT_BIN_MS)
-            if counter_params is not None and not shape.empty:
-                shape = with_params(counter_params, shape)
-            yield "shape", shape
+        yield "shape", shape
         yield "wire", wire_vs_framework(traces.ops, traces.counters, traces.meta)
     yield "crosscheck", crosscheck(traces)
     yield "matrix_check", matrix_check(traces, wire_flows)
@@ -276,10 +283,14 @@ def write_cell_metrics(
             steps=steps_table,
             counters=counter_table,
             meta=meta,
-            sockets=_read_cell_data(sockets, SOCKET_INPUT_COLUMNS)[0],
         )
         del ops_table
         checked = check_window(traces)
+        if checked is not None and not counter_table.empty:
+            # What crosscheck models of the ops in its window, now: cutting the ops to the
+            # window copies nearly all of them, better done before the sockets are read.
+            _window_transfers(traces, checked[0], traces.backend)
+        traces.sockets = _read_cell_data(sockets, SOCKET_INPUT_COLUMNS)[0]
         flows = _window_flows(wire_flows, checked[0]) if checked else pd.DataFrame()
         written = []
         for name, table in _cell_tables(traces, flows, counter_params, throughput):
