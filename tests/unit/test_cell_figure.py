@@ -1,5 +1,7 @@
-"""The per-cell throughput figure: which interval it zooms on, which widths it draws, and that it
-draws an in-kernel (sparse 100 µs) cell, an old table without 100 µs rows and an empty one."""
+"""The per-cell throughput figure: which interval it zooms on, which widths it draws, that the
+table's 100 µs rows over the zoomed step alone draw it as rows over the whole window did, and
+that it draws an in-kernel (sparse 100 µs) cell, an old table without 100 µs rows and an empty
+one."""
 
 from __future__ import annotations
 
@@ -12,8 +14,8 @@ from synthetic import MS, T0_NS
 from test_counter_resolution import CAP_BYTES_PER_BIN, sparse_counters
 
 from commscope.metrics.counters import throughput_table
-from commscope.metrics.steps import training_window
-from commscope.plots.cell import _widths, _zoom_interval, plot_cell_throughput
+from commscope.metrics.steps import training_window, zoom_window
+from commscope.plots.cell import _rows, _widths, _zoom_interval, plot_cell_throughput
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 CELL = "strategy~ddp/model~gpt-tiny/nodes~2/bw~50mbit/repeat~0"
@@ -31,9 +33,11 @@ def _steps(bounds_ms: list[tuple[float, float]], warmup: int = 1) -> pd.DataFram
     )
 
 
-def _capped_cell(tmp_path: Path) -> Path:
+def _capped_cell(tmp_path: Path, fine_over_window: bool = False) -> Path:
     """Two nodes at a 50 Mbit/s cap, busy for the first 60 % of each 200 ms step, in the
-    in-kernel source's form; its throughput, step_times and summary tables on disk."""
+    in-kernel source's form; its throughput (as the metrics write it: 100 µs rows over the last
+    step; with ``fine_over_window`` over every measured step, as they were written before),
+    step_times and summary tables on disk."""
     step = np.zeros(2000, dtype="int64")
     step[:1200] = CAP_BYTES_PER_BIN
     bins = np.tile(step, 4)
@@ -43,8 +47,11 @@ def _capped_cell(tmp_path: Path) -> Path:
     )
     st = _steps([(0, 200), (200, 400), (400, 600), (600, 800)])
     out = tmp_path / "metrics"
-    out.mkdir()
-    throughput_table(counters, training_window(st)).to_parquet(out / "throughput.parquet")
+    out.mkdir(parents=True)
+    zoom = None if fine_over_window else zoom_window(st)
+    throughput_table(counters, training_window(st), zoom=zoom).to_parquet(
+        out / "throughput.parquet"
+    )
     st.to_parquet(out / "step_times.parquet")
     pd.DataFrame({"cell": [CELL], "bw_bps": [50e6]}).to_parquet(out / "summary.parquet")
     return out
@@ -71,10 +78,37 @@ def test_the_figure_draws_a_sparse_100us_cell_deterministically(tmp_path: Path) 
     assert data == second.read_bytes()
 
 
+def test_100us_rows_over_the_zoomed_step_alone_draw_the_same_figure(tmp_path: Path) -> None:
+    metrics = _capped_cell(tmp_path / "zoom")
+    before = _capped_cell(tmp_path / "window", fine_over_window=True)
+    tp, tp_before = (pd.read_parquet(m / "throughput.parquet") for m in (metrics, before))
+    fine = tp[tp["bin_ms"] == 0.1]
+    # The last measured step, 600-800 ms, both nodes; 1 ms and coarser rows as before.
+    assert len(fine) == 2 * 2000
+    assert fine["t_start_ns"].min() == T0_NS + 600 * MS
+    assert fine["t_start_ns"].max() == T0_NS + 800 * MS - 100_000
+    assert (tp_before["bin_ms"] == 0.1).sum() == 2 * 6000
+    pd.testing.assert_frame_equal(
+        tp[tp["bin_ms"] >= 1].reset_index(drop=True),
+        tp_before[tp_before["bin_ms"] >= 1].reset_index(drop=True),
+        check_exact=True,
+    )
+    st = pd.read_parquet(metrics / "step_times.parquet")
+    zoom = _zoom_interval(tp, st, 100_000)
+    assert zoom == _zoom_interval(tp_before, st, 100_000)
+    pd.testing.assert_frame_equal(
+        _rows(tp, 100_000, zoom).reset_index(drop=True),
+        _rows(tp_before, 100_000, zoom).reset_index(drop=True),
+        check_exact=True,
+    )
+    drawn = _plot(metrics, tmp_path / "zoom.png").read_bytes()
+    assert drawn == _plot(before, tmp_path / "window.png").read_bytes()
+
+
 def test_zoom_is_the_last_measured_step_on_the_zoom_grid() -> None:
     st = _steps([(0, 200), (200, 400.03), (400.03, 600.07)])
     tp = pd.DataFrame(columns=["node", "bin_ms", "t_start_ns", "tx_bps"])
-    zoom = _zoom_interval(tp, st[~st["warmup"]], 100_000, training_window(st))
+    zoom = _zoom_interval(tp, st, 100_000)
     # The last step, 400.03-600.07 ms, widened to whole 100 µs bins.
     assert zoom == (T0_NS + 400 * MS, T0_NS + 600 * MS + 100_000)
 
@@ -87,7 +121,7 @@ def test_zoom_on_a_long_step_is_its_busiest_stretch() -> None:
     tp = pd.DataFrame(
         {"node": 0, "bin_ms": 0.1, "t_start_ns": t, "tx_bps": np.where(busy, 50e6, 0.0)}
     )
-    lo, hi = _zoom_interval(tp, st[~st["warmup"]], 100_000, training_window(st))
+    lo, hi = _zoom_interval(tp, st, 100_000)
     assert hi - lo == 400 * MS
     assert lo <= T0_NS + 1300 * MS and hi >= T0_NS + 1500 * MS
 

@@ -192,6 +192,34 @@ def test_throughput_table_keeps_100us_bins_to_the_measured_window() -> None:
     assert set(throughput_table(counters, None)["bin_ms"]) == {1.0, 10.0, 100.0}
 
 
+def test_throughput_table_keeps_100us_bins_to_the_zoomed_step() -> None:
+    counters = sparse_counters(_bursty_bins())
+    window = (T0_NS + 100 * MS, T0_NS + 300 * MS)
+    whole = throughput_table(counters, window)
+    # A last step starting off the 100 µs grid and ending past the window's end: its bins
+    # widened to whole ones (the figure's zoom snaps outwards), cut to the window.
+    zoom = (T0_NS + 250 * MS + 30_000, T0_NS + 300 * MS + 70_000)
+    tp = throughput_table(counters, window, zoom=zoom)
+    fine = tp[tp["bin_ms"] == 0.1]
+    assert len(fine) == 500
+    assert fine["t_start_ns"].min() == T0_NS + 250 * MS
+    assert fine["t_start_ns"].max() == window[1] - RES_NS
+    # The same rows as the whole window's over that stretch; 1 ms and coarser unchanged.
+    inside = whole[(whole["bin_ms"] == 0.1) & (whole["t_start_ns"] >= T0_NS + 250 * MS)]
+    pd.testing.assert_frame_equal(
+        fine.reset_index(drop=True), inside.reset_index(drop=True), check_exact=True
+    )
+    pd.testing.assert_frame_equal(
+        tp[tp["bin_ms"] >= 1].reset_index(drop=True),
+        whole[whole["bin_ms"] >= 1].reset_index(drop=True),
+        check_exact=True,
+    )
+    # A step on the grid, inside the window: exactly its bins.
+    step = (T0_NS + 150 * MS, T0_NS + 170 * MS)
+    fine = throughput_table(counters, window, zoom=step).query("bin_ms == 0.1")
+    assert fine["t_start_ns"].tolist() == list(range(step[0], step[1], RES_NS))
+
+
 def test_bin_ms_survives_parquet_and_groupby(tmp_path) -> None:
     counters = sparse_counters(_bursty_bins())
     tp = throughput_table(counters, (T0_NS, T0_NS + 2000 * MS))

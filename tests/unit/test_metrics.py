@@ -71,6 +71,18 @@ def test_training_window_covers_measured_steps(traces: m.CellTraces) -> None:
     assert m.training_window(st) == (T0_NS + 130 * MS, T0_NS + 530 * MS)
 
 
+def test_zoom_window_is_the_last_measured_step(traces: m.CellTraces) -> None:
+    st = m.step_times(traces.steps, warmup_steps=1)
+    assert m.zoom_window(st) == (T0_NS + 430 * MS, T0_NS + 530 * MS)
+    # Every step a warm-up step: the last step all the same.
+    assert m.zoom_window(m.step_times(traces.steps, warmup_steps=9)) == m.zoom_window(st)
+    # Found by start time, not by row order; a warm-up step after it is not measured.
+    shuffled = st.iloc[::-1].reset_index(drop=True)
+    assert m.zoom_window(shuffled) == m.zoom_window(st)
+    late_warmup = st.assign(warmup=st["step"].isin([0, 4]))
+    assert m.zoom_window(late_warmup) == (T0_NS + 330 * MS, T0_NS + 430 * MS)
+
+
 # ------------------------------------------------------------------------------ volume, sizes
 
 
@@ -364,10 +376,13 @@ def test_compute_and_aggregate_cells(tmp_path: Path) -> None:
     assert sorted(tp["bin_ms"].unique()) == [0.1, 1.0, 10.0, 100.0]
     # Epoch-aligned edges: every 100 ms bin edge is also a 10 ms, 1 ms and 100 µs edge.
     assert (tp["t_start_ns"] % (tp["bin_ms"] * MS).round().astype("int64") == 0).all()
-    # 100 µs bins only inside the measured steps (10 ms + the 100 ms warm-up step to 310 ms).
+    # 100 µs bins only over the last measured step, the figure's zoom (10 ms, the 100 ms
+    # warm-up step, then 110-210 and 210-310 ms): 1,000 per node; 1 ms over the whole run.
     fine = tp[tp["bin_ms"] == 0.1]
-    assert fine["t_start_ns"].min() == T0_NS + 110 * MS
+    assert fine["t_start_ns"].min() == T0_NS + 210 * MS
     assert fine["t_start_ns"].max() == T0_NS + 310 * MS - 100_000
+    assert fine.groupby("node").size().tolist() == [1000, 1000]
+    assert tp.loc[tp["bin_ms"] == 1.0, "t_start_ns"].min() < T0_NS + 110 * MS
 
     m.aggregate_cells(metric_dirs, tmp_path / "agg")
     for name in METRIC_TABLES:

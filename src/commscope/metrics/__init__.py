@@ -33,11 +33,12 @@ Layout: this package is a facade; every name below is defined in the module of i
 and re-exported here, so ``from commscope.metrics import X`` and ``commscope.metrics.X`` work
 for the whole metric API:
 
-* :mod:`.steps` step times and the training window; :mod:`.volume` framework bytes, op counts
-  and message sizes; :mod:`.counters` throughput, traffic shape and wire bytes from the
-  interface counters; :mod:`.framework` framework vs wire per node; :mod:`.matrix` the rank
-  and node communication matrices; :mod:`.window` and :mod:`.crosscheck` the cross-validation;
-  :mod:`.sockets` TCP's own statistics; :mod:`.summary` the one-row cell summary;
+* :mod:`.steps` step times, the training window and the zoomed step; :mod:`.volume` framework
+  bytes, op counts and message sizes; :mod:`.counters` throughput, traffic shape and wire
+  bytes from the interface counters; :mod:`.framework` framework vs wire per node;
+  :mod:`.matrix` the rank and node communication matrices; :mod:`.window` and
+  :mod:`.crosscheck` the cross-validation; :mod:`.sockets` TCP's own statistics;
+  :mod:`.summary` the one-row cell summary;
 * :mod:`.io` the files-in, files-out functions the Snakemake scripts call; :mod:`.imported`
   the op-level metrics of traces recorded elsewhere (``imports:``);
 * from a lower layer, the input of them all: trace loading (:mod:`commscope.cell.load`). The
@@ -85,7 +86,7 @@ from commscope.metrics.matrix import (
     node_traffic_split,
 )
 from commscope.metrics.sockets import SOCKET_COLUMNS, retransmitted_bytes, socket_stats
-from commscope.metrics.steps import STEP_TIME_COLUMNS, step_times, training_window
+from commscope.metrics.steps import STEP_TIME_COLUMNS, step_times, training_window, zoom_window
 from commscope.metrics.summary import SUMMARY_BIN_MS, SUMMARY_COLUMNS, cell_summary
 from commscope.metrics.volume import (
     MSG_SIZE_COLUMNS,
@@ -146,4 +147,5 @@ __all__ = [
     "wire_counts",
     "wire_vs_framework",
     "write_cell_metrics",
+    "zoom_window",
 ]

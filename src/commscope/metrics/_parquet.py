@@ -1,7 +1,7 @@
 """Parquet files of metric tables too large to hold whole, written in parts and read back as
 ``frame.to_parquet(path, index=False)`` of the whole frame would be.
 
-A long run's throughput table is ten rows per node and millisecond, and every row carries the
+A long run's throughput table is a row per node and millisecond, and every row carries the
 cell's parameters (the cell id alone is ~130 bytes of text). Held as a frame, those columns
 are most of its memory; written by pyarrow they are most of the time spent (each text value is
 hashed into the column's dictionary, and min/max statistics compare every value). Here a

@@ -25,9 +25,11 @@ from commscope.units import NS_PER_MS, NS_PER_S
 # then each decade up to 100 ms. Floats, so 0.1 survives parquet and every groupby.
 DEFAULT_BIN_MS: tuple[float, ...] = (0.1, 1.0, 10.0, 100.0)
 
-# Bins at least this wide cover every counter sample of the run; finer ones only the measured
-# window: 100 µs over a whole run (rendezvous and start-up included) is 10 rows per node and
-# millisecond, most of them idle.
+# Bins at least this wide cover every counter sample of the run; finer ones only the step the
+# cell figure zooms into (:func:`~commscope.metrics.steps.zoom_window`): 100 µs over a whole
+# run is 10 rows per node and millisecond (88 % of a long run's table and most of its metrics
+# time, docs/analysis.md), and the zoom is their only reader. The shape table and the summary
+# compute their 100 µs statistics from the counters, over the whole measured window.
 FULL_SPAN_MIN_BIN_MS = 1.0
 
 # The counters' optional column with the source's own time resolution (ns, constant per node):
@@ -149,7 +151,7 @@ class _CounterSeries:
     ) -> np.ndarray:
         """:meth:`rates` over the edges ``origin + k*bin`` for k from ``k_first`` to
         ``k_last``, the same numbers bit for bit with a third of the temporary arrays (the
-        table's 100 µs rows are 10**7 per node-hour): edges relative to the first sample are
+        shape's 100 µs bins are 10**7 per node-hour): edges relative to the first sample are
         whole numbers below 2**53, exact in float64 however they are summed."""
         rate = np.empty(k_last - k_first, dtype="float64")
         t_rel, cum = self._relative_t(), self.cum[col]
@@ -386,17 +388,28 @@ def throughput(
 
 
 def throughput_specs(
-    window: tuple[int, int] | None, bin_ms_list: Sequence[float] = DEFAULT_BIN_MS
+    window: tuple[int, int] | None,
+    bin_ms_list: Sequence[float] = DEFAULT_BIN_MS,
+    zoom: tuple[int, int] | None = None,
 ) -> list[tuple[float, tuple[int, int] | None]]:
     """The ``(bin_ms, limits)`` of the cell's ``throughput`` table (:func:`throughput_table`):
-    widths of at least :data:`FULL_SPAN_MIN_BIN_MS` over the whole sampled span (no limits),
-    finer ones inside ``window`` only, and not at all when ``window`` is None."""
+    widths of at least :data:`FULL_SPAN_MIN_BIN_MS` over the whole sampled span (no limits);
+    finer ones over ``zoom`` (:func:`~commscope.metrics.steps.zoom_window`): every bin of
+    theirs that overlaps it and lies inside ``window`` (the training window), so the figure's
+    zoom, widened to whole bins, finds all of its bins. Without ``zoom`` the finer widths cover
+    the whole ``window``; without ``window`` (no steps recorded) they are left out."""
     specs: list[tuple[float, tuple[int, int] | None]] = []
     for bin_ms in bin_ms_list:
         if float(bin_ms) >= FULL_SPAN_MIN_BIN_MS:
             specs.append((float(bin_ms), None))
         elif window is not None:
-            specs.append((float(bin_ms), (int(window[0]), int(window[1]))))
+            lo, hi = int(window[0]), int(window[1])
+            if zoom is not None:
+                # Widened to the width's grid (origin 0, the table's), then cut to the window.
+                bin_ns = bin_width_ns(bin_ms)
+                lo = max(lo, int(zoom[0]) - int(zoom[0]) % bin_ns)
+                hi = min(hi, int(zoom[1]) + (-int(zoom[1])) % bin_ns)
+            specs.append((float(bin_ms), (lo, hi)))
     return specs
 
 
@@ -404,20 +417,23 @@ def throughput_table(
     counters: pd.DataFrame,
     window: tuple[int, int] | None,
     bin_ms_list: Sequence[float] = DEFAULT_BIN_MS,
+    zoom: tuple[int, int] | None = None,
 ) -> pd.DataFrame:
     """:func:`throughput` at every width of ``bin_ms_list``, stacked (column ``bin_ms``), as
-    the cell's ``throughput`` table is written.
+    the cell's ``throughput`` table is written (with the ``zoom`` of its step table).
 
     Widths of at least :data:`FULL_SPAN_MIN_BIN_MS` cover the whole sampled span (start-up and
-    tear-down included); finer ones only the measured ``window``
-    (:func:`~commscope.metrics.steps.training_window`), and none at all when ``window`` is
-    None (no steps were recorded). Each counter series is cleaned once for all widths.
+    tear-down included); finer ones only the step the cell figure zooms into (``zoom``,
+    :func:`~commscope.metrics.steps.zoom_window`, widened to whole bins inside the measured
+    ``window``, :func:`~commscope.metrics.steps.training_window`; the whole ``window`` without
+    ``zoom``), and none at all when ``window`` is None (no steps were recorded). Each counter
+    series is cleaned once for all widths.
     """
-    return _throughput(counters, throughput_specs(window, bin_ms_list), 0)
+    return _throughput(counters, throughput_specs(window, bin_ms_list, zoom), 0)
 
 
 # Rows of one part of the throughput table at most (:func:`throughput_parts`): the table has
-# ten rows per node and millisecond at 100 µs, far more than one array should hold at once; a
+# a row per node and millisecond at 1 ms, far more than one array should hold at once; a
 # part is one row group of the written file, and half a million rows keep the writer's buffers
 # near 50 MB beside the rest of a long run's metrics.
 THROUGHPUT_PART_ROWS = 1 << 19

@@ -63,15 +63,16 @@ from commscope.metrics.crosscheck import (
 from commscope.metrics.framework import WIRE_COLUMNS, wire_vs_framework
 from commscope.metrics.matrix import comm_matrix, node_matrix
 from commscope.metrics.sockets import SOCKET_INPUT_COLUMNS, socket_stats
-from commscope.metrics.steps import step_times, training_window
+from commscope.metrics.steps import step_times, training_window, zoom_window
 from commscope.metrics.study import STUDY_SOURCES, derive_study_tables
 from commscope.metrics.summary import cell_summary
 from commscope.metrics.volume import message_sizes, op_volume
 from commscope.metrics.window import check_window
 
-# The widths of the throughput table (the shape table's are DEFAULT_BIN_MS too). At 100 µs it
-# has ten rows per node and millisecond: most of a long run's metrics time is writing them
-# (docs/analysis.md; the benchmark's --throughput-bins measures without them).
+# The widths of the throughput table (the shape table's are DEFAULT_BIN_MS too). Its 100 µs
+# rows cover only the step the cell figure zooms into (zoom_window): over the whole run they
+# would be ten rows per node and millisecond, most of a long run's metrics time
+# (docs/analysis.md; the benchmark's --throughput-bins measures other widths).
 THROUGHPUT_BIN_MS: tuple[float, ...] = DEFAULT_BIN_MS
 
 
@@ -79,14 +80,15 @@ def cell_metric_tables(traces: CellTraces, wire_flows: pd.DataFrame) -> dict[str
     """Every per-cell metric table of one cell, by name (:data:`METRIC_TABLES`).
 
     summary, op_volume (per rank), msg_sizes, throughput (bins 0.1/1/10/100 ms stacked, column
-    ``bin_ms``; the 0.1 ms bins only inside the training window, :func:`throughput_table`),
+    ``bin_ms``; the 0.1 ms bins only over the step the cell figure zooms into,
+    :func:`~commscope.metrics.steps.zoom_window`, :func:`throughput_table`),
     shape (inside the training window, the same bins), step_times, wire, comm_matrix (rank x
     rank bytes per measured step), node_matrix (node x node), crosscheck (wire vs recorded ops
     per node and direction, :func:`crosscheck`), matrix_check (node x node matrix vs the
     captured ``wire_flows`` when the cell has them, :func:`matrix_check`) and sockets (TCP's
     rtt, cwnd and retransmissions per node, :func:`socket_stats`).
 
-    The throughput table of a long run is large (ten rows per node and millisecond):
+    The throughput table of a long run is large (a row per node and millisecond at 1 ms):
     :func:`write_cell_metrics` writes the same tables without ever holding it whole.
     """
     with shared_results():
@@ -104,12 +106,14 @@ class _ThroughputSource:
     def __init__(
         self,
         counters: pd.DataFrame,
-        window: tuple[int, int] | None,
+        st: pd.DataFrame,
         params: dict[str, Any] | None,
         empty_columns: list[str],
     ) -> None:
         self.counters = counters
-        self.specs = throughput_specs(window, THROUGHPUT_BIN_MS)
+        # The training window and the zoomed step of the step times ``st`` (none without steps).
+        window, zoom = (training_window(st), zoom_window(st)) if not st.empty else (None, None)
+        self.specs = throughput_specs(window, THROUGHPUT_BIN_MS, zoom)
         # The counters' parameters when they were read without their columns (else None).
         self.params = params
         self.empty_columns = empty_columns
@@ -171,9 +175,8 @@ def _throughput_source(
     its step times ``st``."""
     if counters.empty:
         return None
-    window = training_window(st) if not st.empty else None
     empty = [*traces.params, *THROUGHPUT_COLUMNS]
-    return _ThroughputSource(counters, window, counter_params, empty)
+    return _ThroughputSource(counters, st, counter_params, empty)
 
 
 def _cell_tables(
@@ -266,7 +269,7 @@ def write_cell_metrics(
         throughput = _throughput_source(counter_table, early, st, counter_params)
         writing = None
         if throughput is not None:
-            # The throughput table (ten rows per node and millisecond) is written by a thread
+            # The throughput table (a row per node and millisecond) is written by a thread
             # of its own, started as soon as the counters and steps are in, while the other
             # inputs are read and the other tables computed: its time is spent encoding
             # parquet, outside the GIL. The series it reads are cleaned here first, so both

@@ -60,3 +60,20 @@ def training_window(step_table: pd.DataFrame) -> tuple[int, int]:
     if measured.empty:
         measured = step_table
     return int(measured["t_start_ns"].min()), int(measured["t_end_ns"].max())
+
+
+def zoom_window(step_table: pd.DataFrame) -> tuple[int, int]:
+    """``(start_ns, end_ns)`` of the step the cell figure zooms into: the last measured step
+    (the last step when every step is a warm-up step), inside :func:`training_window`.
+
+    The throughput table has its rows finer than 1 ms only around this step
+    (:func:`~commscope.metrics.counters.throughput_specs`): at 100 µs the whole window is ten
+    rows per node and millisecond, and the zoom is the only reader of them. ``step_table`` is
+    the output of :func:`step_times` for one cell.
+    """
+    window = training_window(step_table)
+    measured = step_table[~step_table["warmup"].astype(bool)]
+    if measured.empty:
+        measured = step_table
+    last = measured.sort_values("t_start_ns", kind="stable").iloc[-1]
+    return max(int(last["t_start_ns"]), window[0]), min(int(last["t_end_ns"]), window[1])

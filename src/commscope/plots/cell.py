@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from commscope.metrics.counters import bin_width_ns
-from commscope.metrics.steps import training_window
+from commscope.metrics.steps import training_window, zoom_window
 from commscope.plots._style import _no_data, _save, _styled
 from commscope.units import NS_PER_MS, NS_PER_S
 
@@ -55,7 +55,8 @@ _ZOOM_ROW_HEIGHT = 0.55
 def plot_cell_throughput(throughput: Path, step_times: Path, summary: Path, out_png: Path) -> Path:
     """Every node's tx and rx throughput over the measured steps, at several resolutions.
 
-    Draws the cell's metric tables ``throughput.parquet`` (rows of every ``bin_ms``),
+    Draws the cell's metric tables ``throughput.parquet`` (rows of every ``bin_ms``, the
+    100 µs ones only over the zoomed step, :func:`~commscope.metrics.steps.zoom_window`),
     ``step_times.parquet`` (step boundaries and the warm-up flag) and ``summary.parquet`` (the
     bandwidth cap). Small multiples share one time axis over the measured window (the steps
     after warm-up, :func:`~commscope.metrics.steps.training_window`; rendezvous, start-up and
@@ -105,7 +106,7 @@ def plot_cell_throughput(throughput: Path, step_times: Path, summary: Path, out_
     measured = st[~st["warmup"]] if bool((~st["warmup"]).any()) else st
     palette = _node_palette(nodes)
     origin = window[0]
-    zoom = _zoom_interval(tp, measured, zoom_ns, window)
+    zoom = _zoom_interval(tp, st, zoom_ns)
     scale, unit = _rate_unit(tp, window, cap_bps)
 
     for ax, width_ns in zip(over_axes, overview or [zoom_ns], strict=False):
@@ -279,14 +280,12 @@ def _fmt_width(width_ns: int) -> str:
     return f"{width_ns / 1000:g} µs" if width_ns < NS_PER_MS else f"{width_ns / NS_PER_MS:g} ms"
 
 
-def _zoom_interval(
-    tp: pd.DataFrame, measured: pd.DataFrame, zoom_ns: int, window: tuple[int, int]
-) -> tuple[int, int]:
-    """The last measured step, or its busiest stretch of :data:`_ZOOM_MAX_NS` when longer,
-    snapped outwards to the zoom's bin grid."""
-    last = measured.sort_values("t_start_ns").iloc[-1]
-    lo = max(int(last["t_start_ns"]), window[0])
-    hi = min(int(last["t_end_ns"]), window[1])
+def _zoom_interval(tp: pd.DataFrame, st: pd.DataFrame, zoom_ns: int) -> tuple[int, int]:
+    """The last measured step of the step times ``st``
+    (:func:`~commscope.metrics.steps.zoom_window`, the stretch the throughput table has its
+    100 µs rows for), or its busiest stretch of :data:`_ZOOM_MAX_NS` when longer, snapped
+    outwards to the zoom's bin grid."""
+    lo, hi = zoom_window(st)
     if hi - lo > _ZOOM_MAX_NS:
         rows = _rows(tp, zoom_ns, (lo, hi))
         if not rows.empty:
