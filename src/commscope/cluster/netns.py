@@ -79,7 +79,8 @@ def _require_root() -> None:
         )
 
 
-def _ns_name(name: str, index: int) -> str:
+def ns_name(name: str, index: int) -> str:
+    """The network namespace of node ``index`` of netns cluster ``name``."""
     return f"{NETNS_PREFIX}{name}-{index}"
 
 
@@ -568,7 +569,7 @@ def _make_node(
     address), a fresh host key and a running sshd. Returns the node and its known_hosts line."""
     (br_mgmt, mgmt_net, mgmt_addr), (br_exp, exp_net, exp_addr) = mgmt, exp
     alias = f"{_ALIAS_PREFIX}{NETNS_PREFIX}{name}"
-    ns = _ns_name(name, i)
+    ns = ns_name(name, i)
     node_dir = state_dir / f"node{i}"
     workdir = node_dir / "work"
     workdir.mkdir(parents=True, exist_ok=True)

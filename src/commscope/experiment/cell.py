@@ -1,9 +1,10 @@
 """Run one sweep cell on the cluster.
 
-Order: prepare every node → shape links → start probes (and take clocks) → torchrun on every
-node over SSH → stop probes (and take clocks) → unshape → fetch traces over SFTP; ALWAYS unshape
-and kill what is left, also when the run failed or hung. One cell owns the cluster at a time (an
-fcntl lock on the cluster state dir, on top of Snakemake's ``cluster_slot`` resource).
+Order: prepare every node → shape links → start probes (and take clocks) → the ranks on every
+node over SSH (run.launcher) → stop probes (and take clocks) → unshape → fetch traces over SFTP;
+ALWAYS unshape and kill what is left, also when the run failed or hung. One cell owns the
+cluster at a time (an fcntl lock on the cluster state dir, on top of Snakemake's
+``cluster_slot`` resource).
 """
 
 from __future__ import annotations
@@ -22,7 +23,13 @@ from commscope.cluster.hosts import Cluster, Host, on_all
 from commscope.cluster.provision import provision, state_dir
 from commscope.cluster.shaping import link_facts, shaped
 from commscope.contracts import RUN_FILE
-from commscope.experiment.launch import Torchrun, kill_tagged, new_tag, torchrun_everywhere
+from commscope.experiment.launch import (
+    Launcher,
+    ensure_forkserver,
+    kill_tagged,
+    launch_everywhere,
+    new_tag,
+)
 from commscope.experiment.probes import (
     CellProbes,
     NodeTools,
@@ -92,8 +99,8 @@ def run_cell(
 ) -> Path:
     """Run ``workload`` on the first ``cell.nodes`` nodes; raw traces land in ``out_dir``.
 
-    torchrun starts ``workload.module`` on ``cell.ranks_per_node`` ranks per node with the path
-    of ``workload.spec``; the cell's link axes (bw, delay, jitter, loss) set how links are
+    ``run.launcher`` starts ``workload.module`` on ``cell.ranks_per_node`` ranks per node with
+    the path of ``workload.spec``; the cell's link axes (bw, delay, jitter, loss) set how links are
     shaped. The caller owns the cluster for the duration (see :func:`cluster_lock`)."""
     if cell.nodes > cluster.size:
         raise ValueError(
@@ -105,7 +112,7 @@ def run_cell(
     hosts = [Host(spec, connect_timeout=connect_timeout_s) for spec in cluster.nodes[: cell.nodes]]
     try:
         _measure(
-            hosts, Torchrun(cluster, cell, run, tag, workload.module), workload, shape, out_dir
+            hosts, Launcher(cluster, cell, run, tag, workload.module), workload, shape, out_dir
         )
     finally:
         try:
@@ -117,18 +124,22 @@ def run_cell(
 
 
 def _measure(
-    hosts: list[Host], torchrun: Torchrun, workload: Workload, shape: LinkShape, out_dir: Path
+    hosts: list[Host], launcher: Launcher, workload: Workload, shape: LinkShape, out_dir: Path
 ) -> None:
     """The cell's phases from preparing the nodes to writing run.json (see the module doc)."""
-    run, tag, names = torchrun.run, torchrun.tag, [h.name for h in hosts]
+    run, tag, names = launcher.run, launcher.tag, [h.name for h in hosts]
     remote_dirs = {h.name: f"{h.spec.workdir}/{tag}" for h in hosts}
-    on_all(hosts, lambda h: _prepare(h, remote_dirs[h.name], workload, bool(run.pcap), out_dir))
+    # Wall-clock marks of the orchestrator's phases, kept in run.json: the cell's fixed cost.
+    marks = {"begun": time.time_ns()}
+    on_all(hosts, lambda h: _prepare(h, remote_dirs[h.name], workload, run, out_dir))
     log.info("prepared %d nodes", len(hosts))
     wire = _wire_source(hosts, run, remote_dirs)
+    marks["prepared"] = time.time_ns()
     peers = tuple(h.spec.exp_addr for h in hosts)
     probes = CellProbes(NodeTools(node_tools(run, tag, wire, peers), remote_dirs))
     meta: dict[str, Any] = {
         "tag": tag,
+        "launcher": run.launcher,
         "shape": shape.__dict__,
         "captures": {
             "wire": wire.source,
@@ -139,9 +150,10 @@ def _measure(
         "wire": {**wire.as_dict(), "requested": run.wire},
     }
     # Jitter draws differ per repeat (and per node, see shaped) but are the same on a rerun.
-    seed = 1000 * int(torchrun.cell.repeat or 0)
+    seed = 1000 * int(launcher.cell.repeat or 0)
     with shaped(hosts, shape, run.link_engine, seed) as link:
         meta["link_engine"] = link
+        marks["shaped"] = time.time_ns()
         started = on_all(hosts, probes.start)
         meta["qdisc_before"] = {n: q for n, (q, _) in zip(names, started, strict=True)}
         # MTU, offloads and congestion control as the cell ran them: what a packet on the
@@ -153,19 +165,23 @@ def _measure(
             link["engine"],
         )
         meta["t_start_ns"] = time.time_ns()
-        failures = torchrun_everywhere(hosts, torchrun, remote_dirs)
-        log.info("torchrun ended on every node (%d failed)", len(failures))
+        failures = launch_everywhere(hosts, launcher, remote_dirs)
+        log.info("ranks ended on every node (%d failed, launcher %s)", len(failures), run.launcher)
         meta["t_end_ns"] = time.time_ns()
         stopped = on_all(hosts, probes.stop)
+        marks["probes_stopped"] = time.time_ns()
         meta["qdisc_after"] = {n: q for n, (q, _) in zip(names, stopped, strict=True)}
     meta["clock"] = {
         # netns nodes read the host kernel's clock: the estimates only check the method.
-        "applied": torchrun.cluster.backend != "netns",
+        "applied": launcher.cluster.backend != "netns",
         "nodes": {n: {**a, **b} for n, (_, a), (_, b) in zip(names, started, stopped, strict=True)},
     }
     log.info("samplers stopped, links unshaped")
+    marks["unshaped"] = time.time_ns()
     meta["nodes"] = on_all(hosts, lambda h: _fetch(h, remote_dirs[h.name], out_dir))
     log.info("fetched every node's files")
+    marks["fetched"] = time.time_ns()
+    meta["timeline_ns"] = {**marks, "launched": meta["t_start_ns"], "ended": meta["t_end_ns"]}
     (out_dir / RUN_FILE).write_text(json.dumps(meta, indent=2, default=str))
     if failures:
         raise CellFailed("training failed on " + "; ".join(failures))
@@ -197,9 +213,10 @@ def _fall_back(reason: str) -> WireSource:
     return WireSource("counters", reason=reason)
 
 
-def _prepare(host: Host, rdir: str, workload: Workload, pcap: bool, out_dir: Path) -> None:
-    """Make the node's run directory, build the native sampler there if needed, check that
-    tcpdump exists when capturing (one round trip for the three), and upload the spec."""
+def _prepare(host: Host, rdir: str, workload: Workload, run: RunSettings, out_dir: Path) -> None:
+    """Make the node's run directory, start the warm launcher's fork server if it is not
+    running, build the native sampler there if needed, check that tcpdump exists when capturing
+    (one round trip for all), and upload the spec."""
     spec = {**workload.spec, "out_dir": rdir, "node": host.spec.index}
     local_spec = out_dir / f"spec_{host.name}.json"
     local_spec.write_text(json.dumps(spec, indent=2))
@@ -207,9 +224,10 @@ def _prepare(host: Host, rdir: str, workload: Workload, pcap: bool, out_dir: Pat
     # first cell), so the sampler starts sampling at once instead of compiling first.
     build = "import commscope.node.sampler as s; s.native_binary()"
     # Exit 3 (before anything starts) when packet capture is asked for but impossible.
-    check = "command -v tcpdump >/dev/null || exit 3; " if pcap else ""
+    check = "command -v tcpdump >/dev/null || exit 3; " if run.pcap else ""
+    warm = f"{ensure_forkserver(host, workload.module)}; " if run.launcher == "warm" else ""
     res = host.run(
-        f"{check}mkdir -p {shlex.quote(rdir)} && "
+        f"{check}mkdir -p {shlex.quote(rdir)} && {warm}"
         f"{shlex.quote(host.spec.python)} -c {shlex.quote(build)} > {rdir}/build.log 2>&1",
         warn=True,
     )

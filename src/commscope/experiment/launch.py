@@ -1,5 +1,6 @@
-"""torchrun on every node over SSH: the command line, its environment, launching it on all nodes
-at once, and killing what a cell started (by its tag) when a node fails or the cell ends."""
+"""The ranks on every node over SSH: the launcher's command line (the warm fork server of
+:mod:`commscope.node.forkserver`, or torchrun), its environment, launching it on all nodes at
+once, and killing what a cell started (by its tag) when a node fails or the cell ends."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ from commscope.spec.settings import CellSettings, RunSettings, Workload
 log = logging.getLogger(__name__)
 
 TRAIN_MODULE = "commscope.workload.train"
+FORKSERVER_MODULE = "commscope.node.forkserver"
+# What a node's launcher prints (the fork server's client, or torchrun and its workers).
+LAUNCH_LOG = "launch.log"
 
 
 def training_spec(
@@ -66,10 +70,27 @@ def kill_tagged(host: Host, tag: str) -> None:
     )
 
 
+def forkserver_log(host: Host) -> str:
+    """Where a node's fork server logs: beside the cells' run directories (it outlives them)."""
+    return f"{host.spec.workdir}/forkserver.log"
+
+
+def ensure_forkserver(host: Host, module: str) -> str:
+    """A shell step that starts ``host``'s fork server for ``module`` in the background if none
+    runs (so its imports overlap the cell's shaping), with the ranks' import-time environment."""
+    py = shlex.quote(host.spec.python)
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in Launcher.import_env().items())
+    return (
+        f"(env {env} nohup setsid {py} -m {FORKSERVER_MODULE} ensure --preload {module} "
+        f"--server-log {shlex.quote(forkserver_log(host))} < /dev/null > /dev/null 2>&1 &)"
+    )
+
+
 @dataclass(frozen=True)
-class Torchrun:
-    """One cell's torchrun: ``module`` on ``cell.ranks_per_node`` ranks of each of
-    ``cell.nodes`` nodes of ``cluster`` (the first node is the rendezvous master)."""
+class Launcher:
+    """One cell's ranks: ``module`` on ``cell.ranks_per_node`` ranks of each of ``cell.nodes``
+    nodes of ``cluster`` (the first node is the rendezvous master), started by
+    ``run.launcher``: forked by the node's warm fork server, or by torchrun."""
 
     cluster: Cluster
     cell: CellSettings
@@ -78,28 +99,42 @@ class Torchrun:
     module: str
 
     def command(self, host: Host, spec: str) -> str:
-        """The shell command that starts torchrun on ``host`` with the spec file ``spec``."""
+        """The shell command that starts this node's ranks on ``host`` with the spec file
+        ``spec``; the cell's tag is on its command line (what :func:`kill_tagged` finds)."""
         master = self.cluster.nodes[0]
         n = host.spec
-        args = [
-            "timeout", "-k", "10", str(int(self.run.timeout_s)),
-            n.python, "-m", "torch.distributed.run",
+        common = [
             "--nnodes", str(self.cell.nodes),
-            "--nproc-per-node", str(self.cell.ranks_per_node),
             "--node-rank", str(n.index),
             "--master-addr", master.exp_addr,
             "--master-port", str(self.run.master_port),
-            "--max-restarts", "0",
-            "-m", self.module, spec, "--tag", self.tag,
         ]  # fmt: skip
-        return " ".join(shlex.quote(a) for a in args)
+        if self.run.launcher == "warm":
+            launcher = [
+                n.python, "-m", FORKSERVER_MODULE, "launch",
+                "--preload", self.module, "--server-log", forkserver_log(host),
+                "--nproc", str(self.cell.ranks_per_node), *common, "--module", self.module, "--",
+            ]  # fmt: skip
+        else:
+            launcher = [
+                n.python, "-m", "torch.distributed.run",
+                "--nproc-per-node", str(self.cell.ranks_per_node), *common,
+                "--max-restarts", "0", "-m", self.module,
+            ]  # fmt: skip
+        timeout = ["timeout", "-k", "10", str(int(self.run.timeout_s))]
+        return " ".join(shlex.quote(a) for a in [*timeout, *launcher, spec, "--tag", self.tag])
+
+    @staticmethod
+    def import_env() -> dict[str, str]:
+        """The part of the ranks' environment read when torch is imported (thread pools)."""
+        return {"OMP_NUM_THREADS": "1"}
 
     @staticmethod
     def env(host: Host, rdir: str) -> dict[str, str]:
         """The ranks' environment on ``host``: the experiment interface for gloo and NCCL."""
         return {
+            **Launcher.import_env(),
             "GLOO_SOCKET_IFNAME": host.spec.exp_iface,
-            "OMP_NUM_THREADS": "1",
             "PYTHONUNBUFFERED": "1",
             # GPU runs: NCCL's own record of every collective, a second source beside our
             # capture (parsed by commscope.importers.nccl_log). Ignored by gloo.
@@ -110,11 +145,11 @@ class Torchrun:
         }
 
     def run_on(self, host: Host, rdir: str) -> tuple[str, int]:
-        """Run torchrun on ``host`` in ``rdir`` until it ends: (node name, exit code)."""
+        """Run this node's ranks on ``host`` in ``rdir`` until they end: (node name, exit code)."""
         cmd = self.command(host, f"{rdir}/spec.json")
         # The local `timeout` is the backstop if the remote `timeout` cannot fire (node gone).
         res = host.run(
-            f"cd {shlex.quote(rdir)} && {cmd} > torchrun.log 2>&1",
+            f"cd {shlex.quote(rdir)} && {cmd} > {LAUNCH_LOG} 2>&1",
             env=self.env(host, rdir),
             warn=True,
             timeout=float(self.run.timeout_s) + 60,
@@ -123,26 +158,28 @@ class Torchrun:
 
 
 def _failure_tail(host: Host, rdir: str) -> str:
-    """The end of a failed node's torchrun.log: the workers' own lines first."""
-    log_path = f"{rdir}/torchrun.log"
-    # The workers' own lines ("[rankN]: ...") say why; the launcher's traceback after them only
-    # says that a child failed. Keep both, workers first.
+    """The end of a failed node's logs: the ranks' own lines first (rank{R}.log under the warm
+    launcher, "[rankN]: ..." lines of torchrun's log), then the launcher's."""
+    log_path = f"{rdir}/{LAUNCH_LOG}"
+    # The ranks' lines say why; the launcher's after them only says that a rank failed.
     return host.run(
+        f'cd {shlex.quote(rdir)} && for f in rank*.log; do test -e "$f" && '
+        f'{{ echo "== $f"; tail -n 20 "$f"; }}; done; '
         f"grep -E '^\\[rank[0-9]+\\]:' {log_path} | tail -n 40; echo ---; tail -n 10 {log_path}",
         warn=True,
     ).stdout
 
 
-def torchrun_everywhere(
-    hosts: list[Host], torchrun: Torchrun, remote_dirs: Mapping[str, str]
+def launch_everywhere(
+    hosts: list[Host], launcher: Launcher, remote_dirs: Mapping[str, str]
 ) -> list[str]:
-    """Start torchrun on all nodes at once; return a description of each node that failed.
+    """Start the ranks on all nodes at once; return a description of each node that failed.
 
     The first node to fail gets every node's processes killed: the others would only wait for
     the lost peer until the gloo timeout."""
     failures = []
     with ThreadPoolExecutor(len(hosts)) as pool:
-        futures = {pool.submit(torchrun.run_on, h, remote_dirs[h.name]): h for h in hosts}
+        futures = {pool.submit(launcher.run_on, h, remote_dirs[h.name]): h for h in hosts}
         for fut in as_completed(futures):
             h = futures[fut]
             try:
@@ -155,5 +192,5 @@ def torchrun_everywhere(
             if code is not None:
                 reason = "timed out" if code in (124, 137) else f"exit {code}"
                 failures.append(f"{name}: {reason}\n{_failure_tail(h, remote_dirs[h.name])}")
-            on_all(hosts, lambda other: kill_tagged(other, torchrun.tag))
+            on_all(hosts, lambda other: kill_tagged(other, launcher.tag))
     return failures

@@ -120,6 +120,8 @@ class CellSettings:
 
 # Where the wire's bytes come from (run.wire): see RunSettings.
 WIRE_SOURCES: tuple[str, ...] = ("bpf", "counters")
+# How each node starts its ranks (run.launcher): see RunSettings.
+LAUNCHERS: tuple[str, ...] = ("warm", "torchrun")
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,9 @@ class RunSettings:
     ``master_port`` is torchrun's rendezvous port. ``link_engine`` applies the cells' delay,
     jitter and loss: ``netem``, ``nfqueue`` (nftables random drop and the NFQUEUE delayer of
     :mod:`commscope.node.delayer`) or ``auto`` (netem where the node's kernel has it).
+    ``launcher`` starts the ranks: ``warm`` (default) forks them, with torchrun's environment,
+    from a per-node server that has imported torch and the workload already
+    (:mod:`commscope.node.forkserver`); ``torchrun`` runs torchrun on every node.
     """
 
     timeout_s: float = 300.0
@@ -148,6 +153,7 @@ class RunSettings:
     wire: str = "bpf"
     wire_bin_us: float = 100.0
     link_engine: str = "auto"
+    launcher: str = "warm"
 
     def __post_init__(self) -> None:
         if not self.timeout_s > 0:
@@ -156,6 +162,11 @@ class RunSettings:
             raise ValueError(
                 f"run.link_engine={self.link_engine!r}: use one of {list(LINK_ENGINES)} (auto: "
                 "netem where the kernel has it, else nftables loss and the NFQUEUE delayer)"
+            )
+        if self.launcher not in LAUNCHERS:
+            raise ValueError(
+                f"run.launcher={self.launcher!r}: use one of {list(LAUNCHERS)} (warm: ranks "
+                "forked from a per-node server with torch imported; torchrun: torchrun per node)"
             )
         if self.wire not in WIRE_SOURCES:
             raise ValueError(
@@ -185,6 +196,7 @@ class RunSettings:
             "wire": str,
             "wire_bin_us": float,
             "link_engine": str,
+            "launcher": str,
         }
         return cls(**{k: casts[k](v) for k, v in kw.items()})
 

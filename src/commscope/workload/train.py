@@ -26,8 +26,24 @@ from commscope.workload.entry import main, rank_device
 from commscope.workload.trainer import StepLog, Trainer
 
 
+def preload() -> None:
+    """What the warm launcher (:mod:`commscope.node.forkserver`) does once per node before it
+    forks ranks: register the capture's kernels, then import the ``torch.distributed``
+    sub-packages model building imports on first use (in that order, as a fresh rank does:
+    see :mod:`commscope.workload.parallelize`). Starts no thread and touches no device."""
+    capture.install()
+    import torch.distributed._composable.replicate_with_fsdp  # noqa: F401
+    import torch.distributed.fsdp  # noqa: F401
+    import torch.distributed.pipelining  # noqa: F401
+    import torch.distributed.tensor.parallel  # noqa: F401
+    import torch.nn.parallel  # noqa: F401
+
+
 def run(spec: dict) -> Path:
     """Train one cell on this rank and write its traces; returns the output directory."""
+    # Wall-clock marks of this rank's phases (rank{R}.json "timeline_ns"): with run.json's
+    # t_start_ns they split the cell's fixed cost (benchmarks/cell.py).
+    timeline = {"started": time.time_ns()}
     out_dir = Path(spec["out_dir"])
     out_dir.mkdir(parents=True, exist_ok=True)
     device, backend = rank_device(spec)
@@ -35,12 +51,14 @@ def run(spec: dict) -> Path:
     dist.init_process_group(
         backend, timeout=timedelta(seconds=float(spec.get("pg_timeout_s", 120)))
     )
+    timeline["joined"] = time.time_ns()
     rank, world = dist.get_rank(), dist.get_world_size()
     plan = ParallelPlan.from_dict(spec.get("plan", {"dp": -1}))
     log = StepLog()
     capture.enable(True)  # set-up ops (DDP's initial broadcast, mesh creation) count as step -1
     trainer = Trainer(spec["model"], plan, device, int(spec.get("seed", 0)), log)
     dist.barrier()
+    timeline["built"] = time.time_ns()
     for i in range(int(spec["steps"])):
         capture.set_step(i)
         t0 = time.time_ns()
@@ -52,6 +70,7 @@ def run(spec: dict) -> Path:
     capture.set_phase("other")
     dist.barrier()
     capture.enable(False)
+    timeline["trained"] = time.time_ns()
 
     node = int(os.environ.get("GROUP_RANK", spec.get("node", 0)))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -83,8 +102,11 @@ def run(spec: dict) -> Path:
         "plan": asdict(trainer.plan),
         "torch": torch.__version__,
     }
-    (out_dir / rank_meta_file(rank)).write_text(json.dumps(meta, indent=2))
+    timeline["written"] = time.time_ns()
     dist.destroy_process_group()
+    timeline["closed"] = time.time_ns()
+    meta["timeline_ns"] = timeline
+    (out_dir / rank_meta_file(rank)).write_text(json.dumps(meta, indent=2))
     return out_dir
 
 
