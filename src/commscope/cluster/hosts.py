@@ -9,7 +9,11 @@ and reject unknown keys.
 from __future__ import annotations
 
 import json
+import select
 import shlex
+import threading
+import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
@@ -18,6 +22,7 @@ from typing import Any, TypeVar
 
 import paramiko
 from fabric import Connection
+from invoke.exceptions import UnexpectedExit
 from invoke.runners import Result
 
 
@@ -93,6 +98,61 @@ class Cluster:
         return [Host(n, connect_timeout=connect_timeout) for n in self.nodes]
 
 
+class _Shell:
+    """One long-lived ``/bin/sh`` on an SSH channel that runs commands one after another.
+
+    A fresh SSH command costs a session set-up in sshd and a start of the user's login shell,
+    which sources ~/.bashrc when sshd starts it (Debian's bash): 150 ms per command on this
+    machine's root, whose .bashrc initialises pyenv. Through this shell a command costs what it
+    runs. Each command runs in a subshell (its ``exit``, ``cd`` and exports stay there) with
+    stdin from /dev/null; a marker line with its exit status ends its output on both streams.
+    """
+
+    def __init__(self, conn: Connection) -> None:
+        conn.open()
+        self.channel = conn.client.get_transport().open_session()
+        # bash -c 'exec /bin/sh': the login shell's start-up runs once, here.
+        self.channel.exec_command("exec /bin/sh")
+        self.lock = threading.Lock()
+        self.run("true", 60.0)  # whatever the login shell's start-up printed goes with it
+
+    def run(self, cmd: str, timeout: float | None) -> tuple[str, str, int]:
+        mark = f"@@commscope-end-{uuid.uuid4().hex}"
+        script = (
+            f"( {cmd}\n) < /dev/null; rc=$?; printf '\\n%s %s\\n' {mark} $rc; "
+            f"printf '\\n%s\\n' {mark} >&2\n"
+        )
+        self.channel.sendall(script.encode())
+        out, err = bytearray(), bytearray()
+        end_out, end_err = f"\n{mark} ".encode(), f"\n{mark}\n".encode()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not (self._ended(out, end_out) and err.endswith(end_err)):
+            if self.channel.exit_status_ready() and not (
+                self.channel.recv_ready() or self.channel.recv_stderr_ready()
+            ):
+                raise OSError("the node's shell ended")
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError(f"command did not end within {timeout} s: {cmd[:200]}")
+            select.select([self.channel], [], [], left)
+            while self.channel.recv_ready():
+                out += self.channel.recv(1 << 16)
+            while self.channel.recv_stderr_ready():
+                err += self.channel.recv_stderr(1 << 16)
+        body, _, tail = bytes(out).rpartition(end_out)
+        code = int(tail.split()[0])
+        return body.decode(errors="replace"), err[: -len(end_err)].decode(errors="replace"), code
+
+    @staticmethod
+    def _ended(out: bytearray, end: bytes) -> bool:
+        """Whether ``out`` holds the whole end line (marker, status, newline)."""
+        at = out.rfind(end)
+        return at >= 0 and out.endswith(b"\n") and len(out) > at + len(end)
+
+    def close(self) -> None:
+        self.channel.close()
+
+
 class Host:
     """One node over SSH with verified host keys. Use as a context manager or call close()."""
 
@@ -118,6 +178,8 @@ class Host:
             client.load_host_keys(spec.known_hosts)
         # Reject anything not in known_hosts: a wrong key is an error, never silently trusted.
         client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        self._shell: _Shell | None = None
+        self._shell_lock = threading.Lock()
 
     @property
     def name(self) -> str:
@@ -132,11 +194,43 @@ class Host:
         env: dict[str, str] | None = None,
         hide: bool | str = True,
     ) -> Result:
-        """Run a shell command on the node. ``env`` is exported inline (sshd drops SendEnv)."""
+        """Run a shell command on the node. ``env`` is exported inline (sshd drops SendEnv).
+
+        Commands go through the node's long-lived shell (:class:`_Shell`) when it is free; one
+        issued while another runs (a kill from another thread) gets an SSH command of its own.
+        ``timeout`` raises TimeoutError (and drops the shell) when the command runs longer."""
         if env:
             exports = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in env.items())
             cmd = f"export {exports}; {cmd}"
-        return self.conn.run(cmd, timeout=timeout, warn=warn, hide=hide, in_stream=False)
+        shell = self._free_shell()
+        if shell is None:
+            return self.conn.run(cmd, timeout=timeout, warn=warn, hide=hide, in_stream=False)
+        try:
+            stdout, stderr, code = shell.run(cmd, timeout)
+        except Exception:
+            self._drop_shell(shell)  # its state is unknown now: the next command starts anew
+            raise
+        finally:
+            if shell.lock.locked():
+                shell.lock.release()
+        result = Result(stdout=stdout, stderr=stderr, command=cmd, exited=code, hide=("both",))
+        if code != 0 and not warn:
+            raise UnexpectedExit(result)
+        return result
+
+    def _free_shell(self) -> _Shell | None:
+        """The node's shell, locked for the caller; None when another command holds it."""
+        with self._shell_lock:
+            if self._shell is None:
+                self._shell = _Shell(self.conn)
+            shell = self._shell
+        return shell if shell.lock.acquire(blocking=False) else None
+
+    def _drop_shell(self, shell: _Shell) -> None:
+        with self._shell_lock:
+            if self._shell is shell:
+                self._shell = None
+        shell.close()
 
     def put(self, local: str | Path, remote: str) -> None:
         self.conn.put(str(local), remote)
@@ -145,7 +239,34 @@ class Host:
         Path(local).parent.mkdir(parents=True, exist_ok=True)
         self.conn.get(remote, str(local))
 
+    def fetch_tree(self, remote: str, local: str | Path, remove: bool = True) -> None:
+        """Copy the files of directory ``remote`` into ``local`` as one tar stream over one SSH
+        command (per-file SFTP costs round trips per file), then, with ``remove``, delete
+        ``remote``. A missing ``remote`` copies nothing."""
+        import tarfile
+
+        Path(local).mkdir(parents=True, exist_ok=True)
+        d = shlex.quote(remote)
+        rm = f"rm -rf {d}; " if remove else ""
+        self.conn.open()
+        _, stdout, stderr = self.conn.client.exec_command(
+            f"test -d {d} || exit 2; tar -C {d} -cf - .; rc=$?; {rm}exit $rc"
+        )
+        try:
+            with tarfile.open(fileobj=stdout, mode="r|") as tar:
+                tar.extractall(local, filter="data")
+        except tarfile.ReadError:
+            if stdout.channel.recv_exit_status() != 2:  # 2: no such directory, nothing to copy
+                raise
+        code = stdout.channel.recv_exit_status()
+        if code not in (0, 2):
+            raise RuntimeError(f"{self.name}: fetching {remote} failed: {stderr.read().decode()}")
+
     def close(self) -> None:
+        with self._shell_lock:
+            if self._shell is not None:
+                self._shell.close()
+                self._shell = None
         self.conn.close()
 
     def __enter__(self) -> Host:

@@ -53,7 +53,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
-from commscope.cluster.hosts import Cluster, NodeSpec
+from commscope.cluster.hosts import Cluster, Host, NodeSpec, on_all
 from commscope.cluster.sshd import SSHD, keygen, start_sshd, wait_for_sshd
 from commscope.cluster.syscmd import bridge_nf_note, run_checked, run_quiet
 from commscope.spec.link import CC_ALGORITHMS
@@ -411,11 +411,20 @@ def _reuse(
     live = set(list_netns())
     if any(node.netns not in live for node in cluster.nodes):
         return None
-    for host in cluster.hosts(connect_timeout=5.0):
+
+    def answers(host: Host) -> Exception | None:
+        # A verified, authenticated session is the proof; no command needed (each costs the
+        # login shell's start-up).
         try:
             with host:
-                host.run("true", timeout=10)
+                host.conn.open()
         except Exception as exc:  # any failure means "not reusable", we rebuild
+            return exc
+        return None
+
+    hosts = cluster.hosts(connect_timeout=5.0)
+    for host, exc in zip(hosts, on_all(hosts, answers), strict=True):
+        if exc is not None:
             log.info("netns cluster %s: %s not answering (%s); rebuilding", name, host.name, exc)
             return None
     if any(node.python != python for node in cluster.nodes):
