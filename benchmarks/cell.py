@@ -21,7 +21,9 @@ cell's wall time:
 - exit: the last rank's end until every node's launcher returned;
 - probe stop (+ clock probes), unshape, fetch, cleanup (kill by tag, close SSH).
 
-Fixed cost = everything but the measured steps. ``--json PATH`` writes every run's phases.
+Fixed cost = everything but the measured steps. Beside each phase: the SSH commands the
+orchestrator ran in it (count and their summed wall time, over all nodes; the clock probe's
+channel is not counted). ``--json PATH`` writes every run's phases.
 docs/performance.md has the results.
 """
 
@@ -39,6 +41,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from commscope.cluster.hosts import Host
 from commscope.cluster.provision import state_dir
 from commscope.config import load_config, strategy_spec
 from commscope.experiment.cell import provision_and_run
@@ -77,6 +80,24 @@ PHASES = (
 )
 
 
+SSH_CALLS: list[tuple[int, int]] = []  # (start, end) in ns of every Host.run/put/get/fetch_tree
+
+
+def _count_ssh() -> None:
+    """Wrap Host's SSH calls to record when each ran."""
+    for name in ("run", "put", "get", "fetch_tree"):
+        inner = getattr(Host, name)
+
+        def timed(self: Host, *a: object, _inner=inner, **kw: object) -> object:
+            t0 = time.time_ns()
+            try:
+                return _inner(self, *a, **kw)
+            finally:
+                SSH_CALLS.append((t0, time.time_ns()))
+
+        setattr(Host, name, timed)
+
+
 def job_start_s() -> float:
     """Wall time of a fresh interpreter importing the run_cell script's modules."""
     t0 = time.perf_counter()
@@ -111,7 +132,12 @@ def phases(raw: Path, t_call_ns: int, t_return_ns: int, warmup: int) -> dict[str
         ("fetch", m["unshaped"], m["fetched"]),
         ("cleanup", m["fetched"], t_return_ns),
     ]
-    return {name: (b - a) / 1e9 for name, a, b in marks}
+    out = {name: (b - a) / 1e9 for name, a, b in marks}
+    for name, a, b in marks:
+        calls = [(t0, t1) for t0, t1 in SSH_CALLS if a <= t0 < b]
+        out[f"{name} ssh"] = len(calls)
+        out[f"{name} ssh_s"] = sum(t1 - t0 for t0, t1 in calls) / 1e9
+    return out
 
 
 def main() -> None:
@@ -135,6 +161,7 @@ def main() -> None:
         cell, cfg["models"]["gpt-tiny"], strategy_spec(cfg, args.strategy), run
     )
     cluster_cfg = ClusterSettings.from_mapping({**cfg["cluster"], **CLUSTER})
+    _count_ssh()
     rows = []
     with tempfile.TemporaryDirectory(prefix="csbench-") as tmp:
         root = Path(tmp)
@@ -145,6 +172,7 @@ def main() -> None:
                 provision_and_run(cluster_cfg, cell, workload, run, raw, root=root)
                 t1 = time.time_ns()
                 row = {"job start": job_start_s(), **phases(raw, t0, t1, run.warmup_steps)}
+                SSH_CALLS.clear()
                 row["cell wall"] = (t1 - t0) / 1e9 + row["job start"]
                 print(f"run {i}{' (cluster start, not counted)' if i == 0 else ''}: "
                       f"{row['cell wall']:.2f} s", flush=True)  # fmt: skip
@@ -157,8 +185,11 @@ def main() -> None:
                 teardown_netns(CLUSTER["name"], state_dir(cluster_cfg, root))
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
     print(f"\n{cell.strategy} cell, {len(rows)} runs, median seconds per phase:")
+    print(f"  {'phase':24s} {'s':>7s}   SSH commands (all nodes), their summed s")
     for name in PHASES:
-        print(f"  {name:24s} {med[name]:7.3f}")
+        n, t = med.get(f"{name} ssh"), med.get(f"{name} ssh_s")
+        ssh = f"{n:5.0f}  {t:6.3f}" if n is not None else ""
+        print(f"  {name:24s} {med[name]:7.3f}   {ssh}")
     fixed = sum(med[p] for p in PHASES if p != "measured steps")
     print(f"  {'cell wall (sum)':24s} {sum(med[p] for p in PHASES):7.3f}")
     print(f"  {'fixed cost':24s} {fixed:7.3f}   (all but the measured steps)")

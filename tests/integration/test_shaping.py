@@ -259,7 +259,10 @@ def test_reapply_and_remove_are_idempotent(hosts: list[Host]) -> None:
 
 def test_shaped_detects_a_dirty_cluster(hosts: list[Host], monkeypatch: pytest.MonkeyPatch) -> None:
     """If unshaping silently left something, shaped() must say so, not carry on."""
-    monkeypatch.setattr(shaping, "remove_shape", lambda host, cc=None: {"leftovers": []})
+    def removes_nothing(host: Host, cc: str | None = None, check: bool = False) -> dict:
+        return {"leftovers": [], **({"after": shaping.link_state(host)} if check else {})}
+
+    monkeypatch.setattr(shaping, "remove_shape", removes_nothing)
     try:
         dirty = pytest.raises(ShapingError, match="not back to their pre-shaping state")
         with dirty, shaped(hosts[:1], LinkShape.parse("10mbit")):

@@ -350,18 +350,24 @@ def _cc_hint(error: str, cc: str) -> str:
     )
 
 
-def remove_shape(host: Host, cc: str | None = None) -> dict[str, Any]:
+def remove_shape(host: Host, cc: str | None = None, check: bool = False) -> dict[str, Any]:
     """Return ``host``'s experiment interface and ifb to default qdiscs and remove the nfqueue
     engine's rules and delayer (idempotent); with ``cc``, also set the node's congestion control
     back to it (same round trip). Returns what the engine recorded (``delayer``: its exit
     statistics, ``loss``: the drop counters; empty when none ran) and ``leftovers``, the pieces of
-    the engine still installed afterwards (should be empty)."""
+    the engine still installed afterwards (should be empty); with ``check``, also ``after``: the
+    node's :func:`link_state` once removed (same round trip)."""
     cmds = unshape_commands(host.spec.exp_iface, host.spec.ifb_iface)
     # The engine's removal first: it never fails, and the qdiscs' may.
     head = impair.remove_script(host.spec.exp_iface, _paths(host), _tc_prefix(host))
-    out = _run_script(host, cmds + ([cc_command(cc)] if cc else []), head=head)
+    tail = f"echo {_AFTER_MARK}; {_state_script(host)}" if check else ""
+    out = _run_script(host, cmds + ([cc_command(cc)] if cc else []), head=head, tail=tail)
+    out, _, after = out.partition(f"{_AFTER_MARK}\n")
     record, left = impair.parse_removal(out)
-    return {**record, "leftovers": left}
+    return {**record, "leftovers": left, **({"after": _parse_state(host, after)} if check else {})}
+
+
+_AFTER_MARK = "@@commscope-after-removal"
 
 
 def impairment_leftovers(host: Host) -> list[str]:
@@ -376,21 +382,23 @@ def congestion_control(host: Host) -> str:
     return host.run(f"cat {_CC_PROC}").stdout.strip()
 
 
-def _qdisc_json(host: Host, stats: bool = False) -> dict[str, list[dict] | None]:
-    """``tc [-s] -j qdisc show`` of the experiment interface and the ifb, in one round trip.
-
-    Maps each device to its parsed qdiscs, or None when the device does not exist.
-    """
+def _qdisc_script(host: Host, stats: bool = False) -> str:
+    """Shell lines printing ``tc [-s] -j qdisc show`` of the experiment interface and the ifb
+    between markers, for :func:`_parse_qdiscs`."""
     devs = (host.spec.exp_iface, host.spec.ifb_iface)
     flag = "-s " if stats else ""
-    script = "; ".join(
+    return "; ".join(
         f"echo @@{i}; tc {flag}-j qdisc show dev {dev} 2>&1; echo @@rc $?"
         for i, dev in enumerate(devs)
     )
-    res = host.run(script, warn=True)
+
+
+def _parse_qdiscs(host: Host, stdout: str) -> dict[str, list[dict] | None]:
+    """Each device of :func:`_qdisc_script`'s output mapped to its parsed qdiscs, or None when
+    the device does not exist."""
     out: dict[str, list[dict] | None] = {}
-    for i, dev in enumerate(devs):
-        block = res.stdout.split(f"@@{i}\n", 1)[1].split("@@rc ", 1)
+    for i, dev in enumerate((host.spec.exp_iface, host.spec.ifb_iface)):
+        block = stdout.split(f"@@{i}\n", 1)[1].split("@@rc ", 1)
         body, rc = block[0].strip(), block[1].split()[0]
         if rc != "0":
             if "Cannot find device" in body:
@@ -401,6 +409,11 @@ def _qdisc_json(host: Host, stats: bool = False) -> dict[str, list[dict] | None]
     return out
 
 
+def _qdisc_json(host: Host, stats: bool = False) -> dict[str, list[dict] | None]:
+    """``tc [-s] -j qdisc show`` of the experiment interface and the ifb, in one round trip."""
+    return _parse_qdiscs(host, host.run(_qdisc_script(host, stats), warn=True).stdout)
+
+
 def qdisc_snapshot(host: Host) -> str:
     """Normalised qdisc state of the experiment interface and the ifb, for equality checks.
 
@@ -408,8 +421,12 @@ def qdisc_snapshot(host: Host) -> str:
     they are summarised as ``default``, so "ifb absent" and "ifb with its default qdisc" compare
     equal, and so do a veth's noqueue before and after shaping. Anything else is listed.
     """
+    return _snapshot(_qdisc_json(host))
+
+
+def _snapshot(qdiscs_by_dev: dict[str, list[dict] | None]) -> str:
     lines = []
-    for dev, qdiscs in _qdisc_json(host).items():
+    for dev, qdiscs in qdiscs_by_dev.items():
         custom = [q for q in (qdiscs or []) if q.get("handle") != "0:"]
         if not custom:
             lines.append(f"{dev}: default")
@@ -420,7 +437,36 @@ def qdisc_snapshot(host: Host) -> str:
     return "\n".join(lines)
 
 
+def _state_script(host: Host) -> str:
+    """Shell lines printing what :func:`link_state` returns, for :func:`_parse_state`."""
+    left = impair.leftovers_script(_paths(host), _tc_prefix(host))
+    return f"{_qdisc_script(host)}; echo @@cc; cat {_CC_PROC}; echo @@left; {left}"
+
+
+def _parse_state(host: Host, stdout: str) -> tuple[str, str, list[str]]:
+    qdiscs, _, rest = stdout.partition("@@cc\n")
+    cc, _, left = rest.partition("@@left\n")
+    return _snapshot(_parse_qdiscs(host, qdiscs)), cc.strip(), impair.parse_leftovers(left)
+
+
+def link_state(host: Host) -> tuple[str, str, list[str]]:
+    """``host``'s :func:`qdisc_snapshot`, :func:`congestion_control` and
+    :func:`impairment_leftovers`, in one round trip."""
+    return _parse_state(host, host.run(_state_script(host), warn=True).stdout)
+
+
 def qdisc_stats(host: Host) -> list[dict]:
+    """Counters of every qdisc on the experiment interface and the ifb (see
+    :func:`parse_qdisc_stats`), in one round trip."""
+    return parse_qdisc_stats(host, host.run(qdisc_stats_script(host), warn=True).stdout)
+
+
+def qdisc_stats_script(host: Host) -> str:
+    """Shell lines printing :func:`qdisc_stats`'s input (to share a round trip with others)."""
+    return _qdisc_script(host, stats=True)
+
+
+def parse_qdisc_stats(host: Host, stdout: str) -> list[dict]:
     """Counters of every qdisc on the experiment interface and the ifb.
 
     One dict per qdisc: dev, kind, handle, parent ("root" for root qdiscs), bytes and packets
@@ -428,7 +474,7 @@ def qdisc_stats(host: Host) -> list[dict]:
     and qlen (packets).
     """
     out: list[dict] = []
-    for dev, qdiscs in _qdisc_json(host, stats=True).items():
+    for dev, qdiscs in _parse_qdiscs(host, stdout).items():
         for q in qdiscs or []:
             out.append(
                 {
@@ -473,17 +519,13 @@ def shaped(
         )
     record: dict[str, Any] = {"engine": used.pop(), "requested": engine, "nodes": {}}
 
-    def state(h: Host) -> tuple[str, str, list[str]]:
-        return qdisc_snapshot(h), congestion_control(h), impairment_leftovers(h)
-
     def clean_state(h: Host) -> tuple[str, str, list[str]]:
-        snap, cc, left = state(h)
+        snap, cc, left = link_state(h)
         if left:
             # A crashed run's delay or loss would silently impair this cell: remove it first
             # (the qdiscs such a run left are replaced by the apply below anyway).
             log.warning("%s has a link engine left by an earlier run: %s", h.name, "; ".join(left))
-            remove_shape(h)
-            snap, cc, left = state(h)
+            snap, cc, left = remove_shape(h, check=True)["after"]
         return snap, cc, left
 
     # Per-node steps run concurrently (on_all): each is an SSH round trip.
@@ -504,10 +546,11 @@ def shaped(
         def unshape_and_check(h: Host) -> str | None:
             snap_before, cc_before, _ = before[h.name]
             try:
-                removed = remove_shape(h, cc=cc_before)
+                removed = remove_shape(h, cc=cc_before, check=True)
             except Exception as exc:  # carry on: every other host must still be unshaped
                 return f"{h.name}: unshape failed: {exc}"
             left = removed.pop("leftovers")
+            after, cc_after, _ = removed.pop("after")
             if removed:
                 record["nodes"][h.name] = removed
             # --queue-bypass lets packets through undelayed once the delayer is gone: one that
@@ -523,10 +566,6 @@ def shaped(
                     f"and its packets passed undelayed from then on (see "
                     f"{impair.NodePaths(h.spec.workdir).log})"
                 )
-            try:
-                after, cc_after = qdisc_snapshot(h), congestion_control(h)
-            except Exception as exc:
-                return f"{h.name}: cannot read qdiscs after unshaping: {exc}"
             if after != snap_before:
                 return (
                     f"{h.name}: qdiscs not back to their pre-shaping state.\n"
@@ -580,10 +619,15 @@ def link_facts(host: Host) -> dict[str, Any]:
     TCP congestion control new connections get; inside :func:`shaped`, the cell's).
 
     Works on both backends and needs no root (``ethtool -k`` only reads)."""
+    out = host.run(link_facts_script(host), warn=True).stdout
+    return parse_link_facts(host.spec.exp_iface, out)
+
+
+def link_facts_script(host: Host) -> str:
+    """Shell lines printing :func:`parse_link_facts`'s input (to share a round trip)."""
     iface = shlex.quote(host.spec.exp_iface)
-    script = (
+    return (
         f"cat /sys/class/net/{iface}/mtu; echo @@ethtool; "
         # Non-root SSH users often lack /usr/sbin in PATH, where ethtool lives.
         f"PATH=$PATH:/usr/sbin:/sbin ethtool -k {iface} 2>&1; echo @@cc; cat {_CC_PROC}"
     )
-    return parse_link_facts(host.spec.exp_iface, host.run(script, warn=True).stdout)

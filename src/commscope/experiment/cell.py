@@ -21,7 +21,7 @@ from typing import Any
 
 from commscope.cluster.hosts import Cluster, Host, on_all
 from commscope.cluster.provision import provision, state_dir
-from commscope.cluster.shaping import link_facts, shaped
+from commscope.cluster.shaping import shaped
 from commscope.contracts import RUN_FILE
 from commscope.experiment.launch import (
     Launcher,
@@ -35,6 +35,7 @@ from commscope.experiment.probes import (
     NodeTools,
     WireSource,
     build_wire_object,
+    cached_wire_script,
     capture_packets,
     check_wire,
     node_tools,
@@ -131,9 +132,12 @@ def _measure(
     remote_dirs = {h.name: f"{h.spec.workdir}/{tag}" for h in hosts}
     # Wall-clock marks of the orchestrator's phases, kept in run.json: the cell's fixed cost.
     marks = {"begun": time.time_ns()}
-    on_all(hosts, lambda h: _prepare(h, remote_dirs[h.name], workload, run, out_dir))
+    obj, why_not = _wire_object(run, len(hosts))
+    cached = on_all(hosts, lambda h: _prepare(h, remote_dirs[h.name], workload, run, obj))
     log.info("prepared %d nodes", len(hosts))
-    wire = _wire_source(hosts, run, remote_dirs)
+    wire = _wire_source(hosts, run, obj, why_not, cached, remote_dirs)
+    if wire.source == "counters":
+        on_all(hosts, lambda h: _build_sampler(h, remote_dirs[h.name]))
     marks["prepared"] = time.time_ns()
     peers = tuple(h.spec.exp_addr for h in hosts)
     probes = CellProbes(NodeTools(node_tools(run, tag, wire, peers), remote_dirs))
@@ -155,10 +159,10 @@ def _measure(
         meta["link_engine"] = link
         marks["shaped"] = time.time_ns()
         started = on_all(hosts, probes.start)
-        meta["qdisc_before"] = {n: q for n, (q, _) in zip(names, started, strict=True)}
+        meta["qdisc_before"] = {n: q for n, (q, _, _) in zip(names, started, strict=True)}
         # MTU, offloads and congestion control as the cell ran them: what a packet on the
         # wire and in the counters is (a TSO/GSO super-packet or a frame) differs by node.
-        meta["links"] = dict(zip(names, on_all(hosts, link_facts), strict=True))
+        meta["links"] = {n: facts for n, (_, _, facts) in zip(names, started, strict=True)}
         log.info(
             "links shaped (%s, engine %s), samplers started, clocks probed",
             shape.describe(),
@@ -174,7 +178,9 @@ def _measure(
     meta["clock"] = {
         # netns nodes read the host kernel's clock: the estimates only check the method.
         "applied": launcher.cluster.backend != "netns",
-        "nodes": {n: {**a, **b} for n, (_, a), (_, b) in zip(names, started, stopped, strict=True)},
+        "nodes": {
+            n: {**a, **b} for n, (_, a, _), (_, b) in zip(names, started, stopped, strict=True)
+        },
     }
     log.info("samplers stopped, links unshaped")
     marks["unshaped"] = time.time_ns()
@@ -187,17 +193,35 @@ def _measure(
         raise CellFailed("training failed on " + "; ".join(failures))
 
 
-def _wire_source(hosts: list[Host], run: RunSettings, remote_dirs: dict[str, str]) -> WireSource:
-    """The cell's wire source: the BPF accounting, built here and shipped to every node, where
-    every node can attach it; otherwise the counter sampler and tcpdump, with the reason logged
-    (and kept in run.json for the report). ``run.wire: counters`` asks for the latter."""
+def _wire_object(run: RunSettings, n_hosts: int) -> tuple[Path | None, str]:
+    """The BPF object to ship when ``run.wire`` asks for it, built (or found) here on the
+    orchestrator; else None and why ('' when the counters were asked for)."""
     if run.wire != "bpf":
-        return WireSource("counters")
+        return None, ""
     try:
-        obj = build_wire_object(run, len(hosts) + 1, default_cache_dir())
+        return build_wire_object(run, n_hosts + 1, default_cache_dir()), ""
     except WireError as err:
-        return _fall_back(f"orchestrator: {err}")
-    found = on_all(hosts, lambda h: check_wire(h, obj, remote_dirs[h.name]))
+        return None, f"orchestrator: {err}"
+
+
+def _wire_source(
+    hosts: list[Host],
+    run: RunSettings,
+    obj: Path | None,
+    why_not: str,
+    cached: list[bool],
+    remote_dirs: dict[str, str],
+) -> WireSource:
+    """The cell's wire source: the BPF accounting where every node can attach ``obj`` (checked
+    once per node and kernel, then cached: ``cached`` says which nodes had it); otherwise the
+    counter sampler and tcpdump, with the reason logged (and kept in run.json for the report).
+    ``run.wire: counters`` (``obj`` None, no reason) asks for the latter."""
+    if obj is None:
+        return _fall_back(why_not) if why_not else WireSource("counters")
+    found = on_all(
+        hosts,
+        lambda h: None if cached[hosts.index(h)] else check_wire(h, obj, remote_dirs[h.name]),
+    )
     problems = [f"{h.name}: {why}" for h, why in zip(hosts, found, strict=True) if why]
     if problems:
         return _fall_back("; ".join(problems))
@@ -213,22 +237,20 @@ def _fall_back(reason: str) -> WireSource:
     return WireSource("counters", reason=reason)
 
 
-def _prepare(host: Host, rdir: str, workload: Workload, run: RunSettings, out_dir: Path) -> None:
-    """Make the node's run directory, start the warm launcher's fork server if it is not
-    running, build the native sampler there if needed, check that tcpdump exists when capturing
-    (one round trip for all), and upload the spec."""
+def _prepare(host: Host, rdir: str, workload: Workload, run: RunSettings, obj: Path | None) -> bool:
+    """In one round trip: make the node's run directory, write the spec there, start the warm
+    launcher's fork server if it is not running, check that tcpdump exists when capturing, and
+    copy the BPF object ``obj`` from the node's cache when it was checked there before. Returns
+    whether it was (else :func:`check_wire` ships and checks it)."""
     spec = {**workload.spec, "out_dir": rdir, "node": host.spec.index}
-    local_spec = out_dir / f"spec_{host.name}.json"
-    local_spec.write_text(json.dumps(spec, indent=2))
-    # Also build the native counter sampler now if this node lacks it (cached after the
-    # first cell), so the sampler starts sampling at once instead of compiling first.
-    build = "import commscope.node.sampler as s; s.native_binary()"
     # Exit 3 (before anything starts) when packet capture is asked for but impossible.
     check = "command -v tcpdump >/dev/null || exit 3; " if run.pcap else ""
     warm = f"{ensure_forkserver(host, workload.module)}; " if run.launcher == "warm" else ""
+    wire = f"; {cached_wire_script(host, obj, rdir)}" if obj is not None else ""
     res = host.run(
         f"{check}mkdir -p {shlex.quote(rdir)} && {warm}"
-        f"{shlex.quote(host.spec.python)} -c {shlex.quote(build)} > {rdir}/build.log 2>&1",
+        f"printf '%s' {shlex.quote(json.dumps(spec, indent=2))} > {rdir}/spec.json || exit 4"
+        f"{wire}; true",
         warn=True,
     )
     if res.exited == 3:
@@ -238,17 +260,26 @@ def _prepare(host: Host, rdir: str, workload: Workload, run: RunSettings, out_di
         )
     if res.failed:
         raise CellFailed(f"{host.name}: preparing the run failed: {res.stderr.strip()}")
-    host.put(local_spec, f"{rdir}/spec.json")
-    local_spec.unlink()
+    return "@@wire-ok" in res.stdout
+
+
+def _build_sampler(host: Host, rdir: str) -> None:
+    """Build the native counter sampler on the node if it lacks it (cached after the first
+    cell), so the sampler starts sampling at once instead of compiling first."""
+    build = "import commscope.node.sampler as s; s.native_binary()"
+    res = host.run(
+        f"{shlex.quote(host.spec.python)} -c {shlex.quote(build)} > {rdir}/build.log 2>&1",
+        warn=True,
+    )
+    if res.failed:
+        raise CellFailed(f"{host.name}: building the counter sampler failed (see build.log)")
 
 
 def _fetch(host: Host, rdir: str, out_dir: Path) -> dict[str, Any]:
-    """Copy every file of the node's run directory to ``out_dir/<node>/``, then remove it;
-    returns the node's entry of run.json."""
+    """Copy every file of the node's run directory to ``out_dir/<node>/`` (one tar stream over
+    one SSH command), then remove it there; returns the node's entry of run.json."""
     # Fetch whatever exists, also after a failure: logs explain it, nothing measured is lost.
-    for name in host.run(f"ls -1 {shlex.quote(rdir)}", warn=True).stdout.split():
-        host.get(f"{rdir}/{name}", out_dir / host.name / name)
-    host.run(f"rm -rf {shlex.quote(rdir)}", warn=True)
+    host.fetch_tree(rdir, out_dir / host.name)
     return {
         "name": host.name,
         "index": host.spec.index,

@@ -5,8 +5,8 @@ On the node, in the background (:class:`NodeTool`): the in-kernel wire accountin
 it cannot run, the interface counter sampler and the packet capture), the socket statistics.
 From the orchestrator (:class:`Probe`): the qdisc statistics and the clock offset.
 Round trips are batched: all node tools start in ONE SSH command and stop in another
-(:class:`NodeTools`), and :class:`CellProbes` runs them and the qdisc probe on a node while,
-on a second SSH channel, the clock probe runs.
+(:class:`NodeTools`), and :class:`CellProbes` reads the link's facts and qdisc counters in
+that same command while, on a second SSH channel, the clock probe runs.
 """
 
 from __future__ import annotations
@@ -20,12 +20,18 @@ from typing import Any, Protocol, TypeVar
 
 from commscope.cluster.clock import estimate_offset
 from commscope.cluster.hosts import Host, NodeSpec
-from commscope.cluster.shaping import qdisc_stats
+from commscope.cluster.shaping import (
+    link_facts_script,
+    parse_link_facts,
+    parse_qdisc_stats,
+    qdisc_stats_script,
+)
 from commscope.contracts import (
     NODE_COUNTERS_FILE,
     NODE_SOCKETS_FILE,
     NODE_WIRE_FILE,
     NODE_WIRE_META_FILE,
+    SOCKSTATS_READY,
 )
 from commscope.experiment.launch import tag_pattern
 from commscope.node.wire import build_object, ring_slots
@@ -47,16 +53,6 @@ class Probe(Protocol[T_co]):
     def start(self, host: Host) -> T_co: ...
 
     def stop(self, host: Host) -> T_co: ...
-
-
-class QdiscProbe:
-    """Counters of every qdisc on the experiment interface and the ifb (tc -s), before and after."""
-
-    def start(self, host: Host) -> list[dict]:
-        return qdisc_stats(host)
-
-    def stop(self, host: Host) -> list[dict]:
-        return qdisc_stats(host)
 
 
 class ClockProbe:
@@ -112,6 +108,7 @@ class PeriodicSampler:
     tag: str
     table: str  # the file it writes in the node's run directory
     log: str
+    ready_line: str  # what it prints to its log once it samples: training waits for it
 
     def command(self, node: NodeSpec, rdir: str) -> str:
         py = shlex.quote(node.python)
@@ -122,7 +119,13 @@ class PeriodicSampler:
         )
 
     def ready(self, rdir: str) -> str:
-        return ""
+        # Training must not start before it samples: a short cell could end unsampled.
+        log, line = f"{rdir}/{self.log}", shlex.quote(self.ready_line)
+        return (
+            f" for i in $(seq 500); do grep -qF {line} {log} && break; sleep 0.02; done; "
+            f"grep -qF {line} {log} || {{ echo '{self.module} did not start:' >&2; "
+            f"cat {log} >&2; exit 1; }};"
+        )
 
     def pattern(self) -> str:
         return f"{tag_pattern(self.module)}.*{self.tag}"
@@ -137,15 +140,17 @@ class PeriodicSampler:
 def counter_sampler(hz: int, limit_s: float, tag: str) -> PeriodicSampler:
     """Interface byte/packet counters at ``hz`` (:mod:`commscope.node.sampler`)."""
     return PeriodicSampler(
-        SAMPLER_MODULE, "--iface", "exp_iface", hz, limit_s, tag, NODE_COUNTERS_FILE, "sampler.log"
-    )
+        SAMPLER_MODULE, "--iface", "exp_iface", hz, limit_s, tag, NODE_COUNTERS_FILE,
+        "sampler.log", "commscope.node.sampler: ",
+    )  # fmt: skip
 
 
 def socket_stats(hz: float, limit_s: float, tag: str) -> PeriodicSampler:
     """TCP's own view of every training socket at ``hz`` (:mod:`commscope.node.sockstats`)."""
     return PeriodicSampler(
-        SOCKSTATS_MODULE, "--addr", "exp_addr", hz, limit_s, tag, NODE_SOCKETS_FILE, "sockstats.log"
-    )
+        SOCKSTATS_MODULE, "--addr", "exp_addr", hz, limit_s, tag, NODE_SOCKETS_FILE,
+        "sockstats.log", SOCKSTATS_READY,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -157,10 +162,14 @@ class PacketCapture:
 
     def command(self, node: NodeSpec, rdir: str) -> str:
         # -Z root: write as root (tcpdump otherwise drops to user tcpdump after opening).
+        # --immediate-mode: hand every packet over at once; with the default buffer timeout
+        # the last ~1 s of packets still sat in the kernel ring when the stop's SIGTERM came
+        # right after training (measured: 34 of 927 packets written).
         # The file name carries the tag, so the stop step can find this tcpdump.
         return (
             f"timeout {int(self.limit_s)} tcpdump -i {node.exp_iface} -s 96 -n -Z root "
-            f"--time-stamp-precision=nano -w {rdir}/{self.tag}.pcap > tcpdump.log 2>&1"
+            f"--immediate-mode --time-stamp-precision=nano -w {rdir}/{self.tag}.pcap "
+            "> tcpdump.log 2>&1"
         )
 
     def ready(self, rdir: str) -> str:
@@ -213,8 +222,8 @@ class WireAccounting:
     def ready(self, rdir: str) -> str:
         # Training must not start before the filters are attached: first bytes would be lost.
         return (
-            f" for i in $(seq 100); do grep -q '^attached' {rdir}/{WIRE_LOG} && break; "
-            f"grep -q Error {rdir}/{WIRE_LOG} && break; sleep 0.05; done; "
+            f" for i in $(seq 250); do grep -q '^attached' {rdir}/{WIRE_LOG} && break; "
+            f"grep -q Error {rdir}/{WIRE_LOG} && break; sleep 0.02; done; "
             f"grep -q '^attached' {rdir}/{WIRE_LOG} || {{ echo 'wire accounting did not start:'"
             f" >&2; cat {rdir}/{WIRE_LOG} >&2; exit 1; }};"
         )
@@ -229,15 +238,32 @@ class WireAccounting:
         return ""
 
 
+def wire_cache(host: Host, obj: Path) -> str:
+    """Where ``host`` keeps the BPF object ``obj`` between cells (its name carries the hash of
+    the source and parameters). Beside it, ``<path>.ok-<kernel release>`` marks that the node's
+    running kernel accepted it (:func:`check_wire`), so later cells skip the check."""
+    return f"{host.spec.workdir}/cache/{obj.name}"
+
+
+def cached_wire_script(host: Host, obj: Path, rdir: str) -> str:
+    """Shell lines that copy the cached, checked object into ``rdir`` and print ``@@wire-ok``
+    (nothing when the node has not checked this object on its running kernel yet)."""
+    cache = wire_cache(host, obj)
+    return f'test -e {cache}.ok-"$(uname -r)" && cp {cache} {rdir}/{WIRE_OBJECT} && echo @@wire-ok'
+
+
 def check_wire(host: Host, obj: Path, rdir: str) -> str | None:
-    """Ship the BPF object ``obj`` to ``rdir`` on ``host`` and attach it there once
-    (``python -m commscope.node.wire check``): None when it can, else why not (the node's
-    answer, its tail)."""
+    """Ship the BPF object ``obj`` to ``host``'s cache and attach it there once (``python -m
+    commscope.node.wire check``), then copy it to ``rdir``: None when it can, else why not (the
+    node's answer, its tail)."""
     spec = host.spec
-    host.put(obj, f"{rdir}/{WIRE_OBJECT}")
+    cache = wire_cache(host, obj)
+    host.run(f"mkdir -p $(dirname {cache})")
+    host.put(obj, f"{cache}.tmp")
     res = host.run(
         f"{sudo(spec)}{shlex.quote(spec.python)} -m {WIRE_MODULE} check "
-        f"--iface {spec.exp_iface} --obj {rdir}/{WIRE_OBJECT}",
+        f"--iface {spec.exp_iface} --obj {cache}.tmp && mv {cache}.tmp {cache} && "
+        f'touch {cache}.ok-"$(uname -r)" && cp {cache} {rdir}/{WIRE_OBJECT}',
         warn=True,
     )
     return None if res.ok else (res.stdout + res.stderr).strip()[-400:]
@@ -296,7 +322,8 @@ class NodeTools:
     tools: list[NodeTool]
     remote_dirs: Mapping[str, str]
 
-    def start(self, host: Host) -> None:
+    def start_script(self, host: Host) -> str:
+        """The shell lines that start every tool on ``host`` and wait until they run."""
         rdir = self.remote_dirs[host.name]
         # Background only the tools: `a && b &` would background a subshell that keeps the SSH
         # channel's stdout open, and the call would block until the tools exit.
@@ -304,44 +331,63 @@ class NodeTools:
             f"(nohup setsid {t.command(host.spec, rdir)} < /dev/null &);" for t in self.tools
         )
         ready = "".join(t.ready(rdir) for t in self.tools)
-        host.run(f"cd {rdir} && {start}{ready}")
+        return f"cd {rdir} && {start}{ready}"
 
-    def stop(self, host: Host) -> None:
+    def start(self, host: Host) -> None:
+        host.run(self.start_script(host))
+
+    def stop_script(self, host: Host) -> str:
+        """The shell lines that stop every tool on ``host`` and wait for their outputs."""
         rdir = self.remote_dirs[host.name]
         outputs = [o for o in (t.output(rdir) for t in self.tools) if o is not None]
         patterns = [t.pattern() for t in self.tools]
         waits = " && ".join(f"test -e {o}" for o in outputs)
-        # One round trip: signal, then wait (up to 20 s) for the atomically renamed outputs
-        # and for the last tool (tcpdump when capturing) to flush and exit.
+        # Signal, then wait (up to 20 s) for the atomically renamed outputs and for the last
+        # tool (tcpdump when capturing) to flush and exit.
         after = "".join(t.after_stop(rdir) for t in self.tools)
-        host.run(
+        return (
             "; ".join(f"pkill -TERM -f {pat}" for pat in patterns) + "; "
-            f"for i in $(seq 200); do {waits} && ! pgrep -f {patterns[-1]} >/dev/null "
-            f"&& break; sleep 0.1; done; {waits} || echo 'sampler output missing' >&2{after}",
-            warn=True,
+            f"for i in $(seq 1000); do {waits} && ! pgrep -f {patterns[-1]} >/dev/null "
+            f"&& break; sleep 0.02; done; {waits} || echo 'sampler output missing' >&2{after}"
         )
+
+    def stop(self, host: Host) -> None:
+        host.run(self.stop_script(host), warn=True)
 
 
 @dataclass(frozen=True)
 class CellProbes:
-    """A cell's probes on one node: the qdisc statistics and the node tools on the main SSH
-    channel while the clock probe runs on a second one (saves the probe's round trips on every
-    cell). ``start`` and ``stop`` return (qdisc stats, ``{"start"|"end": clock sample}``)."""
+    """A cell's probes on one node: the link's facts, the qdisc statistics and the node tools in
+    one command on the main SSH channel while the clock probe runs on a second one. ``start``
+    returns (qdisc stats, ``{"start": clock sample}``, link facts); ``stop`` returns (qdisc
+    stats, ``{"end": clock sample}``)."""
 
     tools: NodeTools
-    qdisc: QdiscProbe = QdiscProbe()
     clock: ClockProbe = ClockProbe()
 
-    def start(self, host: Host) -> tuple[list[dict], dict[str, Any]]:
+    def start(self, host: Host) -> tuple[list[dict], dict[str, Any], dict[str, Any]]:
         with ThreadPoolExecutor(1) as pool:
             clock = pool.submit(self.clock.start, host)
-            stats = self.qdisc.start(host)
-            self.tools.start(host)
-            return stats, clock.result()
+            out = host.run(
+                f"{link_facts_script(host)}; echo {_QDISC_MARK}; {qdisc_stats_script(host)}; "
+                f"{self.tools.start_script(host)}"
+            ).stdout
+            facts, _, stats = out.partition(f"{_QDISC_MARK}\n")
+            return (
+                parse_qdisc_stats(host, stats),
+                clock.result(),
+                parse_link_facts(host.spec.exp_iface, facts),
+            )
 
     def stop(self, host: Host) -> tuple[list[dict], dict[str, Any]]:
         with ThreadPoolExecutor(1) as pool:
             clock = pool.submit(self.clock.stop, host)
-            stats = self.qdisc.stop(host)
-            self.tools.stop(host)
-            return stats, clock.result()
+            out = host.run(
+                f"{qdisc_stats_script(host)}; echo {_TOOLS_MARK}; {self.tools.stop_script(host)}",
+                warn=True,
+            ).stdout
+            return parse_qdisc_stats(host, out.partition(f"{_TOOLS_MARK}\n")[0]), clock.result()
+
+
+_QDISC_MARK = "@@commscope-qdiscs"
+_TOOLS_MARK = "@@commscope-tools"

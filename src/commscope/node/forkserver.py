@@ -110,6 +110,7 @@ def _run_child(module: str, argv: list[str], cwd: str, env: dict[str, str], log:
     """In the forked child: become the rank and run ``module`` as ``python -m`` would."""
     import runpy
     import traceback
+    import warnings
 
     code = 1
     try:
@@ -126,6 +127,9 @@ def _run_child(module: str, argv: list[str], cwd: str, env: dict[str, str], log:
         os.environ.clear()
         os.environ.update(env)
         sys.argv = [module, *argv]
+        # runpy warns that the module is imported already: it is, by the preload, on purpose;
+        # run_module still executes a fresh copy as __main__, as `python -m` would.
+        warnings.filterwarnings("ignore", category=RuntimeWarning, module="runpy")
         runpy.run_module(module, run_name="__main__", alter_sys=True)
         code = 0
     except SystemExit as exc:

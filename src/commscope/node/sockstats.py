@@ -17,13 +17,14 @@ import argparse
 import ipaddress
 import signal
 import socket
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from commscope.contracts import SOCKET_SAMPLE_COLUMNS
+from commscope.contracts import SOCKET_SAMPLE_COLUMNS, SOCKSTATS_READY
 
 # Columns and the tcp_info field they come from; units as the kernel reports them.
 TCP_INFO_FIELDS: dict[str, str] = {
@@ -119,6 +120,8 @@ def main() -> None:
     signal.signal(signal.SIGINT, on_signal)
     import pyarrow.parquet  # noqa: F401  now, not at SIGTERM: the cell waits for the output
 
+    # The orchestrator starts training once it reads this line (experiment.probes).
+    print(f"{SOCKSTATS_READY} {args.addr} at {args.hz} Hz", file=sys.stderr, flush=True)
     frame = sample(args.addr, args.hz, args.max_seconds, stop)
     tmp = args.out.with_suffix(".tmp")
     frame.to_parquet(tmp, index=False)
