@@ -18,6 +18,9 @@ Two commands (``python -m commscope.node.forkserver ...``):
   The server also kills a node's remaining ranks as soon as one fails, as torchrun does.
 - ``ensure``: start the server if none runs, without waiting (the cell's prepare step, so the
   imports overlap shaping and probe start).
+- ``stop``: ask the server to exit (it does when no ranks run).
+
+Only processes of the server's own user may connect (SO_PEERCRED).
 
 One server per node and code version: its name (an abstract Unix socket, private to the
 node's network namespace) carries a fingerprint of the interpreter, of commscope's and torch's
@@ -38,6 +41,7 @@ import os
 import selectors
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -95,6 +99,7 @@ class _Request:
     pids: list[int | None] = field(default_factory=list)
     codes: list[int | None] = field(default_factory=list)
     kill_at: float | None = None  # when still-running ranks get SIGKILL
+    first_failure: int = 0  # the exit code of the first rank that failed (the cause)
 
     def live(self) -> list[int]:
         return [p for p in self.pids if p is not None]
@@ -156,6 +161,13 @@ def _start_ranks(req: _Request, msg: dict[str, Any]) -> None:
         req.codes.append(None)
 
 
+def _same_user(conn: socket.socket) -> bool:
+    """Whether the peer runs as this server's user (SO_PEERCRED): only it may fork ranks."""
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return uid == os.getuid()
+
+
 def _signal(req: _Request, sig: int) -> None:
     for pid in req.live():
         with contextlib.suppress(ProcessLookupError):
@@ -188,6 +200,9 @@ def serve(name: str, preload: Sequence[str]) -> None:
             sock = key.fileobj
             if sock is listener:
                 conn, _ = listener.accept()
+                if not _same_user(conn):  # an abstract socket is open to every local user
+                    conn.close()
+                    continue
                 sel.register(conn, selectors.EVENT_READ)
                 buffers[conn] = b""
                 continue
@@ -198,8 +213,11 @@ def serve(name: str, preload: Sequence[str]) -> None:
                 if b"\n" not in buffers[sock]:
                     continue
                 msg = json.loads(buffers[sock].split(b"\n", 1)[0])
-                if msg.get("op") == "ping":
+                if msg.get("op") in ("ping", "exit"):
                     sock.sendall(json.dumps({"pid": os.getpid()}).encode() + b"\n")
+                    if msg["op"] == "exit" and not requests:
+                        print("asked to exit: exiting", flush=True)
+                        return
                     continue
                 req = requests[sock] = _Request(sock)
                 _start_ranks(req, msg)
@@ -224,6 +242,8 @@ def serve(name: str, preload: Sequence[str]) -> None:
                 done, status = os.waitpid(pid, os.WNOHANG)
                 if done:
                     req.pids[i], req.codes[i] = None, _exit_code(status)
+                    if req.codes[i] and not req.first_failure:
+                        req.first_failure = req.codes[i] or 0
                     if req.codes[i] and req.kill_at is None:  # one rank failed: end the others
                         _signal(req, signal.SIGTERM)
                         req.kill_at = now + KILL_GRACE_S
@@ -231,7 +251,8 @@ def serve(name: str, preload: Sequence[str]) -> None:
                 _signal(req, signal.SIGKILL)
             if not req.live():
                 with contextlib.suppress(OSError):
-                    sock.sendall(json.dumps({"codes": req.codes}).encode() + b"\n")
+                    reply = {"codes": req.codes, "first_failure": req.first_failure}
+                    sock.sendall(json.dumps(reply).encode() + b"\n")
                 sel.unregister(sock)
                 sock.close()
                 del requests[sock]
@@ -256,10 +277,10 @@ def _connect(name: str) -> socket.socket | None:
     return sock
 
 
-def _spawn_server(fp: str, preload: Sequence[str], log: Path) -> None:
+def _spawn_server(fp: str, preload: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
-        subprocess.Popen(
+        return subprocess.Popen(
             [sys.executable, "-m", __spec__.name if __spec__ else "commscope.node.forkserver",
              "serve", "--fingerprint", fp, "--preload", ",".join(preload)],
             stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
@@ -274,13 +295,17 @@ def connect(preload: Sequence[str], log: Path, timeout_s: float = START_TIMEOUT_
     sock = _connect(name)
     if sock is not None:
         return sock
-    _spawn_server(fp, preload, log)
+    server = _spawn_server(fp, preload, log)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         time.sleep(0.05)
+        ended = server.poll() is not None  # before connecting: a racing server may answer
         sock = _connect(name)
         if sock is not None:
             return sock
+        if ended:
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+            raise LaunchError(f"the fork server exited while starting; its log ({log}):\n{tail}")
     raise LaunchError(f"no fork server answered within {timeout_s:.0f} s (its log: {log})")
 
 
@@ -302,7 +327,8 @@ def rank_env(
 
 
 def launch(args: argparse.Namespace) -> int:
-    """Run this node's ranks in the server; the first failing rank's exit code (0 if none)."""
+    """Run this node's ranks in the server; the exit code of the rank that failed first (0
+    when none did; the others may have been ended by the server because of it)."""
     preload = args.preload.split(",")
     sock = connect(preload, Path(args.server_log))
 
@@ -332,9 +358,9 @@ def launch(args: argparse.Namespace) -> int:
     if not reply:
         print("the fork server closed the connection before the ranks ended", flush=True)
         return 1
-    codes = json.loads(reply)["codes"]
-    print(f"ranks ended with exit codes {codes}", flush=True)
-    return next((c for c in codes if c), 0)
+    ended = json.loads(reply)
+    print(f"ranks ended with exit codes {ended['codes']}", flush=True)
+    return int(ended["first_failure"])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -344,10 +370,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     srv = sub.add_parser("serve", help="run a server (started by ensure/launch)")
     srv.add_argument("--fingerprint", required=True)
     srv.add_argument("--preload", required=True)
-    for name in ("ensure", "launch"):
+    for name in ("ensure", "launch", "stop"):
         p = sub.add_parser(name)
         p.add_argument("--preload", required=True, help="modules to import, comma-separated")
-        p.add_argument("--server-log", required=True, help="the server's log (outlives cells)")
+        if name != "stop":
+            p.add_argument("--server-log", required=True, help="its log (outlives cells)")
     lp = sub.choices["launch"]
     lp.add_argument("--nproc", type=int, required=True)
     lp.add_argument("--node-rank", type=int, required=True)
@@ -359,6 +386,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.cmd == "serve":
         serve(address(args.fingerprint), args.preload.split(","))
+        return 0
+    if args.cmd == "stop":
+        sock = _connect(address(fingerprint(args.preload.split(","))))
+        if sock is None:
+            return 0
+        with sock:
+            sock.sendall(b'{"op": "exit"}\n')
+            print(f"asked fork server {json.loads(sock.makefile('r').readline())['pid']} to exit")
         return 0
     if args.cmd == "ensure":
         preload = args.preload.split(",")
