@@ -39,8 +39,10 @@ if __name__ == "__main__":  # the server imports this module too (preload): noth
 @pytest.fixture
 def probe_dir(tmp_path: Path) -> Iterator[Path]:
     (tmp_path / "csfs_probe.py").write_text(PROBE)
+    # A slow import (as torch's): a server starting takes a while, clients must wait for it.
+    log = str(tmp_path / "imports.log")
     (tmp_path / "csfs_heavy.py").write_text(
-        f"import os\nopen({str(tmp_path / 'imports.log')!r}, 'a').write(f'{{os.getpid()}}\\n')\n"
+        f"import os, time\ntime.sleep(0.5)\nopen({log!r}, 'a').write(f'{{os.getpid()}}\\n')\n"
     )
     try:
         yield tmp_path
@@ -136,3 +138,18 @@ def test_killing_the_launcher_kills_its_ranks(probe_dir: Path) -> None:
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(_alive(p) for p in pids)
+
+
+def test_a_launch_right_after_ensure_waits_for_the_starting_server(probe_dir: Path) -> None:
+    """The cell's pattern: prepare starts the server (ensure, not waiting), the launch comes
+    while it still imports; a second server started meanwhile loses the name and exits."""
+    log = str(probe_dir / "forkserver.log")
+    for _ in range(2):
+        ensure = _forkserver(probe_dir, "ensure", "--preload", "csfs_probe", "--server-log", log)
+        assert ensure.returncode == 0, ensure.stderr
+    res = subprocess.run(
+        _launch_args(probe_dir, "ok"), cwd=probe_dir, env=_env(probe_dir),
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert len((probe_dir / "imports.log").read_text().split()) == 1

@@ -174,21 +174,27 @@ def _signal(req: _Request, sig: int) -> None:
             os.killpg(pid, sig)
 
 
-def serve(name: str, preload: Sequence[str]) -> None:
+NAME_TAKEN = 3  # serve's exit code when another server holds the name (it won a start race)
+
+
+def serve(name: str, preload: Sequence[str]) -> int:
     """Import ``preload`` (calling each module's ``preload()`` if it has one), then fork ranks
     for ``launch`` requests until idle for ``IDLE_EXIT_S``. Single-threaded on purpose: a
-    fork from a process with other threads could copy a lock one of them holds."""
+    fork from a process with other threads could copy a lock one of them holds. Returns the
+    exit code (``NAME_TAKEN`` when another server holds ``name``)."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         listener.bind(name)
     except OSError:
         print("another server holds this name: exiting", flush=True)
-        return
+        return NAME_TAKEN
+    # Listen before the imports: clients connect at once and their requests wait in the
+    # backlog until the server is ready, instead of being refused meanwhile.
+    listener.listen(64)
     for mod in preload:
         loaded = importlib.import_module(mod)
         if hasattr(loaded, "preload"):
             loaded.preload()
-    listener.listen(64)
     print(f"forkserver {os.getpid()} ready ({', '.join(preload)})", flush=True)
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ)
@@ -217,7 +223,7 @@ def serve(name: str, preload: Sequence[str]) -> None:
                     sock.sendall(json.dumps({"pid": os.getpid()}).encode() + b"\n")
                     if msg["op"] == "exit" and not requests:
                         print("asked to exit: exiting", flush=True)
-                        return
+                        return 0
                     continue
                 req = requests[sock] = _Request(sock)
                 _start_ranks(req, msg)
@@ -261,7 +267,7 @@ def serve(name: str, preload: Sequence[str]) -> None:
             last_active = now
         elif now - last_active > IDLE_EXIT_S:
             print("idle: exiting", flush=True)
-            return
+            return 0
 
 
 # ────────────────────────────────────────────────────────────────────────────── client
@@ -299,7 +305,9 @@ def connect(preload: Sequence[str], log: Path, timeout_s: float = START_TIMEOUT_
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         time.sleep(0.05)
-        ended = server.poll() is not None  # before connecting: a racing server may answer
+        # Polled before connecting: a server that lost the start race (NAME_TAKEN) leaves
+        # the name to the one that won, which answers on a later try.
+        ended = server.poll() not in (None, NAME_TAKEN)
         sock = _connect(name)
         if sock is not None:
             return sock
@@ -385,8 +393,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     lp.add_argument("argv", nargs=argparse.REMAINDER, help="the module's arguments (after --)")
     args = ap.parse_args(argv)
     if args.cmd == "serve":
-        serve(address(args.fingerprint), args.preload.split(","))
-        return 0
+        return serve(address(args.fingerprint), args.preload.split(","))
     if args.cmd == "stop":
         sock = _connect(address(fingerprint(args.preload.split(","))))
         if sock is None:
