@@ -27,7 +27,7 @@ DEFAULT_BIN_MS: tuple[float, ...] = (0.1, 1.0, 10.0, 100.0)
 
 # Bins at least this wide cover every counter sample of the run; finer ones only the step the
 # cell figure zooms into (:func:`~commscope.metrics.steps.zoom_window`): 100 µs over a whole
-# run is 10 rows per node and millisecond (88 % of a long run's table and most of its metrics
+# run is 10 rows per node and millisecond (90 % of a long run's table and most of its metrics
 # time, docs/analysis.md), and the zoom is their only reader. The shape table and the summary
 # compute their 100 µs statistics from the counters, over the whole measured window.
 FULL_SPAN_MIN_BIN_MS = 1.0
