@@ -635,7 +635,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--throughput-bins",
         default=None,
-        help="what if: the throughput table at these widths only (ms, e.g. 1,10,100)",
+        help="what if: the throughput table at these widths only (ms, e.g. 1,10,100; "
+        "those under 1 ms cover only the zoomed step, as the table's 0.1 ms rows do)",
     )
     args = parser.parse_args(argv)
     work = args.keep or Path(tempfile.mkdtemp(prefix="csd-analysis-"))
