@@ -33,9 +33,16 @@ import pyarrow.parquet as pq
 import pytest
 
 from commscope import metrics as m
-from commscope.contracts import METRIC_TABLES, PARAM_COLUMNS, table_file, with_params
+from commscope.contracts import (
+    METRIC_TABLES,
+    PARAM_COLUMNS,
+    WIRE_FLOW_COLUMNS,
+    table_file,
+    with_params,
+)
 from commscope.metrics import _parquet as pq_parts
 from commscope.metrics import counters as c
+from commscope.metrics import io
 from commscope.metrics._common import shared_results
 from commscope.metrics.crosscheck import summed_flows
 from commscope.units import NS_PER_MS, NS_PER_S
@@ -549,6 +556,32 @@ def test_summed_flows_give_matrix_check_the_same_sums() -> None:
     outside = summed_flows([flows.iloc[:1]], window)
     assert len(outside) == 1 and not (window[0] <= outside["t_ns"].iloc[0] < window[1])
     assert summed_flows([], window).empty
+
+
+def test_window_flows_read_by_arrow_sum_as_summed_flows(tmp_path: Path) -> None:
+    rng = np.random.default_rng(8)
+    n = 5_000
+    flows = pd.DataFrame(
+        {
+            "t_ns": np.sort(rng.integers(0, 10**9, n)),
+            "src_node": rng.integers(0, 4, n),
+            "dst_node": rng.integers(0, 4, n),
+            "bytes": rng.integers(0, 10**6, n),
+            "packets": rng.integers(0, 100, n),
+            "cell": "a/b",
+        }
+    )
+    path = tmp_path / "wire_flows.parquet"
+    flows.to_parquet(path, index=False, row_group_size=700)  # 8 row groups
+    empty = tmp_path / "empty.parquet"
+    flows.iloc[0:0].to_parquet(empty, index=False)
+    # Across row groups, inside one, before and after every bin, and an empty table.
+    windows = [(123_456_789, 876_543_210), (10**8, 10**8 + 10**6), (-5, 0), (2 * 10**9, 3 * 10**9)]
+    for table, window in [*((path, w) for w in windows), (empty, windows[0])]:
+        whole = pd.read_parquet(table, columns=list(WIRE_FLOW_COLUMNS))
+        pd.testing.assert_frame_equal(
+            io._window_flows(table, window), summed_flows([whole], window), check_exact=True
+        )
 
 
 def test_write_frame_writes_categorical_parameters_back_as_text(tmp_path: Path) -> None:
