@@ -146,13 +146,17 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="counted runs (after one warm-up run)")
     ap.add_argument("--config", type=Path, default=ROOT / "config" / "config.yaml")
     ap.add_argument("--strategy", default="ddp")
+    ap.add_argument("--launcher", choices=("warm", "torchrun"), default=None,
+                    help="run.launcher (default: the config's)")  # fmt: skip
     ap.add_argument("--keep", action="store_true", help="leave the cluster up afterwards")
     ap.add_argument("--json", type=Path, help="write every run's phases here")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("needs root (network namespaces, one sshd per node)")
     cfg = load_config(args.config)
-    run = RunSettings.from_mapping(cfg["run"])
+    run = RunSettings.from_mapping(
+        {**cfg["run"], **({"launcher": args.launcher} if args.launcher else {})}
+    )
     cell = CellSettings(
         strategy=args.strategy, model="gpt-tiny", nodes=2, ranks_per_node=1, bw="none",
         delay="0ms", jitter="0ms", loss="0pct", cc="cubic", steps=6, repeat=0,
@@ -184,7 +188,10 @@ def main() -> None:
 
                 teardown_netns(CLUSTER["name"], state_dir(cluster_cfg, root))
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
-    print(f"\n{cell.strategy} cell, {len(rows)} runs, median seconds per phase:")
+    print(
+        f"\n{cell.strategy} cell, launcher {run.launcher}, {len(rows)} runs, median seconds per "
+        f"phase (load average {os.getloadavg()[0]:.2f}):"
+    )
     print(f"  {'phase':24s} {'s':>7s}   SSH commands (all nodes), their summed s")
     for name in PHASES:
         n, t = med.get(f"{name} ssh"), med.get(f"{name} ssh_s")
