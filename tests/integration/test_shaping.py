@@ -259,6 +259,7 @@ def test_reapply_and_remove_are_idempotent(hosts: list[Host]) -> None:
 
 def test_shaped_detects_a_dirty_cluster(hosts: list[Host], monkeypatch: pytest.MonkeyPatch) -> None:
     """If unshaping silently left something, shaped() must say so, not carry on."""
+
     def removes_nothing(host: Host, cc: str | None = None, check: bool = False) -> dict:
         return {"leftovers": [], **({"after": shaping.link_state(host)} if check else {})}
 
