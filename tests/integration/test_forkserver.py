@@ -71,6 +71,12 @@ def _launch_args(d: Path, what: str) -> list[str]:
     ]  # fmt: skip
 
 
+def _launch(d: Path, what: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        _launch_args(d, what), cwd=d, env=_env(d), capture_output=True, text=True, timeout=180
+    )
+
+
 def _rank_lines(d: Path) -> dict[int, dict]:
     return {
         r: json.loads((d / f"rank{r}.log").read_text().splitlines()[0])
@@ -90,10 +96,7 @@ def _alive(pid: int) -> bool:
 
 def test_ranks_get_torchruns_environment_and_the_imports_happen_once(probe_dir: Path) -> None:
     for _ in range(2):
-        res = subprocess.run(
-            _launch_args(probe_dir, "ok"), cwd=probe_dir, env=_env(probe_dir),
-            capture_output=True, text=True, timeout=180,
-        )  # fmt: skip
+        res = _launch(probe_dir, "ok")
         assert res.returncode == 0, res.stdout + res.stderr
         assert "ranks ended with exit codes [0, 0]" in res.stdout
     ranks = _rank_lines(probe_dir)
@@ -112,10 +115,7 @@ def test_ranks_get_torchruns_environment_and_the_imports_happen_once(probe_dir: 
 
 def test_a_failing_rank_ends_its_siblings_and_fails_the_launch(probe_dir: Path) -> None:
     t0 = time.monotonic()
-    res = subprocess.run(
-        _launch_args(probe_dir, "fail"), cwd=probe_dir, env=_env(probe_dir),
-        capture_output=True, text=True, timeout=180,
-    )  # fmt: skip
+    res = _launch(probe_dir, "fail")
     assert res.returncode == 3, res.stdout + res.stderr
     # Local rank 0 would sleep 60 s: the server ended it when rank 3 failed (SIGTERM: 143).
     assert "ranks ended with exit codes [143, 3]" in res.stdout
@@ -147,9 +147,6 @@ def test_a_launch_right_after_ensure_waits_for_the_starting_server(probe_dir: Pa
     for _ in range(2):
         ensure = _forkserver(probe_dir, "ensure", "--preload", "csfs_probe", "--server-log", log)
         assert ensure.returncode == 0, ensure.stderr
-    res = subprocess.run(
-        _launch_args(probe_dir, "ok"), cwd=probe_dir, env=_env(probe_dir),
-        capture_output=True, text=True, timeout=180,
-    )  # fmt: skip
+    res = _launch(probe_dir, "ok")
     assert res.returncode == 0, res.stdout + res.stderr
     assert len((probe_dir / "imports.log").read_text().split()) == 1
