@@ -1,0 +1,694 @@
+"""Temporal structure of one cell's traffic (issue 13, item 1; definitions in docs/temporal.md).
+
+From the wire (the cell's counters, cleaned as :mod:`commscope.metrics.counters` cleans them)
+and the ops, per node and direction or per rank:
+
+* :func:`onoff_periods`: on/off periods at the link in bins of 100 µs, bursts (maximal runs of
+  "on" bins), their durations, sizes, gaps and cadence, and the bursty/streaming class;
+* :func:`dispersion_by_width`: mean, peak/mean and index of dispersion (variance / mean of the
+  bytes per bin) at 0.1, 1, 10 and 100 ms;
+* :func:`periodicity`: the iteration period from the autocorrelation of the binned bytes,
+  against the measured median step time, and the correlation of consecutive steps' bytes;
+* :func:`op_cadence`: the inter-arrival of op issues per rank and the step-to-step similarity
+  of its op sequence.
+
+:func:`temporal_tables` returns the four tables by name. Every function takes one cell's
+tables; the wire tables cover the training window (the measured steps,
+:func:`~commscope.metrics.steps.training_window`), the op table the measured steps.
+Inside :func:`~commscope.metrics._common.shared_results` the cleaned counter series and the
+per-width statistics the ``shape`` table computed are reused, not recomputed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from commscope.contracts import GROUP_KIND_COLUMN, with_params
+from commscope.metrics._common import _param_cols
+from commscope.metrics.counters import (
+    DEFAULT_BIN_MS,
+    _counter_series,
+    _CounterSeries,
+    _shape_stats,
+    bin_width_ns,
+)
+from commscope.metrics.steps import training_window
+from commscope.units import NS_PER_MS, NS_PER_S
+
+# On/off: the bin width (what the in-kernel accounting resolves on MTU frames) and the share of
+# the reference rate (the link cap, else the cell's peak) above which a bin is "on". 10 % keeps
+# the ACKs a receiver returns (~2-4 % of the data rate it gets) "off", while one MTU frame in a
+# 100 µs bin of a 200 Mbit/s link (2,500 B) is already "on".
+ON_BIN_MS = 0.1
+ON_THRESHOLD = 0.10
+
+# Periodicity: the autocorrelation and the per-step byte series use 1 ms bins (a 1 % resolution
+# on a 100 ms step; 100 µs would make the FFT 10x longer for nothing the period needs).
+PERIOD_BIN_MS = 1.0
+
+# Bursty vs streaming: a direction streams when its link is on at least half of the 100 µs bins
+# and its 10 ms bins vary little: coefficient of variation <= 0.5, i.e. index of dispersion
+# <= 0.25 x the mean bytes per bin (an on/off source of duty d has CoV sqrt((1-d)/d): 0.5 is
+# d = 0.8). 10 ms averages out frames and ACK clocking, and stays below the step time.
+STREAMING_MIN_ON_FRACTION = 0.5
+STREAMING_MAX_COV = 0.5
+CLASS_BIN_MS = 10.0
+
+# Bins computed per piece, so the temporaries stay small beside a long run's series.
+_CHUNK = 1 << 20
+_DIRECTIONS = ("tx", "rx")
+
+ONOFF_COLUMNS = [
+    "node",
+    "iface",
+    "direction",
+    "bin_ms",
+    "n_bins",
+    "reference",
+    "reference_bps",
+    "threshold_bps",
+    "on_fraction",
+    "n_bursts",
+    "burst_ms_median",
+    "burst_ms_p90",
+    "burst_ms_max",
+    "burst_bytes_median",
+    "burst_bytes_p90",
+    "burst_bytes_max",
+    "gap_ms_median",
+    "gap_ms_p90",
+    "gap_ms_max",
+    "burst_interval_ms_median",
+    "burst_interval_cov",
+    "cov_10ms",
+    "pattern",
+]
+
+DISPERSION_COLUMNS = [
+    "node",
+    "iface",
+    "direction",
+    "bin_ms",
+    "n_bins",
+    "mean_bytes",
+    "peak_bytes",
+    "peak_to_mean",
+    "dispersion_bytes",
+    "cov",
+    "resolved",
+]
+
+PERIODICITY_COLUMNS = [
+    "node",
+    "iface",
+    "direction",
+    "bin_ms",
+    "n_bins",
+    "acf_period_ms",
+    "acf_peak",
+    "step_ms_median",
+    "period_over_step",
+    "acf_at_step",
+    "n_step_pairs",
+    "step_corr_median",
+    "step_corr_min",
+]
+
+OP_CADENCE_COLUMNS = [
+    "rank",
+    "n_steps",
+    "n_ops",
+    "ops_per_step_median",
+    "issue_interval_ms_median",
+    "issue_interval_ms_mean",
+    "issue_interval_cov",
+    "seq_distinct",
+    "seq_len_modal",
+    "seq_modal_share",
+]
+
+TEMPORAL_TABLES: dict[str, list[str]] = {
+    "temporal_onoff": ONOFF_COLUMNS,
+    "temporal_dispersion": DISPERSION_COLUMNS,
+    "temporal_periodicity": PERIODICITY_COLUMNS,
+    "temporal_ops": OP_CADENCE_COLUMNS,
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Shared helpers
+# --------------------------------------------------------------------------------------------
+
+
+def _params(params: Mapping[str, Any] | None, *frames: pd.DataFrame) -> dict[str, Any]:
+    """``params`` when given, else the parameter columns of the first non-empty frame."""
+    if params is not None:
+        return dict(params)
+    for df in frames:
+        if not df.empty and _param_cols(df):
+            return {c: df[c].iloc[0] for c in _param_cols(df)}
+    return {}
+
+
+def _finish(
+    params: dict[str, Any], records: list[dict[str, Any]], columns: list[str]
+) -> pd.DataFrame:
+    """The records as a frame led by the cell parameters; the documented columns when empty."""
+    if not records:
+        return pd.DataFrame(columns=[*params, *columns])
+    return with_params(params, pd.DataFrame(records, columns=columns))
+
+
+def _measured(step_table: pd.DataFrame) -> pd.DataFrame:
+    """The measured (non warm-up) steps of :func:`~commscope.metrics.steps.step_times`, or all
+    of them when every step is a warm-up step (as :func:`training_window` does)."""
+    if step_table.empty:
+        return step_table
+    measured = step_table[~step_table["warmup"].astype(bool)]
+    return step_table if measured.empty else measured
+
+
+def _binned_bytes(
+    series: _CounterSeries, col: str, bin_ns: int, k_first: int, k_last: int
+) -> np.ndarray:
+    """Bytes of ``col`` in each bin ``[k*bin, (k+1)*bin)`` for k from ``k_first`` to
+    ``k_last`` (exclusive): the cumulative counter interpolated at the edges and differenced,
+    like :meth:`_CounterSeries.rates` but in bytes, exact for an in-kernel series (edges
+    relative to the first sample are whole numbers below 2**53, exact in float64)."""
+    n = k_last - k_first
+    out = np.empty(n, dtype="float64")
+    t_rel = (series.t_ns - series.t_ns[0]).astype("float64")
+    cum = series.cum[col]
+    first = k_first * bin_ns - int(series.t_ns[0])
+    for a in range(0, n, _CHUNK):
+        b = min(a + _CHUNK, n)
+        edges = np.arange(a, b + 1, dtype="float64")
+        edges *= bin_ns
+        edges += first
+        at = np.interp(edges, t_rel, cum)
+        np.subtract(at[1:], at[:-1], out=out[a:b])
+    return out
+
+
+def _resolved_width(series: _CounterSeries, bin_ms: float) -> tuple[float, int] | None:
+    """``(bin_ms, bin_ns)``: ``bin_ms`` when the series resolves it, else the finest coarser
+    width of :data:`DEFAULT_BIN_MS` it resolves (a 1 kHz sampler: 1 ms); None if none."""
+    for width in sorted({float(bin_ms), *(b for b in DEFAULT_BIN_MS if b > bin_ms)}):
+        ns = bin_width_ns(width)
+        if series.resolved(ns):
+            return width, ns
+    return None
+
+
+def _stats(values: np.ndarray) -> tuple[float, float, float]:
+    """(median, p90, max) of ``values`` (numpy's linear interpolation); NaN when empty."""
+    if len(values) == 0:
+        return (float("nan"),) * 3
+    median, p90 = np.percentile(values, [50, 90])
+    return float(median), float(p90), float(values.max())
+
+
+def _cov(values: np.ndarray) -> float:
+    """Population standard deviation / mean; NaN when empty or the mean is 0."""
+    if len(values) == 0:
+        return float("nan")
+    mean = float(values.mean())
+    return float(values.std(ddof=0)) / mean if mean > 0 else float("nan")
+
+
+# --------------------------------------------------------------------------------------------
+# On/off periods and bursts
+# --------------------------------------------------------------------------------------------
+
+
+def _runs(on: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(first bin, one past the last bin) of each maximal run of True in ``on``."""
+    edges = np.diff(on.astype("int8"), prepend=np.int8(0), append=np.int8(0))
+    return np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+
+
+def _pattern(n_bursts: int, on_fraction: float, cov_10ms: float) -> str:
+    """The class of one direction's traffic (docs/temporal.md): ``idle`` (no bin on),
+    ``streaming``, ``bursty``, or ``unknown`` where an input is undefined."""
+    if n_bursts == 0:
+        return "idle"
+    if np.isnan(on_fraction) or np.isnan(cov_10ms):
+        return "unknown"
+    if on_fraction >= STREAMING_MIN_ON_FRACTION and cov_10ms <= STREAMING_MAX_COV:
+        return "streaming"
+    return "bursty"
+
+
+def _burst_record(
+    bytes_per_bin: np.ndarray, bin_ns: int, threshold_bps: float
+) -> dict[str, float | int]:
+    """On-fraction, bursts, gaps and burst cadence of one binned series."""
+    threshold_bytes = threshold_bps * bin_ns / (8 * NS_PER_S)
+    on = bytes_per_bin > threshold_bytes
+    starts, ends = _runs(on)
+    bin_ms = bin_ns / NS_PER_MS
+    cumulative = np.concatenate([[0.0], np.cumsum(bytes_per_bin)])
+    durations = (ends - starts) * bin_ms
+    sizes = cumulative[ends] - cumulative[starts]
+    gaps = (starts[1:] - ends[:-1]) * bin_ms
+    intervals = np.diff(starts) * bin_ms
+    record: dict[str, float | int] = {
+        "on_fraction": float(on.mean()) if len(on) else float("nan"),
+        "n_bursts": len(starts),
+    }
+    for name, values in (("burst_ms", durations), ("burst_bytes", sizes), ("gap_ms", gaps)):
+        median, p90, peak = _stats(values)
+        record |= {f"{name}_median": median, f"{name}_p90": p90, f"{name}_max": peak}
+    record["burst_interval_ms_median"] = _stats(intervals)[0]
+    record["burst_interval_cov"] = _cov(intervals)
+    return record
+
+
+def onoff_periods(
+    counters: pd.DataFrame,
+    step_table: pd.DataFrame,
+    link_cap_bps: float | None = None,
+    bin_ms: float = ON_BIN_MS,
+    threshold: float = ON_THRESHOLD,
+    params: Mapping[str, Any] | None = None,
+) -> pd.DataFrame:
+    """On/off periods and bursts of each node's traffic inside the training window.
+
+    ``counters`` is one cell's counters table, ``step_table`` its
+    :func:`~commscope.metrics.steps.step_times`. The bytes per bin of ``bin_ms`` (edges at
+    whole multiples of the width, every bin inside the window, as the ``throughput`` and
+    ``shape`` tables) come from the cumulative counters; where the series does not resolve
+    ``bin_ms`` (a sampler slower than it), the finest coarser width of 1/10/100 ms it resolves
+    is used and recorded in ``bin_ms``. A bin is **on** when its rate exceeds
+    ``threshold`` x the reference rate: ``link_cap_bps`` (``reference = "cap"``) when the cell
+    has a cap, else the cell's peak (``"peak"``: the highest bin rate of any node and
+    direction at its width). A **burst** is a maximal run of on bins: its duration (ms), size
+    (B, all bytes of its bins) and the **gap** (ms, off bins) to the next; the burst cadence is
+    the interval between consecutive burst starts (median in ms and CoV). Bursts cut by the
+    window's edges count as they are seen. ``pattern`` is the class of
+    :func:`_pattern` with its inputs ``on_fraction`` and ``cov_10ms`` (CoV of the 10 ms bins).
+
+    Columns: cell params, then :data:`ONOFF_COLUMNS`.
+    """
+    out_params = _params(params, counters, step_table)
+    if counters.empty or step_table.empty:
+        return _finish(out_params, [], ONOFF_COLUMNS)
+    window = training_window(step_table)
+    chosen = []
+    for node, iface, series in _counter_series(counters):
+        width = _resolved_width(series, bin_ms)
+        if width is None or series.bin_range(0, width[1], *window) is None:
+            continue
+        chosen.append((node, iface, series, width))
+    # The cell's peak: from the per-width statistics the shape table computes (shared).
+    peaks = [
+        _shape_stats(series, f"{d}_bytes", width[1], window, True)["peak_bps"]
+        for _, _, series, width in chosen
+        for d in _DIRECTIONS
+    ]
+    peak = float(np.nanmax(peaks)) if peaks and not np.all(np.isnan(peaks)) else float("nan")
+    reference, reference_bps = ("cap", float(link_cap_bps)) if link_cap_bps else ("peak", peak)
+    threshold_bps = threshold * reference_bps
+    class_ns = bin_width_ns(CLASS_BIN_MS)
+    records = []
+    for node, iface, series, (width_ms, width_ns) in chosen:
+        k_first, k_last = series.bin_range(0, width_ns, *window)  # type: ignore[misc]
+        for direction in _DIRECTIONS:
+            col = f"{direction}_bytes"
+            binned = _binned_bytes(series, col, width_ns, k_first, k_last)
+            record = _burst_record(binned, width_ns, threshold_bps)
+            del binned
+            # NaN without traffic (then nothing is on either: idle) or unresolved 10 ms bins.
+            resolved = series.resolved(class_ns)
+            cov_10ms = float(_shape_stats(series, col, class_ns, window, resolved)["cov"])
+            records.append(
+                {
+                    "node": node,
+                    "iface": iface,
+                    "direction": direction,
+                    "bin_ms": width_ms,
+                    "n_bins": k_last - k_first,
+                    "reference": reference,
+                    "reference_bps": reference_bps,
+                    "threshold_bps": threshold_bps,
+                    **record,
+                    "cov_10ms": cov_10ms,
+                    "pattern": _pattern(int(record["n_bursts"]), record["on_fraction"], cov_10ms),
+                }
+            )
+    return _finish(out_params, records, ONOFF_COLUMNS)
+
+
+# --------------------------------------------------------------------------------------------
+# Peak/mean and index of dispersion across bin widths
+# --------------------------------------------------------------------------------------------
+
+
+def dispersion_by_width(
+    counters: pd.DataFrame,
+    step_table: pd.DataFrame,
+    bin_ms_list: Sequence[float] = DEFAULT_BIN_MS,
+    params: Mapping[str, Any] | None = None,
+) -> pd.DataFrame:
+    """Peak/mean and index of dispersion of the bytes per bin, per node, direction and width,
+    inside the training window (the bins of the ``shape`` table, whose statistics are reused
+    inside ``shared_results``).
+
+    With ``X`` the bytes in a bin of width ``bin_ms``: ``mean_bytes`` = mean X,
+    ``peak_bytes`` = max X, ``peak_to_mean`` = max X / mean X, ``cov`` = std X / mean X
+    (population), ``dispersion_bytes`` = var X / mean X (B; = cov^2 x mean X). A constant
+    stream has 0 at every width, a Poisson stream of frames of s bytes ~ s, on/off traffic of
+    duty d and on-rate R, with bins inside the on and off periods, (1 - d) R x width: the
+    index grows with the width up to the period and falls to 0 at widths that are multiples of
+    it. Where the width is finer than the source resolves (``resolved`` false) peak, peak/mean,
+    cov and dispersion are NaN (:func:`~commscope.metrics.counters.traffic_shape`).
+
+    Columns: cell params, then :data:`DISPERSION_COLUMNS`.
+    """
+    out_params = _params(params, counters, step_table)
+    if counters.empty or step_table.empty:
+        return _finish(out_params, [], DISPERSION_COLUMNS)
+    window = training_window(step_table)
+    records = []
+    for node, iface, series in _counter_series(counters):
+        for width_ms in bin_ms_list:
+            width_ns = bin_width_ns(width_ms)
+            resolved = series.resolved(width_ns)
+            to_bytes = width_ns / (8 * NS_PER_S)
+            for direction in _DIRECTIONS:
+                stats = _shape_stats(series, f"{direction}_bytes", width_ns, window, resolved)
+                mean = stats["mean_bps"] * to_bytes
+                cov = stats["cov"]
+                records.append(
+                    {
+                        "node": node,
+                        "iface": iface,
+                        "direction": direction,
+                        "bin_ms": float(width_ms),
+                        "n_bins": stats["n_bins"],
+                        "mean_bytes": mean,
+                        "peak_bytes": stats["peak_bps"] * to_bytes,
+                        "peak_to_mean": stats["peak_to_mean"],
+                        "dispersion_bytes": cov * cov * mean,
+                        "cov": cov,
+                        "resolved": resolved,
+                    }
+                )
+    return _finish(out_params, records, DISPERSION_COLUMNS)
+
+
+# --------------------------------------------------------------------------------------------
+# Periodicity
+# --------------------------------------------------------------------------------------------
+
+
+def _autocorrelation(x: np.ndarray) -> np.ndarray:
+    """The biased autocorrelation of ``x`` (mean removed, divided by n at every lag, so
+    r(0) = 1), lags 0..n-1, by FFT; zeros when ``x`` is constant."""
+    n = len(x)
+    centred = x - x.mean()
+    size = 1 << int(2 * n - 1).bit_length()
+    spectrum = np.fft.rfft(centred, size)
+    acov = np.fft.irfft(spectrum.real**2 + spectrum.imag**2, size)[:n]
+    return acov / acov[0] if acov[0] > 0 else np.zeros(n)
+
+
+def _acf_period(acf: np.ndarray) -> tuple[float, float]:
+    """``(period in bins, acf there)``: the highest autocorrelation at a lag between its first
+    non-positive value and half the series (two periods at least), refined by a parabola
+    through the peak and its neighbours; NaN where the acf never dips or has no positive peak.
+    The biased estimate falls with the lag, so the fundamental beats its multiples."""
+    half = len(acf) // 2
+    dips = np.flatnonzero(acf[1 : half + 1] <= 0)
+    if len(dips) == 0:
+        return float("nan"), float("nan")
+    lo = int(dips[0]) + 1
+    k = lo + int(np.argmax(acf[lo : half + 1]))
+    peak = float(acf[k])
+    if peak <= 0:
+        return float("nan"), float("nan")
+    shift = 0.0
+    if 0 < k < len(acf) - 1:
+        left, right = float(acf[k - 1]), float(acf[k + 1])
+        curve = left - 2 * peak + right
+        if curve < 0:
+            shift = 0.5 * (left - right) / curve
+    return k + shift, peak
+
+
+def _step_correlations(
+    binned: np.ndarray, k_first: int, bin_ns: int, steps: pd.DataFrame
+) -> np.ndarray:
+    """Pearson correlation of the bytes per bin of consecutive measured steps, each step's
+    series starting at the bin holding its start and as long as the shortest step (whole
+    bins); NaN for a pair where either series is constant."""
+    starts = steps["t_start_ns"].to_numpy(dtype="int64") // bin_ns - k_first
+    durations = steps["t_end_ns"].to_numpy(dtype="int64") - steps["t_start_ns"].to_numpy(
+        dtype="int64"
+    )
+    length = int(durations.min() // bin_ns) if len(durations) else 0
+    inside = (starts >= 0) & (starts + length <= len(binned))
+    starts = starts[inside]
+    if length < 2 or len(starts) < 2:
+        return np.empty(0)
+    matrix = binned[starts[:, None] + np.arange(length)]
+    matrix = matrix - matrix.mean(axis=1, keepdims=True)
+    norms = np.sqrt((matrix * matrix).sum(axis=1))
+    products = (matrix[:-1] * matrix[1:]).sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return products / (norms[:-1] * norms[1:])
+
+
+def periodicity(
+    counters: pd.DataFrame,
+    step_table: pd.DataFrame,
+    bin_ms: float = PERIOD_BIN_MS,
+    params: Mapping[str, Any] | None = None,
+) -> pd.DataFrame:
+    """The iteration period of each node's traffic and how alike its steps are.
+
+    The bytes per bin of ``bin_ms`` (1 ms; a coarser width where the source does not resolve
+    it) inside the training window give the biased autocorrelation r(k) (:func:`_autocorrelation`).
+    ``acf_period_ms`` is the lag of its highest value between its first non-positive value and
+    half the window (:func:`_acf_period`, parabola-refined), ``acf_peak`` r there. It is
+    compared with ``step_ms_median``, the median duration of the measured steps
+    (``period_over_step``; ``acf_at_step`` is r at the lag nearest the median step). Step to
+    step similarity of the bytes: the Pearson correlation of the binned bytes of consecutive
+    measured steps (each from the bin of its start, as long as the shortest step):
+    ``step_corr_median`` and ``step_corr_min`` over the ``n_step_pairs`` pairs.
+
+    Columns: cell params, then :data:`PERIODICITY_COLUMNS`.
+    """
+    out_params = _params(params, counters, step_table)
+    if counters.empty or step_table.empty:
+        return _finish(out_params, [], PERIODICITY_COLUMNS)
+    window = training_window(step_table)
+    steps = _measured(step_table).sort_values("t_start_ns", kind="stable")
+    durations_ms = (steps["t_end_ns"] - steps["t_start_ns"]).to_numpy(dtype="float64") / NS_PER_MS
+    step_ms = float(np.median(durations_ms)) if len(durations_ms) else float("nan")
+    records = []
+    for node, iface, series in _counter_series(counters):
+        width = _resolved_width(series, bin_ms)
+        k = None if width is None else series.bin_range(0, width[1], *window)
+        if width is None or k is None:
+            continue
+        width_ms, width_ns = width
+        for direction in _DIRECTIONS:
+            binned = _binned_bytes(series, f"{direction}_bytes", width_ns, *k)
+            acf = _autocorrelation(binned)
+            period_bins, peak = _acf_period(acf)
+            period_ms = period_bins * width_ms
+            at_step = round(step_ms / width_ms) if np.isfinite(step_ms) else -1
+            corr = _step_correlations(binned, k[0], width_ns, steps)
+            finite = corr[np.isfinite(corr)]
+            records.append(
+                {
+                    "node": node,
+                    "iface": iface,
+                    "direction": direction,
+                    "bin_ms": width_ms,
+                    "n_bins": len(binned),
+                    "acf_period_ms": period_ms,
+                    "acf_peak": peak,
+                    "step_ms_median": step_ms,
+                    "period_over_step": period_ms / step_ms if step_ms > 0 else float("nan"),
+                    "acf_at_step": float(acf[at_step]) if 0 < at_step < len(acf) else float("nan"),
+                    "n_step_pairs": len(corr),
+                    "step_corr_median": float(np.median(finite)) if len(finite) else float("nan"),
+                    "step_corr_min": float(finite.min()) if len(finite) else float("nan"),
+                }
+            )
+    return _finish(out_params, records, PERIODICITY_COLUMNS)
+
+
+# --------------------------------------------------------------------------------------------
+# Cadence and step-to-step similarity of the ops
+# --------------------------------------------------------------------------------------------
+
+
+def _group_key(ops: pd.DataFrame) -> pd.Series:
+    """The group part of an op's identity: ``group_kind`` (when recorded) and ``group_ranks``
+    as text (a list column too), else the process-group name."""
+    if "group_ranks" in ops.columns:
+        ranks = ops["group_ranks"]
+        if ranks.dtype == object and len(ranks):
+            first = ranks.dropna().iloc[0] if ranks.notna().any() else None
+            if first is not None and not isinstance(first, str):
+                ranks = ranks.map(lambda v: "" if v is None else ",".join(str(int(r)) for r in v))
+        key = ranks.astype("string").fillna("")
+    else:
+        key = ops["group"].astype("string").fillna("") if "group" in ops.columns else None
+    if key is None:
+        key = pd.Series("", index=ops.index, dtype="string")
+    if GROUP_KIND_COLUMN in ops.columns:
+        key = ops[GROUP_KIND_COLUMN].astype("string").fillna("") + "|" + key
+    return key
+
+
+def _sequence_hashes(ops: pd.DataFrame) -> pd.DataFrame:
+    """One row per (rank, step) of ``ops`` (sorted by rank, step, issue time, seq) with the
+    length of its op sequence and a 64-bit hash of the sequence of (op, bytes, group): the
+    sum, wrapping, of each op's hash with its position (order matters, collisions ~2**-64)."""
+    keys = pd.DataFrame(
+        {
+            "op": ops["op"].astype("string").to_numpy(),
+            "bytes": ops["bytes"].to_numpy(dtype="int64"),
+            "group": _group_key(ops).to_numpy(),
+        }
+    )
+    op_hash = pd.util.hash_pandas_object(keys, index=False).to_numpy()
+    rank = ops["rank"].to_numpy(dtype="int64")
+    step = ops["step"].to_numpy(dtype="int64")
+    new = np.ones(len(ops), dtype=bool)
+    new[1:] = (rank[1:] != rank[:-1]) | (step[1:] != step[:-1])
+    starts = np.flatnonzero(new)
+    position = np.arange(len(ops)) - np.repeat(starts, np.diff(np.append(starts, len(ops))))
+    with_position = pd.DataFrame({"h": op_hash, "p": position})
+    hashed = pd.util.hash_pandas_object(with_position, index=False).to_numpy()
+    return pd.DataFrame(
+        {
+            "rank": rank[starts],
+            "step": step[starts],
+            "length": np.diff(np.append(starts, len(ops))),
+            "hash": np.add.reduceat(hashed, starts) if len(starts) else hashed[:0],
+        }
+    )
+
+
+def op_cadence(
+    ops: pd.DataFrame,
+    step_table: pd.DataFrame,
+    params: Mapping[str, Any] | None = None,
+) -> pd.DataFrame:
+    """Cadence of op issues and step-to-step similarity of the op sequence, per rank, over the
+    measured steps.
+
+    ``issue_interval_ms_*``: the intervals between consecutive ``t_issue_ns`` of the rank's
+    ops of measured steps (ms; median, mean; ``issue_interval_cov`` = population standard
+    deviation / mean). ``ops_per_step_median``: ops per measured step. The op sequence of a
+    step is the list of (op, bytes, group) of the rank's ops in issue order (ties by ``seq``),
+    group being ``group_kind`` when recorded and ``group_ranks``; the modal sequence is the
+    most frequent over the measured steps (a step without ops has the empty one):
+    ``seq_modal_share`` = steps whose sequence equals it / ``n_steps``, ``seq_distinct`` the
+    number of different sequences, ``seq_len_modal`` its length.
+
+    Columns: cell params, then :data:`OP_CADENCE_COLUMNS`.
+    """
+    out_params = _params(params, ops, step_table)
+    if ops.empty or step_table.empty:
+        return _finish(out_params, [], OP_CADENCE_COLUMNS)
+    measured_steps = np.unique(_measured(step_table)["step"].to_numpy(dtype="int64"))
+    step_col = ops["step"].to_numpy(dtype="int64")
+    mine = ops[np.isin(step_col, measured_steps)]
+    sort_keys = ["rank", "step", "t_issue_ns", *(["seq"] if "seq" in mine.columns else [])]
+    mine = mine.sort_values(sort_keys, kind="stable")
+    sequences = _sequence_hashes(mine)
+    rank = mine["rank"].to_numpy(dtype="int64")
+    issue = mine["t_issue_ns"].to_numpy(dtype="int64")
+    # Issue times in time order per rank (steps are in time order, ops inside one too).
+    order = np.lexsort((issue, rank))
+    rank, issue = rank[order], issue[order]
+    same_rank = rank[1:] == rank[:-1]
+    gaps_ms = np.diff(issue).astype("float64")[same_rank] / NS_PER_MS
+    gap_rank = rank[1:][same_rank]
+    n_steps = len(measured_steps)
+    records = []
+    for r in np.unique(ops["rank"].to_numpy(dtype="int64")):
+        gaps = gaps_ms[gap_rank == r]
+        seq = sequences[sequences["rank"] == r]
+        # Steps where the rank issued nothing have the empty sequence (hash 0, length 0).
+        empty_steps = max(n_steps - len(seq), 0)
+        lengths = np.concatenate([seq["length"].to_numpy(), np.zeros(empty_steps, dtype="int64")])
+        hashes = np.concatenate([seq["hash"].to_numpy(), np.zeros(empty_steps, dtype="uint64")])
+        counts = pd.DataFrame({"hash": hashes, "length": lengths}).value_counts(sort=True)
+        modal_length = int(counts.index[0][1]) if len(counts) else 0
+        records.append(
+            {
+                "rank": int(r),
+                "n_steps": n_steps,
+                "n_ops": int(seq["length"].sum()),
+                "ops_per_step_median": float(np.median(lengths)) if n_steps else float("nan"),
+                "issue_interval_ms_median": _stats(gaps)[0],
+                "issue_interval_ms_mean": float(gaps.mean()) if len(gaps) else float("nan"),
+                "issue_interval_cov": _cov(gaps),
+                "seq_distinct": len(counts),
+                "seq_len_modal": modal_length,
+                "seq_modal_share": float(counts.iloc[0]) / n_steps if n_steps else float("nan"),
+            }
+        )
+    return _finish(out_params, records, OP_CADENCE_COLUMNS)
+
+
+# --------------------------------------------------------------------------------------------
+# All of them
+# --------------------------------------------------------------------------------------------
+
+
+def temporal_tables(
+    counters: pd.DataFrame,
+    ops: pd.DataFrame,
+    step_table: pd.DataFrame,
+    link_cap_bps: float | None = None,
+    params: Mapping[str, Any] | None = None,
+) -> dict[str, pd.DataFrame]:
+    """The cell's temporal tables by name (:data:`TEMPORAL_TABLES`): ``temporal_onoff``
+    (:func:`onoff_periods`), ``temporal_dispersion`` (:func:`dispersion_by_width`),
+    ``temporal_periodicity`` (:func:`periodicity`) and ``temporal_ops`` (:func:`op_cadence`),
+    each with the defaults documented there.
+
+    ``counters``, ``ops``: one cell's tables; ``step_table``: its
+    :func:`~commscope.metrics.steps.step_times`; ``link_cap_bps``: cell.json ``bw_bps`` (None
+    without a cap); ``params``: the cell parameters that lead every row (by default those of
+    the first table that has them).
+    """
+    out_params = _params(params, counters, ops, step_table)
+    return {
+        "temporal_onoff": onoff_periods(counters, step_table, link_cap_bps, params=out_params),
+        "temporal_dispersion": dispersion_by_width(counters, step_table, params=out_params),
+        "temporal_periodicity": periodicity(counters, step_table, params=out_params),
+        "temporal_ops": op_cadence(ops, step_table, params=out_params),
+    }
+
+
+__all__ = [
+    "CLASS_BIN_MS",
+    "DISPERSION_COLUMNS",
+    "ONOFF_COLUMNS",
+    "ON_BIN_MS",
+    "ON_THRESHOLD",
+    "OP_CADENCE_COLUMNS",
+    "PERIOD_BIN_MS",
+    "PERIODICITY_COLUMNS",
+    "STREAMING_MAX_COV",
+    "STREAMING_MIN_ON_FRACTION",
+    "TEMPORAL_TABLES",
+    "dispersion_by_width",
+    "onoff_periods",
+    "op_cadence",
+    "periodicity",
+    "temporal_tables",
+]
