@@ -248,7 +248,8 @@ def test_unresolved_widths_have_no_dispersion() -> None:
 
 
 def test_square_wave_period_is_the_step_time_and_steps_are_alike() -> None:
-    t = periodicity(_wire(), _step_table())
+    # Steps of 10 ms: compared in 1 ms bins (the default 10 ms would leave one bin per step).
+    t = periodicity(_wire(), _step_table(), step_bin_ms=1.0)
     assert list(t.columns) == [*PARAMS, *PERIODICITY_COLUMNS]
     r = _row(t, node=0, direction="tx")
     assert r["bin_ms"] == 1.0 and r["n_bins"] == 1000
@@ -261,10 +262,13 @@ def test_square_wave_period_is_the_step_time_and_steps_are_alike() -> None:
     assert r["n_step_pairs"] == N_STEPS - 1
     assert r["step_corr_median"] == pytest.approx(1.0)
     assert r["step_corr_min"] == pytest.approx(1.0)
+    # At the default 10 ms a step is one bin: no correlation is defined.
+    default = _row(periodicity(_wire(), _step_table()), node=0, direction="tx")
+    assert default["step_bin_ms"] == 10.0 and default["n_step_pairs"] == 0
 
 
 def test_a_constant_stream_has_no_period() -> None:
-    r = _row(periodicity(_wire(), _step_table()), node=1, direction="tx")
+    r = _row(periodicity(_wire(), _step_table(), step_bin_ms=1.0), node=1, direction="tx")
     assert math.isnan(r["acf_period_ms"])
     assert math.isnan(r["step_corr_median"])  # constant steps: correlation undefined
 
@@ -281,6 +285,24 @@ def test_a_period_other_than_the_step_is_found() -> None:
     assert r["period_over_step"] == pytest.approx(2.5, abs=0.01)
 
 
+def test_a_burst_that_moves_by_a_few_ms_still_correlates_at_10ms() -> None:
+    # 100 ms steps, a 3 ms burst at +20 ms, in every other step at +23 ms: in 10 ms bins the
+    # steps are identical; in 1 ms bins the pairs are disjoint 3-of-100 indicators,
+    # (0 - 0.03^2) / (0.03 x 0.97) = -3/97.
+    first, n = T0 // BIN - 1000, 12 * 1000
+    k = np.arange(first, first + n)
+    phase, step = (k - T0 // BIN) % 1000, (k - T0 // BIN) // 1000
+    start = np.where(step % 2 == 0, 200, 230)
+    tx = np.where((phase >= start) & (phase < start + 30), ON_BYTES, 0).astype("int64")
+    counters = _counters({0: {"tx": tx, "rx": np.zeros(n, dtype="int64")}}, first)
+    steps = _step_table(n_steps=10, step_ms=100)
+    coarse = _row(periodicity(counters, steps), node=0, direction="tx")
+    assert coarse["n_step_pairs"] == 9
+    assert coarse["step_corr_min"] == pytest.approx(1.0)
+    fine = _row(periodicity(counters, steps, step_bin_ms=1.0), node=0, direction="tx")
+    assert fine["step_corr_median"] == pytest.approx(-3 / 97)
+
+
 def test_a_shuffled_step_lowers_the_step_correlation() -> None:
     # Step 50 sends its burst 5 ms later: its pairs with steps 49 and 51 correlate as two
     # disjoint 3-of-10 indicator series, (0 - 0.3^2) / (0.3 x 0.7) = -3/7.
@@ -292,7 +314,8 @@ def test_a_shuffled_step_lowers_the_step_correlation() -> None:
     on = np.where(shuffled, (phase >= 50) & (phase < 80), phase < 30)
     tx = np.where(on, ON_BYTES, 0).astype("int64")
     counters = _counters({0: {"tx": tx, "rx": np.zeros(n, dtype="int64")}}, first)
-    r = _row(periodicity(counters, _step_table()), node=0, direction="tx")
+    r = _row(periodicity(counters, _step_table(), step_bin_ms=1.0), node=0, direction="tx")
+    assert r["step_bin_ms"] == 1.0
     assert r["step_corr_min"] == pytest.approx(-3 / 7)
     assert r["step_corr_median"] == pytest.approx(1.0)
 
@@ -376,6 +399,23 @@ def test_the_group_is_part_of_the_sequence() -> None:
     ops.loc[(ops["step"] == 3) & (ops["seq"] == 30), "group_ranks"] = "0"
     r = _row(op_cadence(ops, _step_table()), rank=0)
     assert r["seq_modal_share"] == pytest.approx((N_STEPS - 1) / N_STEPS)
+
+
+def test_row_order_does_not_matter() -> None:
+    ops = _ops({0: [0, 1, 5, 6], 1: [0, 2.5, 5, 7.5]}, swap_step=50)
+    expected = op_cadence(ops, _step_table())
+    shuffled = ops.sample(frac=1.0, random_state=1).reset_index(drop=True)
+    pd.testing.assert_frame_equal(op_cadence(shuffled, _step_table()), expected)
+
+
+def test_group_ranks_as_lists_and_group_kinds_are_read() -> None:
+    ops = _ops({0: [0, 2.5, 5, 7.5]})
+    ops["group_ranks"] = [[0, 1]] * len(ops)
+    ops["group_kind"] = "dp"
+    ops.loc[(ops["step"] == 3) & (ops["seq"] == 30), "group_kind"] = "tp"
+    r = _row(op_cadence(ops, _step_table()), rank=0)
+    assert r["seq_modal_share"] == pytest.approx((N_STEPS - 1) / N_STEPS)
+    assert r["seq_distinct"] == 2
 
 
 # --------------------------------------------------------------------------------------------

@@ -49,6 +49,10 @@ ON_THRESHOLD = 0.10
 # Periodicity: the autocorrelation and the per-step byte series use 1 ms bins (a 1 % resolution
 # on a 100 ms step; 100 µs would make the FFT 10x longer for nothing the period needs).
 PERIOD_BIN_MS = 1.0
+# Step-to-step correlation of the bytes: 10 ms bins, so a burst that moves by a few ms from one
+# step to the next (thread scheduling, the 5 ms GIL switch interval that delays op stamps) still
+# falls in the same bin; at 1 ms such steps read as unrelated (docs/temporal.md).
+STEP_CORR_BIN_MS = 10.0
 
 # Bursty vs streaming: a direction streams when its link is on at least half of the 100 µs bins
 # and its 10 ms bins vary little: coefficient of variation <= 0.5, i.e. index of dispersion
@@ -113,6 +117,7 @@ PERIODICITY_COLUMNS = [
     "step_ms_median",
     "period_over_step",
     "acf_at_step",
+    "step_bin_ms",
     "n_step_pairs",
     "step_corr_median",
     "step_corr_min",
@@ -467,6 +472,7 @@ def periodicity(
     counters: pd.DataFrame,
     step_table: pd.DataFrame,
     bin_ms: float = PERIOD_BIN_MS,
+    step_bin_ms: float = STEP_CORR_BIN_MS,
     params: Mapping[str, Any] | None = None,
 ) -> pd.DataFrame:
     """The iteration period of each node's traffic and how alike its steps are.
@@ -477,9 +483,12 @@ def periodicity(
     half the window (:func:`_acf_period`, parabola-refined), ``acf_peak`` r there. It is
     compared with ``step_ms_median``, the median duration of the measured steps
     (``period_over_step``; ``acf_at_step`` is r at the lag nearest the median step). Step to
-    step similarity of the bytes: the Pearson correlation of the binned bytes of consecutive
-    measured steps (each from the bin of its start, as long as the shortest step):
-    ``step_corr_median`` and ``step_corr_min`` over the ``n_step_pairs`` pairs.
+    step similarity of the bytes: the Pearson correlation of the bytes per bin of
+    ``step_bin_ms`` (10 ms, or the finest coarser width the source resolves) of consecutive
+    measured steps, each from the bin of its start and as long as the shortest step
+    (:func:`_step_correlations`): ``step_corr_median`` and ``step_corr_min`` over the
+    ``n_step_pairs`` pairs (NaN for a pair with a constant series; none when the shortest step
+    holds fewer than two bins).
 
     Columns: cell params, then :data:`PERIODICITY_COLUMNS`.
     """
@@ -497,13 +506,19 @@ def periodicity(
         if width is None or k is None:
             continue
         width_ms, width_ns = width
+        step_width = _resolved_width(series, step_bin_ms) or width
+        step_k = series.bin_range(0, step_width[1], *window)
         for direction in _DIRECTIONS:
-            binned = _binned_bytes(series, f"{direction}_bytes", width_ns, *k)
+            col = f"{direction}_bytes"
+            binned = _binned_bytes(series, col, width_ns, *k)
             acf = _autocorrelation(binned)
             period_bins, peak = _acf_period(acf)
             period_ms = period_bins * width_ms
             at_step = round(step_ms / width_ms) if np.isfinite(step_ms) else -1
-            corr = _step_correlations(binned, k[0], width_ns, steps)
+            corr = np.empty(0)
+            if step_k is not None:
+                per_step = _binned_bytes(series, col, step_width[1], *step_k)
+                corr = _step_correlations(per_step, step_k[0], step_width[1], steps)
             finite = corr[np.isfinite(corr)]
             records.append(
                 {
@@ -517,6 +532,7 @@ def periodicity(
                     "step_ms_median": step_ms,
                     "period_over_step": period_ms / step_ms if step_ms > 0 else float("nan"),
                     "acf_at_step": float(acf[at_step]) if 0 < at_step < len(acf) else float("nan"),
+                    "step_bin_ms": step_width[0],
                     "n_step_pairs": len(corr),
                     "step_corr_median": float(np.median(finite)) if len(finite) else float("nan"),
                     "step_corr_min": float(finite.min()) if len(finite) else float("nan"),
@@ -530,53 +546,73 @@ def periodicity(
 # --------------------------------------------------------------------------------------------
 
 
-def _group_key(ops: pd.DataFrame) -> pd.Series:
-    """The group part of an op's identity: ``group_kind`` (when recorded) and ``group_ranks``
-    as text (a list column too), else the process-group name."""
-    if "group_ranks" in ops.columns:
-        ranks = ops["group_ranks"]
-        if ranks.dtype == object and len(ranks):
-            first = ranks.dropna().iloc[0] if ranks.notna().any() else None
-            if first is not None and not isinstance(first, str):
-                ranks = ranks.map(lambda v: "" if v is None else ",".join(str(int(r)) for r in v))
-        key = ranks.astype("string").fillna("")
-    else:
-        key = ops["group"].astype("string").fillna("") if "group" in ops.columns else None
-    if key is None:
-        key = pd.Series("", index=ops.index, dtype="string")
+def _codes(column: pd.Series) -> np.ndarray:
+    """Integer codes of ``column``'s values (nulls one code of their own); a column of lists
+    (``group_ranks`` as a parquet list) by their text."""
+    if column.dtype == object and column.notna().any():
+        first = column.dropna().iloc[0]
+        if not isinstance(first, str):
+            column = column.map(lambda v: None if v is None else ",".join(str(int(r)) for r in v))
+    return pd.factorize(column, use_na_sentinel=False)[0].astype("uint64")
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finalizer on uint64 (wrapping): nearby inputs give unrelated hashes."""
+    x = x.copy()
+    x ^= x >> np.uint64(30)
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(27)
+    x *= np.uint64(0x94D049BB133111EB)
+    x ^= x >> np.uint64(31)
+    return x
+
+
+def _op_identity(ops: pd.DataFrame) -> np.ndarray:
+    """A 64-bit hash of each op's (op, bytes, group): ``group_kind`` when recorded and
+    ``group_ranks``, else the process-group name."""
+    group = "group_ranks" if "group_ranks" in ops.columns else "group"
+    parts = [_codes(ops["op"]), ops["bytes"].to_numpy(dtype="int64").astype("uint64")]
+    if group in ops.columns:
+        parts.append(_codes(ops[group]))
     if GROUP_KIND_COLUMN in ops.columns:
-        key = ops[GROUP_KIND_COLUMN].astype("string").fillna("") + "|" + key
-    return key
+        parts.append(_codes(ops[GROUP_KIND_COLUMN]))
+    h = np.zeros(len(ops), dtype="uint64")
+    with np.errstate(over="ignore"):
+        for i, part in enumerate(parts):
+            h = _mix(h ^ _mix(part + np.uint64(i + 1)))
+    return h
 
 
-def _sequence_hashes(ops: pd.DataFrame) -> pd.DataFrame:
-    """One row per (rank, step) of ``ops`` (sorted by rank, step, issue time, seq) with the
-    length of its op sequence and a 64-bit hash of the sequence of (op, bytes, group): the
-    sum, wrapping, of each op's hash with its position (order matters, collisions ~2**-64)."""
-    keys = pd.DataFrame(
-        {
-            "op": ops["op"].astype("string").to_numpy(),
-            "bytes": ops["bytes"].to_numpy(dtype="int64"),
-            "group": _group_key(ops).to_numpy(),
-        }
-    )
-    op_hash = pd.util.hash_pandas_object(keys, index=False).to_numpy()
-    rank = ops["rank"].to_numpy(dtype="int64")
-    step = ops["step"].to_numpy(dtype="int64")
-    new = np.ones(len(ops), dtype=bool)
+def _sorted_by(*keys: np.ndarray) -> np.ndarray | None:
+    """The permutation sorting rows by ``keys`` (first the primary key), or None when they
+    are sorted already (the usual case; a sort of 10**7 rows costs seconds)."""
+    different = np.zeros(len(keys[0]) - 1, dtype=bool) if len(keys[0]) else np.zeros(0, bool)
+    for key in keys:
+        step = np.sign(np.diff(key))
+        # Rows still tied on the earlier keys compare on this one.
+        if bool(np.any(step[~different] < 0)):
+            return np.lexsort(keys[::-1])
+        different |= step != 0
+    return None
+
+
+def _sequence_hashes(
+    rank: np.ndarray, step: np.ndarray, identity: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(rank, step, length, hash)`` per (rank, step) run of the ops (sorted by rank, step and
+    issue order): the number of its ops and a 64-bit hash of the sequence of their identities,
+    the wrapping sum of each identity mixed with its position (order matters; two different
+    sequences collide with probability ~2**-64)."""
+    n = len(rank)
+    new = np.ones(n, dtype=bool)
     new[1:] = (rank[1:] != rank[:-1]) | (step[1:] != step[:-1])
     starts = np.flatnonzero(new)
-    position = np.arange(len(ops)) - np.repeat(starts, np.diff(np.append(starts, len(ops))))
-    with_position = pd.DataFrame({"h": op_hash, "p": position})
-    hashed = pd.util.hash_pandas_object(with_position, index=False).to_numpy()
-    return pd.DataFrame(
-        {
-            "rank": rank[starts],
-            "step": step[starts],
-            "length": np.diff(np.append(starts, len(ops))),
-            "hash": np.add.reduceat(hashed, starts) if len(starts) else hashed[:0],
-        }
-    )
+    lengths = np.diff(np.append(starts, n))
+    position = (np.arange(n) - np.repeat(starts, lengths)).astype("uint64")
+    with np.errstate(over="ignore"):
+        hashed = _mix(identity ^ _mix(position + np.uint64(0x9E3779B97F4A7C15)))
+        sums = np.add.reduceat(hashed, starts) if n else hashed
+    return rank[starts], step[starts], lengths, sums
 
 
 def op_cadence(
@@ -588,13 +624,13 @@ def op_cadence(
     measured steps.
 
     ``issue_interval_ms_*``: the intervals between consecutive ``t_issue_ns`` of the rank's
-    ops of measured steps (ms; median, mean; ``issue_interval_cov`` = population standard
-    deviation / mean). ``ops_per_step_median``: ops per measured step. The op sequence of a
-    step is the list of (op, bytes, group) of the rank's ops in issue order (ties by ``seq``),
-    group being ``group_kind`` when recorded and ``group_ranks``; the modal sequence is the
-    most frequent over the measured steps (a step without ops has the empty one):
-    ``seq_modal_share`` = steps whose sequence equals it / ``n_steps``, ``seq_distinct`` the
-    number of different sequences, ``seq_len_modal`` its length.
+    ops of measured steps, in time order (ms; median, mean; ``issue_interval_cov`` =
+    population standard deviation / mean). ``ops_per_step_median``: ops per measured step.
+    The op sequence of a step is the list of (op, bytes, group) of the rank's ops in issue
+    order (ties by ``seq``), group being ``group_kind`` when recorded and ``group_ranks``; the
+    modal sequence is the most frequent over the measured steps (a step without ops has the
+    empty one): ``seq_modal_share`` = steps whose sequence equals it / ``n_steps``,
+    ``seq_distinct`` the number of different sequences, ``seq_len_modal`` its length.
 
     Columns: cell params, then :data:`OP_CADENCE_COLUMNS`.
     """
@@ -602,41 +638,45 @@ def op_cadence(
     if ops.empty or step_table.empty:
         return _finish(out_params, [], OP_CADENCE_COLUMNS)
     measured_steps = np.unique(_measured(step_table)["step"].to_numpy(dtype="int64"))
-    step_col = ops["step"].to_numpy(dtype="int64")
-    mine = ops[np.isin(step_col, measured_steps)]
-    sort_keys = ["rank", "step", "t_issue_ns", *(["seq"] if "seq" in mine.columns else [])]
-    mine = mine.sort_values(sort_keys, kind="stable")
-    sequences = _sequence_hashes(mine)
-    rank = mine["rank"].to_numpy(dtype="int64")
-    issue = mine["t_issue_ns"].to_numpy(dtype="int64")
-    # Issue times in time order per rank (steps are in time order, ops inside one too).
-    order = np.lexsort((issue, rank))
-    rank, issue = rank[order], issue[order]
-    same_rank = rank[1:] == rank[:-1]
-    gaps_ms = np.diff(issue).astype("float64")[same_rank] / NS_PER_MS
-    gap_rank = rank[1:][same_rank]
     n_steps = len(measured_steps)
+    all_ranks = np.unique(ops["rank"].to_numpy(dtype="int64"))
+    keep = np.isin(ops["step"].to_numpy(dtype="int64"), measured_steps)
+    rank = ops["rank"].to_numpy(dtype="int64")[keep]
+    step = ops["step"].to_numpy(dtype="int64")[keep]
+    issue = ops["t_issue_ns"].to_numpy(dtype="int64")[keep]
+    seq = ops["seq"].to_numpy(dtype="int64")[keep] if "seq" in ops.columns else np.zeros_like(rank)
+    identity = _op_identity(ops)[keep]
+    order = _sorted_by(rank, step, issue, seq)
+    if order is not None:
+        rank, step, issue, identity = rank[order], step[order], issue[order], identity[order]
+    seq_rank, _, seq_length, seq_hash = _sequence_hashes(rank, step, identity)
+    # The intervals in time order per rank (steps overlapping in time would not be).
+    order = _sorted_by(rank, issue)
+    if order is not None:
+        rank, issue = rank[order], issue[order]
+    same_rank = rank[1:] == rank[:-1]
+    gaps_ms = np.diff(issue)[same_rank].astype("float64") / NS_PER_MS
+    gap_rank = rank[1:][same_rank]
     records = []
-    for r in np.unique(ops["rank"].to_numpy(dtype="int64")):
+    for r in all_ranks:
         gaps = gaps_ms[gap_rank == r]
-        seq = sequences[sequences["rank"] == r]
+        mine = seq_rank == r
         # Steps where the rank issued nothing have the empty sequence (hash 0, length 0).
-        empty_steps = max(n_steps - len(seq), 0)
-        lengths = np.concatenate([seq["length"].to_numpy(), np.zeros(empty_steps, dtype="int64")])
-        hashes = np.concatenate([seq["hash"].to_numpy(), np.zeros(empty_steps, dtype="uint64")])
+        empty_steps = max(n_steps - int(mine.sum()), 0)
+        lengths = np.concatenate([seq_length[mine], np.zeros(empty_steps, dtype="int64")])
+        hashes = np.concatenate([seq_hash[mine], np.zeros(empty_steps, dtype="uint64")])
         counts = pd.DataFrame({"hash": hashes, "length": lengths}).value_counts(sort=True)
-        modal_length = int(counts.index[0][1]) if len(counts) else 0
         records.append(
             {
                 "rank": int(r),
                 "n_steps": n_steps,
-                "n_ops": int(seq["length"].sum()),
+                "n_ops": int(seq_length[mine].sum()),
                 "ops_per_step_median": float(np.median(lengths)) if n_steps else float("nan"),
                 "issue_interval_ms_median": _stats(gaps)[0],
                 "issue_interval_ms_mean": float(gaps.mean()) if len(gaps) else float("nan"),
                 "issue_interval_cov": _cov(gaps),
                 "seq_distinct": len(counts),
-                "seq_len_modal": modal_length,
+                "seq_len_modal": int(counts.index[0][1]) if len(counts) else 0,
                 "seq_modal_share": float(counts.iloc[0]) / n_steps if n_steps else float("nan"),
             }
         )
