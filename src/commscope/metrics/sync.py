@@ -1,0 +1,692 @@
+"""Synchronization structure per step, from one cell's ``ops`` and ``steps`` tables.
+
+Definitions, units and assumptions: docs/sync.md. Every function takes the tables of **one**
+cell (its plan is one cell's) and returns a tidy DataFrame led by the cell's parameter columns
+(whichever ``ops`` carries), so the tables of many cells aggregate by concatenation.
+
+What the capture knows (:mod:`commscope.workload.capture`, docs/traces.md): per op its issue
+time (``t_issue_ns``) and its completion (``t_end_ns``: the Work's future, a waiter thread, or
+for gloo send/recv the moment the issuer's ``wait()`` let ``is_completed()`` turn true). It does
+**not** record whether, or from when, the issuing thread blocked on an op: an async op (DDP's
+bucket all-reduce under backward, a pipeline's isend) overlaps compute, a synchronous one does
+not, and the table cannot tell them apart. So a rank counts as blocked over every op's interval
+(an upper bound of the exposed communication) unless the ops table has a boolean
+:data:`BLOCKING_COLUMN`, True where the issuer waited on the op over its whole interval; then
+only those ops count. Compute is step time outside the (blocking) communication ops.
+
+Tables (:data:`SYNC_TABLES`, built together by :func:`sync_tables`):
+
+* :func:`sync_counts` ops, instances and bytes per step, group kind and op class;
+* :func:`sync_points` every collective instance: who arrived first and last, the skew;
+* :func:`exposed_comm` per rank and step: communication, exposed communication, its ratio;
+* :func:`critical_path` the chain of compute and communication that ends the steady step;
+* :func:`pipeline_bubble` per pipeline rank and step: the measured bubble vs (p-1)/(p-1+m);
+* :func:`sync_summary` one row per cell with the headline numbers of all of them.
+
+Everything that scales with the number of ops is vectorised (a cell can hold 10**6 ops); the
+critical-path walk is a loop over the ops of one step on the path only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from commscope.contracts import GROUP_KIND_COLUMN, P2P_OPS, parse_ranks, with_params
+from commscope.metrics._common import _param_cols
+from commscope.spec.plan import DIMS, ParallelPlan
+from commscope.units import NS_PER_S
+
+# Optional ops column: True where the issuing thread waited on the op over its whole
+# [t_issue_ns, t_end_ns] (synchronous op, or issue immediately followed by wait()). The capture
+# does not write it yet; without it every op counts as blocking (docs/sync.md).
+BLOCKING_COLUMN = "blocking"
+
+SYNC_TABLES: tuple[str, ...] = (
+    "sync_counts",
+    "sync_points",
+    "exposed_comm",
+    "critical_path",
+    "pipeline_bubble",
+    "sync_summary",
+)
+
+SYNC_COUNT_COLUMNS = ["step", "group_kind", "op_class", "n_ops", "n_instances", "bytes"]
+SYNC_POINT_COLUMNS = [
+    "step",
+    "phase",
+    "op",
+    "group_kind",
+    "group_ranks",
+    "group_size",
+    "seq",
+    "n_ranks",
+    "world",
+    "first_rank",
+    "last_rank",
+    "t_first_issue_ns",
+    "t_last_issue_ns",
+    "t_end_ns",
+    "skew_s",
+    "warmup",
+]
+EXPOSED_COLUMNS = [
+    "rank",
+    "step",
+    "step_s",
+    "comm_s",
+    "exposed_comm_s",
+    "compute_s",
+    "comm_ratio",
+    "blocking_recorded",
+    "warmup",
+]
+CRITICAL_PATH_COLUMNS = [
+    "step",
+    "order",
+    "rank",
+    "segment",
+    "op",
+    "group_kind",
+    "t_start_ns",
+    "t_end_ns",
+    "duration_s",
+]
+BUBBLE_COLUMNS = [
+    "rank",
+    "stage",
+    "step",
+    "step_s",
+    "fwd_bwd_s",
+    "bubble_s",
+    "bubble_frac_step",
+    "bubble_frac_fwd_bwd",
+    "bubble_analytic",
+    "pp",
+    "microbatches",
+    "stages_per_rank",
+    "pp_schedule",
+    "warmup",
+]
+SYNC_SUMMARY_COLUMNS = [
+    "steady_step",
+    "measured_steps",
+    "collectives_per_step",
+    "p2p_per_step",
+    "barriers_per_step",
+    "world_sync_points_per_step",
+    "sync_skew_mean_s",
+    "sync_skew_max_s",
+    "comm_ratio_median",
+    "comm_ratio_max",
+    "blocking_recorded",
+    "critical_path_s",
+    "critical_compute_s",
+    "critical_comm_s",
+    "critical_comm_share",
+    "critical_rank_switches",
+    "critical_ops",
+    "bubble_measured_fwd_bwd",
+    "bubble_measured_step",
+    "bubble_analytic",
+    "bubble_predicted",
+]
+
+OP_CLASSES = ("collective", "p2p", "barrier")
+_COLLECTIVE_CLASSES = ("collective", "barrier")
+
+
+# --------------------------------------------------------------------------------------------
+# Labels: op class, group kind, instances
+# --------------------------------------------------------------------------------------------
+
+
+def op_class(op: pd.Series) -> pd.Series:
+    """``barrier`` for barriers, ``p2p`` for send/recv, ``collective`` for every other op."""
+    values = np.where(
+        op.eq("barrier").to_numpy(),
+        "barrier",
+        np.where(op.isin(P2P_OPS).to_numpy(), "p2p", "collective"),
+    )
+    return pd.Series(values, index=op.index, name="op_class")
+
+
+def _as_plan(plan: ParallelPlan | Mapping[str, Any] | None, world: int) -> ParallelPlan | None:
+    """``plan`` as a resolved :class:`ParallelPlan` (``world`` fills a -1 degree; 0: the
+    product of the plan's degrees, which must then all be set)."""
+    if plan is None:
+        return None
+    if not isinstance(plan, ParallelPlan):
+        plan = ParallelPlan.from_dict(dict(plan))
+    return plan.resolve(world or math.prod(max(getattr(plan, d), 1) for d in DIMS))
+
+
+def _world(ops: pd.DataFrame, steps: pd.DataFrame | None = None) -> int:
+    ranks = [int(ops["rank"].max()) + 1 if len(ops) else 0]
+    if steps is not None and len(steps):
+        ranks.append(int(steps["rank"].max()) + 1)
+    return max(ranks)
+
+
+def group_kinds(
+    ops: pd.DataFrame, plan: ParallelPlan | Mapping[str, Any] | None = None, world: int = 0
+) -> pd.Series:
+    """The parallel dimension of each op's group: ``dp``, ``tp``, ``pp`` or ``ep`` when the
+    group is the rank's group along that mesh dimension of ``plan`` (a pure-DDP cell's world
+    group is ``dp``), ``world`` when it holds every rank but is no dimension's group, ``self``
+    for a one-rank group, ``other`` otherwise (e.g. the first and last pipeline stage's pair).
+
+    An ops column ``group_kind`` (imported traces) wins where it is set. ``world`` defaults to
+    one more than the largest rank of ``ops``.
+    """
+    world = world or _world(ops)
+    resolved = _as_plan(plan, world)
+    everyone = list(range(world))
+    dims = [d for d in DIMS if resolved is not None and getattr(resolved, d) > 1]
+
+    def kind(rank: int, group: object) -> str:
+        members = parse_ranks(group)
+        if len(members) == 1:
+            return "self"
+        for d in dims:
+            if members == resolved.group_of(d, rank):
+                return d
+        return "world" if sorted(members) == everyone else "other"
+
+    pairs = ops[["rank", "group_ranks"]].drop_duplicates()
+    pairs[GROUP_KIND_COLUMN] = [
+        kind(int(r), g) for r, g in pairs.itertuples(index=False, name=None)
+    ]
+    out = ops[["rank", "group_ranks"]].merge(pairs, on=["rank", "group_ranks"], how="left")
+    out = pd.Series(out[GROUP_KIND_COLUMN].to_numpy(), index=ops.index, name=GROUP_KIND_COLUMN)
+    if GROUP_KIND_COLUMN in ops.columns:
+        given = ops[GROUP_KIND_COLUMN]
+        out = given.where(given.notna() & given.astype(str).ne(""), out)
+    return out.astype(str)
+
+
+def _label(
+    ops: pd.DataFrame, plan: ParallelPlan | Mapping[str, Any] | None, world: int
+) -> pd.DataFrame:
+    """``ops`` with ``op_class``, ``group_kind``, ``blocking`` (bool) and the instance columns
+    of :func:`_instances`; a fresh frame (the input is never modified)."""
+    out = ops.copy()
+    out["op_class"] = op_class(out["op"])
+    out[GROUP_KIND_COLUMN] = group_kinds(out, plan, world)
+    if BLOCKING_COLUMN in out.columns:
+        out[BLOCKING_COLUMN] = out[BLOCKING_COLUMN].fillna(True).astype(bool)
+    else:
+        out[BLOCKING_COLUMN] = True
+    return _instances(out)
+
+
+def _instances(ops: pd.DataFrame) -> pd.DataFrame:
+    """Tie the rows of one op instance together across ranks.
+
+    A collective instance is (``group_ranks``, ``seq``): the capture numbers a group's
+    collectives per rank in issue order, and every member issues the same sequence. A P2P
+    instance is a send and its recv: (``group_ranks``, sender, receiver, ``seq``), the capture
+    numbering per (group, op, peer). Adds ``instance`` (id), ``n_members`` (rows recorded),
+    ``t_last_issue_ns`` and ``last_rank`` (the member that issued last; the earliest row on a
+    tie) and ``t_first_issue_ns``.
+    """
+    out = ops.reset_index(drop=True)
+    if "seq" not in out.columns:  # imported traces: number each rank's ops per group in order
+        stream = out["op"].where(out["op_class"].eq("p2p"), "")  # as the capture numbers
+        ordered = out.assign(stream=stream).sort_values("t_issue_ns", kind="stable")
+        out["seq"] = ordered.groupby(["rank", "group_ranks", "stream", "peer"]).cumcount()
+    p2p = out["op_class"].eq("p2p").to_numpy()
+    rank = out["rank"].to_numpy("int64")
+    peer = out["peer"].to_numpy("int64")
+    is_send = out["op"].eq("send").to_numpy()
+    src = np.where(p2p, np.where(is_send, rank, peer), -1)
+    dst = np.where(p2p, np.where(is_send, peer, rank), -1)
+    keys = pd.DataFrame(
+        {"g": out["group_ranks"].astype(str).to_numpy(), "s": src, "d": dst, "q": out["seq"]}
+    )
+    out["instance"] = keys.groupby(["g", "s", "d", "q"], sort=False).ngroup().to_numpy()
+    g = out.groupby("instance", sort=False)["t_issue_ns"]
+    out["n_members"] = g.transform("size").to_numpy()
+    out["t_first_issue_ns"] = g.transform("min").to_numpy("int64")
+    out["t_last_issue_ns"] = g.transform("max").to_numpy("int64")
+    last_row = g.transform("idxmax")
+    out["last_rank"] = out.loc[last_row.to_numpy(), "rank"].to_numpy("int64")
+    return out
+
+
+def _with_params(ops: pd.DataFrame, frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    params = {c: ops[c].iloc[0] for c in _param_cols(ops)} if len(ops) else {}
+    frame = frame.reindex(columns=columns) if frame.empty else frame[columns]
+    return with_params(params, frame.reset_index(drop=True))
+
+
+def _step_rows(steps: pd.DataFrame, phase: str = "step") -> pd.DataFrame:
+    rows = steps[(steps["phase"] == phase) & (steps["step"] >= 0)]
+    return rows[["rank", "step", "t_start_ns", "t_end_ns"]].astype("int64")
+
+
+def _union_lengths(group: np.ndarray, start: np.ndarray, end: np.ndarray, n: int) -> np.ndarray:
+    """Total length of the union of the intervals [start, end) of each group id in 0..n-1
+    (int64 ns, vectorised: sort, running max of the ends, one segment per gap)."""
+    totals = np.zeros(n, dtype="int64")
+    keep = end > start
+    group, start, end = group[keep], start[keep], end[keep]
+    if len(group) == 0:
+        return totals
+    order = np.lexsort((start, group))
+    group, start, end = group[order], start[order], end[order]
+    running = pd.Series(end).groupby(group).cummax().to_numpy("int64")
+    new = np.ones(len(group), dtype=bool)
+    new[1:] = (group[1:] != group[:-1]) | (start[1:] > running[:-1])
+    heads = np.flatnonzero(new)
+    seg_end = np.maximum.reduceat(end, heads)
+    np.add.at(totals, group[heads], seg_end - start[heads])
+    return totals
+
+
+def _warmup(step: pd.Series, warmup_steps: int) -> pd.Series:
+    return step < warmup_steps
+
+
+# --------------------------------------------------------------------------------------------
+# Tables
+# --------------------------------------------------------------------------------------------
+
+
+def sync_counts(
+    ops: pd.DataFrame,
+    plan: ParallelPlan | Mapping[str, Any] | None = None,
+    world: int = 0,
+    labelled: pd.DataFrame | None = None,
+) -> pd.DataFrame:
+    """Ops per step (``-1``: set-up and teardown), group kind and op class.
+
+    ``n_ops`` counts rows (one per op per rank); ``n_instances`` counts each collective once
+    over its members and each send/recv pair once; ``bytes`` sums the framework bytes of the
+    rows (docs/traces.md ``bytes``). Columns: cell params, :data:`SYNC_COUNT_COLUMNS`.
+    """
+    lab = labelled if labelled is not None else _label(ops, plan, world or _world(ops))
+    if lab.empty:
+        return _with_params(ops, pd.DataFrame(), SYNC_COUNT_COLUMNS)
+    out = (
+        lab.groupby(["step", GROUP_KIND_COLUMN, "op_class"], sort=True)
+        .agg(
+            n_ops=("op", "size"),
+            n_instances=("instance", "nunique"),
+            bytes=("bytes", "sum"),
+        )
+        .reset_index()
+    )
+    return _with_params(ops, out, SYNC_COUNT_COLUMNS)
+
+
+def sync_points(
+    ops: pd.DataFrame,
+    plan: ParallelPlan | Mapping[str, Any] | None = None,
+    warmup_steps: int = 0,
+    world: int = 0,
+    labelled: pd.DataFrame | None = None,
+) -> pd.DataFrame:
+    """One row per collective instance (barriers included) in a training step.
+
+    Every member of a collective must arrive before any can finish, so the first to issue
+    waits for the last: ``skew_s`` = (latest − earliest issue time over the members), the wait
+    of the fastest rank when it blocks on the op (an upper bound of it when the op is async).
+    ``world`` marks the blocking points where every rank of the cell takes part (the group
+    holds all ``world`` ranks); the others synchronise one group of a dimension (``group_kind``).
+    Columns: cell params, :data:`SYNC_POINT_COLUMNS`.
+    """
+    world = world or _world(ops)
+    lab = labelled if labelled is not None else _label(ops, plan, world)
+    rows = lab[lab["op_class"].isin(_COLLECTIVE_CLASSES) & (lab["step"] >= 0)]
+    if rows.empty:
+        return _with_params(ops, pd.DataFrame(), SYNC_POINT_COLUMNS)
+    first_row = rows.groupby("instance", sort=False)["t_issue_ns"].idxmin()
+    ends = rows["t_end_ns"].astype("Float64").groupby(rows["instance"], sort=False).max()
+    out = rows.loc[first_row.to_numpy()].reset_index(drop=True)
+    out = out.assign(
+        first_rank=out["rank"].to_numpy("int64"),
+        n_ranks=out["n_members"],
+        t_first_issue_ns=out["t_first_issue_ns"],
+        t_end_ns=ends.reindex(out["instance"]).round().astype("Int64").to_numpy(),
+        skew_s=(out["t_last_issue_ns"] - out["t_first_issue_ns"]) / NS_PER_S,
+        world=out["group_size"].eq(world).to_numpy(),
+        warmup=_warmup(out["step"], warmup_steps),
+    )
+    out = out.sort_values(["t_first_issue_ns", "instance"], kind="stable")
+    return _with_params(ops, out, SYNC_POINT_COLUMNS)
+
+
+def exposed_comm(
+    ops: pd.DataFrame,
+    steps: pd.DataFrame,
+    warmup_steps: int = 0,
+    labelled: pd.DataFrame | None = None,
+) -> pd.DataFrame:
+    """Per rank and training step: time inside communication ops and the exposed part.
+
+    ``comm_s``: length of the union of every op's [t_issue_ns, t_end_ns], clipped to the rank's
+    step. ``exposed_comm_s``: the same over the blocking ops only (every op unless the ops table
+    has :data:`BLOCKING_COLUMN`; ``blocking_recorded`` says which). ``compute_s`` = step_s −
+    exposed_comm_s; ``comm_ratio`` = exposed_comm_s / step_s. Ops without an end are left out.
+    Columns: cell params, :data:`EXPOSED_COLUMNS`.
+    """
+    lab = labelled if labelled is not None else _label(ops, None, _world(ops, steps))
+    recorded = BLOCKING_COLUMN in ops.columns
+    base = _step_rows(steps)
+    if base.empty:
+        return _with_params(ops, pd.DataFrame(), EXPOSED_COLUMNS)
+    base = base.reset_index(drop=True)
+    done = lab[lab["t_end_ns"].notna() & (lab["step"] >= 0)]
+    iv = done[["rank", "step", "t_issue_ns", BLOCKING_COLUMN]].assign(
+        t_end=done["t_end_ns"].to_numpy("int64")
+    )
+    iv = iv.merge(base.reset_index(names="gid"), on=["rank", "step"], how="inner")
+    start = np.maximum(iv["t_issue_ns"].to_numpy("int64"), iv["t_start_ns"].to_numpy("int64"))
+    end = np.minimum(iv["t_end"].to_numpy("int64"), iv["t_end_ns"].to_numpy("int64"))
+    gid = iv["gid"].to_numpy("int64")
+    comm = _union_lengths(gid, start, end, len(base))
+    blocking = iv[BLOCKING_COLUMN].to_numpy(bool)
+    exposed = _union_lengths(gid[blocking], start[blocking], end[blocking], len(base))
+    step_ns = (base["t_end_ns"] - base["t_start_ns"]).to_numpy("int64")
+    out = base[["rank", "step"]].assign(
+        step_s=step_ns / NS_PER_S,
+        comm_s=comm / NS_PER_S,
+        exposed_comm_s=exposed / NS_PER_S,
+        compute_s=(step_ns - exposed) / NS_PER_S,
+        comm_ratio=np.divide(exposed, step_ns, out=np.full(len(base), np.nan), where=step_ns > 0),
+        blocking_recorded=recorded,
+        warmup=_warmup(base["step"], warmup_steps),
+    )
+    out = out.sort_values(["step", "rank"], kind="stable")
+    return _with_params(ops, out, EXPOSED_COLUMNS)
+
+
+def steady_step(steps: pd.DataFrame, warmup_steps: int = 0) -> int | None:
+    """The median measured step: among steps >= ``warmup_steps`` (all steps >= 0 when none),
+    the one whose duration (first rank in to last rank out) is nearest the median duration,
+    the earliest on a tie; None without steps."""
+    rows = _step_rows(steps)
+    if rows.empty:
+        return None
+    per = rows.groupby("step").agg(t0=("t_start_ns", "min"), t1=("t_end_ns", "max"))
+    measured = per[per.index >= warmup_steps]
+    if measured.empty:
+        measured = per
+    duration = measured["t1"] - measured["t0"]
+    gap = (duration - duration.median()).abs()
+    return int(gap[gap == gap.min()].index.min())
+
+
+def critical_path(
+    ops: pd.DataFrame,
+    steps: pd.DataFrame,
+    plan: ParallelPlan | Mapping[str, Any] | None = None,
+    warmup_steps: int = 0,
+    step: int | None = None,
+    labelled: pd.DataFrame | None = None,
+) -> pd.DataFrame:
+    """The chain of compute and communication that sets the end of one step.
+
+    ``step`` defaults to :func:`steady_step`. The walk starts at the rank that finishes the
+    step last, at its step end, and goes back in time on that rank: the latest (blocking,
+    completed, not yet visited) op of the step ending at or before the current time is the
+    next communication segment, the time between its end and the current time a compute
+    segment. The op's segment starts when its last member arrived (the latest issue over the
+    collective's members or the send/recv pair); when that member is another rank, the rank
+    waited for it, so the walk jumps to that rank at its issue time. It ends at the current
+    rank's step start (a last compute segment). ``order`` numbers the segments from the
+    earliest. Columns: cell params, :data:`CRITICAL_PATH_COLUMNS` (``op`` and ``group_kind``
+    empty on compute segments).
+    """
+    lab = labelled if labelled is not None else _label(ops, plan, _world(ops, steps))
+    step = steady_step(steps, warmup_steps) if step is None else step
+    bounds = _step_rows(steps)
+    bounds = bounds[bounds["step"] == step].set_index("rank") if step is not None else bounds
+    if step is None or bounds.empty:
+        return _with_params(ops, pd.DataFrame(), CRITICAL_PATH_COLUMNS)
+    walk = lab[
+        (lab["step"] == step)
+        & lab["t_end_ns"].notna()
+        & lab[BLOCKING_COLUMN]
+        & lab["rank"].isin(bounds.index)
+    ]
+    rank = walk["rank"].to_numpy("int64")
+    issue = walk["t_issue_ns"].to_numpy("int64")
+    end = walk["t_end_ns"].to_numpy("int64")
+    last_issue = walk["t_last_issue_ns"].to_numpy("int64")
+    last_rank = walk["last_rank"].to_numpy("int64")
+    instance = walk["instance"].to_numpy("int64")
+    op = walk["op"].to_numpy(str)
+    kind = walk[GROUP_KIND_COLUMN].to_numpy(str)
+    row_of = {(int(i), int(r)): k for k, (i, r) in enumerate(zip(instance, rank, strict=True))}
+    by_rank = {}
+    for r in np.unique(rank):
+        rows = np.flatnonzero(rank == r)
+        rows = rows[np.argsort(end[rows], kind="stable")]
+        by_rank[int(r)] = (end[rows], rows)
+    visited = np.zeros(len(walk), dtype=bool)
+    cur = int(bounds["t_end_ns"].idxmax())
+    t = int(bounds.loc[cur, "t_end_ns"])
+    segments: list[tuple[int, str, str, str, int, int]] = []
+    while True:
+        t_first = int(bounds.loc[cur, "t_start_ns"])
+        ends, rows = by_rank.get(cur, (np.empty(0, "int64"), np.empty(0, "int64")))
+        k = int(np.searchsorted(ends, t, side="right")) - 1
+        while k >= 0 and visited[rows[k]]:
+            k -= 1
+        if k < 0 or ends[k] < t_first:
+            if t > t_first:
+                segments.append((cur, "compute", "", "", t_first, t))
+            break
+        i = int(rows[k])
+        visited[i] = True
+        if end[i] < t:
+            segments.append((cur, "compute", "", "", int(end[i]), t))
+        arrived = min(max(int(issue[i]), int(last_issue[i])), int(end[i]))
+        segments.append((cur, "comm", op[i], kind[i], arrived, int(end[i])))
+        if issue[i] < last_issue[i] and last_rank[i] != cur and int(last_rank[i]) in bounds.index:
+            cur = int(last_rank[i])
+            j = row_of.get((int(instance[i]), cur))
+            if j is not None:
+                visited[j] = True
+        t = arrived
+    segments.reverse()
+    out = pd.DataFrame(
+        segments, columns=["rank", "segment", "op", GROUP_KIND_COLUMN, "t_start_ns", "t_end_ns"]
+    )
+    out.insert(0, "step", step)
+    out.insert(1, "order", np.arange(len(out)))
+    out["duration_s"] = (out["t_end_ns"] - out["t_start_ns"]) / NS_PER_S
+    return _with_params(ops, out, CRITICAL_PATH_COLUMNS)
+
+
+def bubble_analytic(plan: ParallelPlan | Mapping[str, Any] | None, world: int = 0) -> float:
+    """(p−1)/v / (m + (p−1)/v): GPipe's and 1F1B's (p−1)/(p−1+m) for p pipeline ranks and m
+    microbatches, the interleaved schedule's bubble shrunk by v stages per rank; 0 without a
+    pipeline, NaN without a plan."""
+    resolved = _as_plan(plan, world)
+    if resolved is None:
+        return math.nan
+    if resolved.pp <= 1:
+        return 0.0
+    b = (resolved.pp - 1) / max(resolved.stages_per_rank, 1)
+    return b / (resolved.microbatches + b)
+
+
+def pipeline_bubble(
+    ops: pd.DataFrame,
+    steps: pd.DataFrame,
+    plan: ParallelPlan | Mapping[str, Any] | None,
+    warmup_steps: int = 0,
+    labelled: pd.DataFrame | None = None,
+) -> pd.DataFrame:
+    """The measured pipeline bubble per pipeline rank and training step (empty unless pp > 1).
+
+    Inside ``fwd_bwd`` a rank either computes, moves data, or waits for a neighbour stage: its
+    blocking recv on the PP group was issued before the peer issued the matching send. That
+    wait, [recv issue, min(send issue, recv end)], is the bubble; the rest of the recv (from the
+    send's issue to its end) is the rank's own communication. ``bubble_s`` is the union of the
+    waits clipped to the rank's ``fwd_bwd`` phase; ``bubble_frac_step`` = bubble_s / step_s
+    (the rank's own step), ``bubble_frac_fwd_bwd`` = bubble_s / fwd_bwd_s, the one
+    ``bubble_analytic`` ((p−1)/(p−1+m), :func:`bubble_analytic`) describes. ``stage`` is the
+    rank's pipeline coordinate. Columns: cell params, :data:`BUBBLE_COLUMNS`.
+    """
+    world = _world(ops, steps)
+    resolved = _as_plan(plan, world)
+    if resolved is None or resolved.pp <= 1:
+        return _with_params(ops, pd.DataFrame(), BUBBLE_COLUMNS)
+    lab = labelled if labelled is not None else _label(ops, resolved, world)
+    step_rows = _step_rows(steps)
+    fb = _step_rows(steps, "fwd_bwd").rename(columns={"t_start_ns": "fb0", "t_end_ns": "fb1"})
+    base = step_rows.merge(fb, on=["rank", "step"], how="inner").reset_index(drop=True)
+    if base.empty:
+        return _with_params(ops, pd.DataFrame(), BUBBLE_COLUMNS)
+    sends = lab[lab["op"].eq("send")][["instance", "t_issue_ns"]].rename(
+        columns={"t_issue_ns": "t_send_ns"}
+    )
+    recvs = lab[
+        lab["op"].eq("recv")
+        & lab[GROUP_KIND_COLUMN].eq("pp")
+        & lab["t_end_ns"].notna()
+        & lab[BLOCKING_COLUMN]
+        & (lab["step"] >= 0)
+    ]
+    recvs = recvs[["instance", "rank", "step", "t_issue_ns"]].assign(
+        t_end=recvs["t_end_ns"].to_numpy("int64")
+    )
+    waits = recvs.merge(sends, on="instance", how="inner")
+    waits = waits.merge(base.reset_index(names="gid"), on=["rank", "step"], how="inner")
+    start = np.maximum(waits["t_issue_ns"].to_numpy("int64"), waits["fb0"].to_numpy("int64"))
+    stop = np.minimum(
+        np.minimum(waits["t_send_ns"].to_numpy("int64"), waits["t_end"].to_numpy("int64")),
+        waits["fb1"].to_numpy("int64"),
+    )
+    bubble = _union_lengths(waits["gid"].to_numpy("int64"), start, stop, len(base))
+    step_ns = (base["t_end_ns"] - base["t_start_ns"]).to_numpy("int64")
+    fb_ns = (base["fb1"] - base["fb0"]).to_numpy("int64")
+    nan = np.full(len(base), np.nan)
+    out = base[["rank", "step"]].assign(
+        stage=[resolved.coords(int(r))["pp"] for r in base["rank"]],
+        step_s=step_ns / NS_PER_S,
+        fwd_bwd_s=fb_ns / NS_PER_S,
+        bubble_s=bubble / NS_PER_S,
+        bubble_frac_step=np.divide(bubble, step_ns, out=nan.copy(), where=step_ns > 0),
+        bubble_frac_fwd_bwd=np.divide(bubble, fb_ns, out=nan.copy(), where=fb_ns > 0),
+        bubble_analytic=bubble_analytic(resolved, world),
+        pp=resolved.pp,
+        microbatches=resolved.microbatches,
+        stages_per_rank=resolved.stages_per_rank,
+        pp_schedule=resolved.pp_schedule,
+        warmup=_warmup(base["step"], warmup_steps),
+    )
+    out = out.sort_values(["step", "rank"], kind="stable")
+    return _with_params(ops, out, BUBBLE_COLUMNS)
+
+
+def _ops_on_path(path: pd.DataFrame) -> str:
+    comm = path[path["segment"] == "comm"]
+    if comm.empty:
+        return ""
+    counts = (comm["op"] + "/" + comm[GROUP_KIND_COLUMN]).value_counts()
+    counts = counts.sort_index().sort_values(ascending=False, kind="stable")
+    return ", ".join(f"{name} x{n}" for name, n in counts.items())
+
+
+def sync_summary(
+    ops: pd.DataFrame,
+    tables: Mapping[str, pd.DataFrame],
+    plan: ParallelPlan | Mapping[str, Any] | None = None,
+    world: int = 0,
+    predicted_bubble_ratio: float | None = None,
+) -> pd.DataFrame:
+    """One row per cell from the other sync tables (``tables``, keyed as :data:`SYNC_TABLES`).
+
+    Per measured step (steps >= warmup, all when none are): the mean number of collective,
+    P2P and barrier instances and of world-wide sync points, and their skew (mean, max);
+    the median and the largest per-rank comm ratio; the steady step's critical path (length,
+    compute, communication, the comm share, rank switches, the ops on it); the measured bubble
+    (mean over pipeline ranks and measured steps, of fwd_bwd and of the step), the analytic
+    one and ``predicted_bubble_ratio`` as given (the predictor's ``predicted_bubble_ratio``,
+    NaN when not given). Columns: cell params, :data:`SYNC_SUMMARY_COLUMNS`.
+    """
+    exposed = tables["exposed_comm"]
+    points = tables["sync_points"]
+    path = tables["critical_path"]
+    bubble = tables["pipeline_bubble"]
+    counts = tables["sync_counts"]
+    measured = sorted(set(exposed.loc[~exposed["warmup"].astype(bool), "step"]))
+    if not measured:
+        measured = sorted(set(exposed["step"]))
+    n = len(measured)
+
+    def per_step(op_cls: str) -> float:
+        rows = counts[counts["step"].isin(measured) & counts["op_class"].eq(op_cls)]
+        return float(rows["n_instances"].sum()) / n if n else math.nan
+
+    pts = points[points["step"].isin(measured)]
+    world_pts = pts[pts["world"].astype(bool)]
+    ex = exposed[exposed["step"].isin(measured)]
+    comm = path.loc[path["segment"] == "comm", "duration_s"].sum()
+    compute = path.loc[path["segment"] == "compute", "duration_s"].sum()
+    total = comm + compute
+    bub = bubble[bubble["step"].isin(measured)]
+    row = {
+        "steady_step": int(path["step"].iloc[0]) if len(path) else -1,
+        "measured_steps": n,
+        "collectives_per_step": per_step("collective"),
+        "p2p_per_step": per_step("p2p"),
+        "barriers_per_step": per_step("barrier"),
+        "world_sync_points_per_step": len(world_pts) / n if n else math.nan,
+        "sync_skew_mean_s": float(pts["skew_s"].mean()) if len(pts) else math.nan,
+        "sync_skew_max_s": float(pts["skew_s"].max()) if len(pts) else math.nan,
+        "comm_ratio_median": float(ex["comm_ratio"].median()) if len(ex) else math.nan,
+        "comm_ratio_max": float(ex["comm_ratio"].max()) if len(ex) else math.nan,
+        "blocking_recorded": BLOCKING_COLUMN in ops.columns,
+        "critical_path_s": float(total) if len(path) else math.nan,
+        "critical_compute_s": float(compute) if len(path) else math.nan,
+        "critical_comm_s": float(comm) if len(path) else math.nan,
+        "critical_comm_share": float(comm / total) if total > 0 else math.nan,
+        "critical_rank_switches": int((path["rank"].diff().fillna(0) != 0).sum()),
+        "critical_ops": _ops_on_path(path),
+        "bubble_measured_fwd_bwd": float(bub["bubble_frac_fwd_bwd"].mean())
+        if len(bub)
+        else math.nan,
+        "bubble_measured_step": float(bub["bubble_frac_step"].mean()) if len(bub) else math.nan,
+        "bubble_analytic": bubble_analytic(plan, world) if plan is not None else math.nan,
+        "bubble_predicted": math.nan
+        if predicted_bubble_ratio is None
+        else float(predicted_bubble_ratio),
+    }
+    return _with_params(ops, pd.DataFrame([row]), SYNC_SUMMARY_COLUMNS)
+
+
+def sync_tables(
+    ops: pd.DataFrame,
+    steps: pd.DataFrame,
+    plan: ParallelPlan | Mapping[str, Any] | None = None,
+    warmup_steps: int = 0,
+    predicted_bubble_ratio: float | None = None,
+) -> dict[str, pd.DataFrame]:
+    """Every table of :data:`SYNC_TABLES` for one cell, labelling the ops once.
+
+    ``ops``/``steps``: the cell's ``trace/ops.parquet`` and ``trace/steps.parquet``; ``plan``:
+    cell.json ``plan`` (a resolved :class:`~commscope.spec.plan.ParallelPlan` as a dict; without
+    it groups are only ``world``/``other``/``self`` and there is no bubble); ``warmup_steps``:
+    cell.json ``warmup_steps``; ``predicted_bubble_ratio``: the predictor's, for the summary.
+    """
+    world = _world(ops, steps)
+    lab = _label(ops, plan, world)
+    tables = {
+        "sync_counts": sync_counts(ops, plan, world, labelled=lab),
+        "sync_points": sync_points(ops, plan, warmup_steps, world, labelled=lab),
+        "exposed_comm": exposed_comm(ops, steps, warmup_steps, labelled=lab),
+        "critical_path": critical_path(ops, steps, plan, warmup_steps, labelled=lab),
+        "pipeline_bubble": pipeline_bubble(ops, steps, plan, warmup_steps, labelled=lab),
+    }
+    tables["sync_summary"] = sync_summary(ops, tables, plan, world, predicted_bubble_ratio)
+    return tables
