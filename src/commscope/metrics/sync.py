@@ -165,6 +165,12 @@ def _as_plan(plan: ParallelPlan | Mapping[str, Any] | None, world: int) -> Paral
     return plan.resolve(world or math.prod(max(getattr(plan, d), 1) for d in DIMS))
 
 
+def _fully_set(plan: ParallelPlan | Mapping[str, Any]) -> bool:
+    """Whether no degree of ``plan`` is -1 (its degrees alone give the world size)."""
+    get = plan.get if isinstance(plan, Mapping) else lambda d, _: getattr(plan, d)
+    return all(int(get(d, 1)) >= 1 for d in DIMS)
+
+
 def _world(ops: pd.DataFrame, steps: pd.DataFrame | None = None) -> int:
     ranks = [int(ops["rank"].max()) + 1 if len(ops) else 0]
     if steps is not None and len(steps):
@@ -183,7 +189,9 @@ def group_kinds(
     An ops column ``group_kind`` (imported traces) wins where it is set. ``world`` defaults to
     one more than the largest rank of ``ops``.
     """
-    world = world or _world(ops)
+    if not world:
+        fixed = _as_plan(plan, 0) if plan is not None and _fully_set(plan) else None
+        world = math.prod(getattr(fixed, d) for d in DIMS) if fixed else _world(ops)
     resolved = _as_plan(plan, world)
     everyone = list(range(world))
     dims = [d for d in DIMS if resolved is not None and getattr(resolved, d) > 1]
@@ -631,9 +639,11 @@ def sync_summary(
     pts = points[points["step"].isin(measured)]
     world_pts = pts[pts["world"].astype(bool)]
     ex = exposed[exposed["step"].isin(measured)]
-    comm = path.loc[path["segment"] == "comm", "duration_s"].sum()
-    compute = path.loc[path["segment"] == "compute", "duration_s"].sum()
-    total = comm + compute
+    # Sum integer ns, then convert: float seconds would not add up exactly.
+    length = path["t_end_ns"] - path["t_start_ns"]
+    comm = int(length[path["segment"] == "comm"].sum()) / NS_PER_S
+    compute = int(length[path["segment"] == "compute"].sum()) / NS_PER_S
+    total = int(length.sum()) / NS_PER_S
     bub = bubble[bubble["step"].isin(measured)]
     row = {
         "steady_step": int(path["step"].iloc[0]) if len(path) else -1,
