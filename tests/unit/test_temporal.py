@@ -255,10 +255,11 @@ def test_square_wave_period_is_the_step_time_and_steps_are_alike() -> None:
     assert r["bin_ms"] == 1.0 and r["n_bins"] == 1000
     assert r["step_ms_median"] == STEP_MS
     assert r["acf_period_ms"] == pytest.approx(STEP_MS, abs=0.01)
+    assert r["iteration_period_ms"] == pytest.approx(STEP_MS, abs=0.01)
     assert r["period_over_step"] == pytest.approx(1.0, abs=1e-3)
     # Biased estimate of a series of whole periods: r(P) = (n - P) / n.
-    assert r["acf_at_step"] == pytest.approx((1000 - STEP_MS) / 1000)
     assert r["acf_peak"] == pytest.approx((1000 - STEP_MS) / 1000)
+    assert r["iteration_acf"] == pytest.approx((1000 - STEP_MS) / 1000)
     assert r["n_step_pairs"] == N_STEPS - 1
     assert r["step_corr_median"] == pytest.approx(1.0)
     assert r["step_corr_min"] == pytest.approx(1.0)
@@ -282,7 +283,37 @@ def test_a_period_other_than_the_step_is_found() -> None:
     counters = _counters({0: {"tx": tx, "rx": np.zeros(n, dtype="int64")}}, first)
     r = _row(periodicity(counters, _step_table()), node=0, direction="tx")
     assert r["acf_period_ms"] == pytest.approx(25.0, abs=0.05)
-    assert r["period_over_step"] == pytest.approx(2.5, abs=0.01)
+    # Within 0.5-1.5 steps (5-15 ms) no burst meets another: r < 0, no iteration period.
+    assert math.isnan(r["iteration_period_ms"]) and math.isnan(r["period_over_step"])
+
+
+def test_the_iteration_period_is_found_under_a_shorter_dominant_one() -> None:
+    # Steps of 48-52 ms (uniform, so no lag beyond a step repeats exactly), each a 6 ms burst
+    # then 2 ms bursts every 10 ms: the 10 ms cadence dominates, and the step is found within
+    # 0.5-1.5 steps (near the median step, not on it: the steps vary).
+    rng = np.random.default_rng(0)
+    durations_ms = rng.integers(48, 53, 80)
+    starts_ms = np.concatenate([[0], np.cumsum(durations_ms)])
+    n = int(starts_ms[-1]) * 10 + 1000
+    tx = np.zeros(n, dtype="int64")
+    for start in starts_ms[:-1]:
+        for offset_ms, length_ms in ((0, 6), (10, 2), (20, 2), (30, 2), (40, 2)):
+            first_bin = (int(start) + offset_ms) * 10
+            tx[first_bin : first_bin + length_ms * 10] = ON_BYTES
+    counters = _counters({0: {"tx": tx, "rx": np.zeros(n, dtype="int64")}}, T0 // BIN)
+    steps = pd.DataFrame(
+        {
+            "step": np.arange(len(durations_ms)),
+            "t_start_ns": T0 + starts_ms[:-1] * MS,
+            "t_end_ns": T0 + starts_ms[1:] * MS,
+            "warmup": False,
+        }
+    )
+    r = _row(periodicity(counters, steps), node=0, direction="tx")
+    assert r["acf_period_ms"] == pytest.approx(10.0, abs=0.1)
+    assert r["step_ms_median"] == np.median(durations_ms)
+    assert r["period_over_step"] == pytest.approx(1.0, abs=0.05)
+    assert r["iteration_acf"] < r["acf_peak"]
 
 
 def test_a_burst_that_moves_by_a_few_ms_still_correlates_at_10ms() -> None:

@@ -53,6 +53,9 @@ PERIOD_BIN_MS = 1.0
 # step to the next (thread scheduling, the 5 ms GIL switch interval that delays op stamps) still
 # falls in the same bin; at 1 ms such steps read as unrelated (docs/temporal.md).
 STEP_CORR_BIN_MS = 10.0
+# The iteration period is searched between these multiples of the median step time: a step's
+# duration varies by far less, and the range holds no multiple of the step.
+ITERATION_SEARCH = (0.5, 1.5)
 
 # Bursty vs streaming: a direction streams when its link is on at least half of the 100 µs bins
 # and its 10 ms bins vary little: coefficient of variation <= 0.5, i.e. index of dispersion
@@ -115,8 +118,9 @@ PERIODICITY_COLUMNS = [
     "acf_period_ms",
     "acf_peak",
     "step_ms_median",
+    "iteration_period_ms",
+    "iteration_acf",
     "period_over_step",
-    "acf_at_step",
     "step_bin_ms",
     "n_step_pairs",
     "step_corr_median",
@@ -422,27 +426,47 @@ def _autocorrelation(x: np.ndarray) -> np.ndarray:
     return acov / acov[0] if acov[0] > 0 else np.zeros(n)
 
 
-def _acf_period(acf: np.ndarray) -> tuple[float, float]:
-    """``(period in bins, acf there)``: the highest autocorrelation at a lag between its first
-    non-positive value and half the series (two periods at least), refined by a parabola
-    through the peak and its neighbours; NaN where the acf never dips or has no positive peak.
-    The biased estimate falls with the lag, so the fundamental beats its multiples."""
-    half = len(acf) // 2
-    dips = np.flatnonzero(acf[1 : half + 1] <= 0)
-    if len(dips) == 0:
+def _acf_peak(acf: np.ndarray, lo: int, hi: int) -> tuple[float, float]:
+    """``(lag in bins, acf there)`` of the highest autocorrelation at lags ``lo..hi``, the
+    lag refined by a parabola through the peak and its neighbours; NaN when the range is
+    empty or the peak is not positive."""
+    lo, hi = max(lo, 1), min(hi, len(acf) - 1)
+    if hi < lo:
         return float("nan"), float("nan")
-    lo = int(dips[0]) + 1
-    k = lo + int(np.argmax(acf[lo : half + 1]))
+    k = lo + int(np.argmax(acf[lo : hi + 1]))
     peak = float(acf[k])
     if peak <= 0:
         return float("nan"), float("nan")
     shift = 0.0
-    if 0 < k < len(acf) - 1:
+    if k < len(acf) - 1:
         left, right = float(acf[k - 1]), float(acf[k + 1])
         curve = left - 2 * peak + right
         if curve < 0:
             shift = 0.5 * (left - right) / curve
     return k + shift, peak
+
+
+def _acf_period(acf: np.ndarray) -> tuple[float, float]:
+    """``(period in bins, acf there)``: the dominant period, the highest autocorrelation at a
+    lag between its first non-positive value and half the series (two periods at least);
+    NaN where the acf never dips. The biased estimate falls with the lag, so a fundamental
+    beats its multiples."""
+    half = len(acf) // 2
+    dips = np.flatnonzero(acf[1 : half + 1] <= 0)
+    if len(dips) == 0:
+        return float("nan"), float("nan")
+    return _acf_peak(acf, int(dips[0]) + 1, half)
+
+
+def _iteration_period(acf: np.ndarray, step_bins: float) -> tuple[float, float]:
+    """``(period in bins, acf there)``: the highest autocorrelation at a lag within
+    :data:`ITERATION_SEARCH` of the median step (``step_bins``, in bins) and at most half
+    the series: the iteration period even where a shorter one (ops inside a step) dominates."""
+    if not np.isfinite(step_bins) or step_bins <= 0:
+        return float("nan"), float("nan")
+    low, high = ITERATION_SEARCH
+    lo, hi = int(np.ceil(low * step_bins)), int(np.floor(high * step_bins))
+    return _acf_peak(acf, lo, min(hi, len(acf) // 2))
 
 
 def _step_correlations(
@@ -479,10 +503,13 @@ def periodicity(
 
     The bytes per bin of ``bin_ms`` (1 ms; a coarser width where the source does not resolve
     it) inside the training window give the biased autocorrelation r(k) (:func:`_autocorrelation`).
-    ``acf_period_ms`` is the lag of its highest value between its first non-positive value and
-    half the window (:func:`_acf_period`, parabola-refined), ``acf_peak`` r there. It is
-    compared with ``step_ms_median``, the median duration of the measured steps
-    (``period_over_step``; ``acf_at_step`` is r at the lag nearest the median step). Step to
+    ``acf_period_ms`` is the dominant period: the lag of its highest value between its first
+    non-positive value and half the window (:func:`_acf_period`, parabola-refined),
+    ``acf_peak`` r there; it can be shorter than a step where ops inside a step repeat (a ring's
+    chunks, a pipeline's micro-batches). ``iteration_period_ms`` is the lag of the highest r
+    within 0.5-1.5x ``step_ms_median`` (the median duration of the measured steps;
+    :func:`_iteration_period`), ``iteration_acf`` r there, ``period_over_step`` =
+    ``iteration_period_ms / step_ms_median`` (1 when the traffic repeats with the steps). Step to
     step similarity of the bytes: the Pearson correlation of the bytes per bin of
     ``step_bin_ms`` (10 ms, or the finest coarser width the source resolves) of consecutive
     measured steps, each from the bin of its start and as long as the shortest step
@@ -513,8 +540,8 @@ def periodicity(
             binned = _binned_bytes(series, col, width_ns, *k)
             acf = _autocorrelation(binned)
             period_bins, peak = _acf_period(acf)
-            period_ms = period_bins * width_ms
-            at_step = round(step_ms / width_ms) if np.isfinite(step_ms) else -1
+            iteration_bins, iteration_acf = _iteration_period(acf, step_ms / width_ms)
+            iteration_ms = iteration_bins * width_ms
             corr = np.empty(0)
             if step_k is not None:
                 per_step = _binned_bytes(series, col, step_width[1], *step_k)
@@ -527,11 +554,12 @@ def periodicity(
                     "direction": direction,
                     "bin_ms": width_ms,
                     "n_bins": len(binned),
-                    "acf_period_ms": period_ms,
+                    "acf_period_ms": period_bins * width_ms,
                     "acf_peak": peak,
                     "step_ms_median": step_ms,
-                    "period_over_step": period_ms / step_ms if step_ms > 0 else float("nan"),
-                    "acf_at_step": float(acf[at_step]) if 0 < at_step < len(acf) else float("nan"),
+                    "iteration_period_ms": iteration_ms,
+                    "iteration_acf": iteration_acf,
+                    "period_over_step": iteration_ms / step_ms if step_ms > 0 else float("nan"),
                     "step_bin_ms": step_width[0],
                     "n_step_pairs": len(corr),
                     "step_corr_median": float(np.median(finite)) if len(finite) else float("nan"),
