@@ -7,8 +7,9 @@ and the ops, per node and direction or per rank:
   "on" bins), their durations, sizes, gaps and cadence, and the bursty/streaming class;
 * :func:`dispersion_by_width`: mean, peak/mean and index of dispersion (variance / mean of the
   bytes per bin) at 0.1, 1, 10 and 100 ms;
-* :func:`periodicity`: the iteration period from the autocorrelation of the binned bytes,
-  against the measured median step time, and the correlation of consecutive steps' bytes;
+* :func:`periodicity`: the dominant period and the iteration period (the autocorrelation's
+  peak near the measured median step time) of the binned bytes, and the correlation of
+  consecutive steps' bytes;
 * :func:`op_cadence`: the inter-arrival of op issues per rank and the step-to-step similarity
   of its op sequence.
 
