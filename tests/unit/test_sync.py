@@ -246,6 +246,14 @@ def test_group_kinds_follow_the_plan() -> None:
     given = ops_frame(rows).assign(group_kind=["ep", None, "", None, None, None])
     kinds = sync.group_kinds(given, {"pp": 2, "dp": 2, "tp": 2})
     assert list(kinds) == ["ep", "tp", "pp", "dp", "self", "world"]
+    moe = ops_frame(
+        [
+            op(0, "alltoall", 0, 1, group="0,1,2,3"),
+            op(0, "allreduce", 0, 1, group="0,1,2,3"),
+            op(0, "alltoall", 0, 1, group="0,1,2,3,4,5,6,7"),
+        ]
+    )
+    assert list(sync.group_kinds(moe, {"ep": 4, "dp": 2}, world=8)) == ["ep", "dp", "world"]
 
 
 # --------------------------------------------------------------------------------------------

@@ -185,6 +185,8 @@ def group_kinds(
     group is the rank's group along that mesh dimension of ``plan`` (a pure-DDP cell's world
     group is ``dp``), ``world`` when it holds every rank but is no dimension's group, ``self``
     for a one-rank group, ``other`` otherwise (e.g. the first and last pipeline stage's pair).
+    A collective other than an all-to-all on an EP group is ``dp``: expert parallelism moves
+    tokens with all-to-alls, the rest is the replicated (dense) part's data-parallel sync.
 
     An ops column ``group_kind`` (imported traces) wins where it is set. ``world`` defaults to
     one more than the largest rank of ``ops``.
@@ -211,6 +213,9 @@ def group_kinds(
     ]
     out = ops[["rank", "group_ranks"]].merge(pairs, on=["rank", "group_ranks"], how="left")
     out = pd.Series(out[GROUP_KIND_COLUMN].to_numpy(), index=ops.index, name=GROUP_KIND_COLUMN)
+    # Expert parallelism moves tokens with all-to-alls only; anything else on an EP group
+    # synchronises the part every EP rank replicates (the MoE's dense DDP): data parallel.
+    out = out.mask(out.eq("ep") & ops["op"].ne("alltoall"), "dp")
     if GROUP_KIND_COLUMN in ops.columns:
         given = ops[GROUP_KIND_COLUMN]
         out = given.where(given.notna() & given.astype(str).ne(""), out)
