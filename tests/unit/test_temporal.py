@@ -449,6 +449,19 @@ def test_group_ranks_as_lists_and_group_kinds_are_read() -> None:
     assert r["seq_distinct"] == 2
 
 
+def test_ops_without_an_issue_time_are_left_out() -> None:
+    ops = _ops({0: [0, 2.5, 5, 7.5]})
+    ops["t_issue_ns"] = ops["t_issue_ns"].astype("Int64")
+    ops.loc[(ops["step"] == 7) & (ops["seq"] == 73), "t_issue_ns"] = pd.NA
+    r = _row(op_cadence(ops, _step_table()), rank=0)
+    assert r["n_ops"] == 4 * N_STEPS - 1
+    assert r["seq_modal_share"] == pytest.approx((N_STEPS - 1) / N_STEPS)
+    assert r["issue_interval_ms_median"] == pytest.approx(2.5)
+    assert r["issue_interval_ms_mean"] == pytest.approx(
+        (N_STEPS * STEP_MS - 2.5) / (4 * N_STEPS - 2)
+    )
+
+
 # --------------------------------------------------------------------------------------------
 # All tables, and their sharing with the shape table
 # --------------------------------------------------------------------------------------------

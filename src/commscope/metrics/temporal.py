@@ -311,13 +311,13 @@ def onoff_periods(
     chosen = []
     for node, iface, series in _counter_series(counters):
         width = _resolved_width(series, bin_ms)
-        if width is None or series.bin_range(0, width[1], *window) is None:
-            continue
-        chosen.append((node, iface, series, width))
+        k = None if width is None else series.bin_range(0, width[1], *window)
+        if width is not None and k is not None:
+            chosen.append((node, iface, series, width, k))
     # The cell's peak: from the per-width statistics the shape table computes (shared).
     peaks = [
         _shape_stats(series, f"{d}_bytes", width[1], window, True)["peak_bps"]
-        for _, _, series, width in chosen
+        for _, _, series, width, _ in chosen
         for d in _DIRECTIONS
     ]
     peak = float(np.nanmax(peaks)) if peaks and not np.all(np.isnan(peaks)) else float("nan")
@@ -325,8 +325,7 @@ def onoff_periods(
     threshold_bps = threshold * reference_bps
     class_ns = bin_width_ns(CLASS_BIN_MS)
     records = []
-    for node, iface, series, (width_ms, width_ns) in chosen:
-        k_first, k_last = series.bin_range(0, width_ns, *window)  # type: ignore[misc]
+    for node, iface, series, (width_ms, width_ns), (k_first, k_last) in chosen:
         for direction in _DIRECTIONS:
             col = f"{direction}_bytes"
             binned = _binned_bytes(series, col, width_ns, k_first, k_last)
@@ -600,7 +599,8 @@ def _op_identity(ops: pd.DataFrame) -> np.ndarray:
     """A 64-bit hash of each op's (op, bytes, group): ``group_kind`` when recorded and
     ``group_ranks``, else the process-group name."""
     group = "group_ranks" if "group_ranks" in ops.columns else "group"
-    parts = [_codes(ops["op"]), ops["bytes"].to_numpy(dtype="int64").astype("uint64")]
+    sizes = ops["bytes"].to_numpy(dtype="int64", na_value=-1).astype("uint64")
+    parts = [_codes(ops["op"]), sizes]
     if group in ops.columns:
         parts.append(_codes(ops[group]))
     if GROUP_KIND_COLUMN in ops.columns:
@@ -659,7 +659,8 @@ def op_cadence(
     order (ties by ``seq``), group being ``group_kind`` when recorded and ``group_ranks``; the
     modal sequence is the most frequent over the measured steps (a step without ops has the
     empty one): ``seq_modal_share`` = steps whose sequence equals it / ``n_steps``,
-    ``seq_distinct`` the number of different sequences, ``seq_len_modal`` its length.
+    ``seq_distinct`` the number of different sequences, ``seq_len_modal`` its length. Ops
+    without ``t_issue_ns`` are left out of both.
 
     Columns: cell params, then :data:`OP_CADENCE_COLUMNS`.
     """
@@ -669,10 +670,12 @@ def op_cadence(
     measured_steps = np.unique(_measured(step_table)["step"].to_numpy(dtype="int64"))
     n_steps = len(measured_steps)
     all_ranks = np.unique(ops["rank"].to_numpy(dtype="int64"))
-    keep = np.isin(ops["step"].to_numpy(dtype="int64"), measured_steps)
+    # An op without an issue time (an imported trace's) has no place in a sequence or cadence.
+    issued = ops["t_issue_ns"].notna().to_numpy()
+    keep = issued & np.isin(ops["step"].to_numpy(dtype="int64"), measured_steps)
     rank = ops["rank"].to_numpy(dtype="int64")[keep]
     step = ops["step"].to_numpy(dtype="int64")[keep]
-    issue = ops["t_issue_ns"].to_numpy(dtype="int64")[keep]
+    issue = ops["t_issue_ns"].to_numpy(dtype="int64", na_value=0)[keep]
     seq = ops["seq"].to_numpy(dtype="int64")[keep] if "seq" in ops.columns else np.zeros_like(rank)
     identity = _op_identity(ops)[keep]
     order = _sorted_by(rank, step, issue, seq)
@@ -746,12 +749,14 @@ def temporal_tables(
 __all__ = [
     "CLASS_BIN_MS",
     "DISPERSION_COLUMNS",
+    "ITERATION_SEARCH",
     "ONOFF_COLUMNS",
     "ON_BIN_MS",
     "ON_THRESHOLD",
     "OP_CADENCE_COLUMNS",
     "PERIOD_BIN_MS",
     "PERIODICITY_COLUMNS",
+    "STEP_CORR_BIN_MS",
     "STREAMING_MAX_COV",
     "STREAMING_MIN_ON_FRACTION",
     "TEMPORAL_TABLES",
