@@ -74,7 +74,7 @@ def late_allreduce() -> tuple[pd.DataFrame, pd.DataFrame]:
     ops = ops_frame(
         [
             op(0, "allreduce", 5, 12, seq=0),
-            op(1, "allreduce", 10, 12, seq=0),
+            op(1, "allreduce", 10, 12.000001, seq=0),  # 1 ns later: ends stay exact ints
         ]
     )
     steps = pd.DataFrame(
@@ -93,7 +93,7 @@ def test_sync_point_skew_and_last_rank(late_allreduce: tuple[pd.DataFrame, pd.Da
     assert (p["first_rank"], p["last_rank"], p["n_ranks"]) == (0, 1, 2)
     assert bool(p["world"]) is True
     assert p["group_kind"] == "world"  # no plan: a group of every rank is the world
-    assert p["t_end_ns"] == T0 + 12 * MS
+    assert p["t_end_ns"] == T0 + 12 * MS + 1
 
 
 def test_critical_path_goes_through_the_late_rank(
@@ -115,7 +115,7 @@ def test_critical_path_goes_through_the_late_rank(
     # the moment rank 1 arrived, then rank 1's compute before it arrived.
     assert got == [
         (1, "compute", "", 0, 10),
-        (0, "comm", "allreduce", 10, 12),
+        (0, "comm", "allreduce", 10, 12),  # rank 0's own row: it ends at 12 ms sharp
         (0, "compute", "", 12, 20),
     ]
     assert list(path["order"]) == [0, 1, 2]
@@ -400,3 +400,10 @@ def test_sync_tables_has_every_table_with_documented_columns() -> None:
     empty = sync.sync_tables(ops.iloc[0:0], steps.iloc[0:0])
     for name, columns in expected.items():
         assert list(empty[name].columns)[-len(columns) :] == columns, name
+
+
+def test_sync_tables_refuses_several_cells() -> None:
+    ops, steps = gpipe_two_stages()
+    two = pd.concat([ops, ops.assign(cell="strategy~y/repeat~0")])
+    with pytest.raises(ValueError, match="one cell"):
+        sync.sync_tables(two, steps, PP_PLAN)

@@ -137,6 +137,22 @@ SYNC_SUMMARY_COLUMNS = [
 ]
 
 OP_CLASSES = ("collective", "p2p", "barrier")
+# The ops columns the sync tables read (docs/traces.md); the others are not copied.
+_LABEL_INPUTS = (
+    "rank",
+    "op",
+    "group_ranks",
+    "group_size",
+    "peer",
+    "seq",
+    "step",
+    "phase",
+    "bytes",
+    "t_issue_ns",
+    "t_end_ns",
+    GROUP_KIND_COLUMN,
+    BLOCKING_COLUMN,
+)
 _COLLECTIVE_CLASSES = ("collective", "barrier")
 
 
@@ -227,7 +243,8 @@ def _label(
 ) -> pd.DataFrame:
     """``ops`` with ``op_class``, ``group_kind``, ``blocking`` (bool) and the instance columns
     of :func:`_instances`; a fresh frame (the input is never modified)."""
-    out = ops.copy()
+    keep = [c for c in _LABEL_INPUTS if c in ops.columns]
+    out = ops[keep].copy()  # the columns used only: a cell's ops table can have 10**6 rows
     out["op_class"] = op_class(out["op"])
     out[GROUP_KIND_COLUMN] = group_kinds(out, plan, world)
     if BLOCKING_COLUMN in out.columns:
@@ -359,13 +376,13 @@ def sync_points(
     if rows.empty:
         return _with_params(ops, pd.DataFrame(), SYNC_POINT_COLUMNS)
     first_row = rows.groupby("instance", sort=False)["t_issue_ns"].idxmin()
-    ends = rows["t_end_ns"].astype("Float64").groupby(rows["instance"], sort=False).max()
+    ends = rows["t_end_ns"].astype("Int64").groupby(rows["instance"], sort=False).max()
     out = rows.loc[first_row.to_numpy()].reset_index(drop=True)
     out = out.assign(
         first_rank=out["rank"].to_numpy("int64"),
         n_ranks=out["n_members"],
         t_first_issue_ns=out["t_first_issue_ns"],
-        t_end_ns=ends.reindex(out["instance"]).round().astype("Int64").to_numpy(),
+        t_end_ns=ends.reindex(out["instance"]).astype("Int64").to_numpy(),
         skew_s=(out["t_last_issue_ns"] - out["t_first_issue_ns"]) / NS_PER_S,
         world=out["group_size"].eq(world).to_numpy(),
         warmup=_warmup(out["step"], warmup_steps),
@@ -694,6 +711,9 @@ def sync_tables(
     it groups are only ``world``/``other``/``self`` and there is no bubble); ``warmup_steps``:
     cell.json ``warmup_steps``; ``predicted_bubble_ratio``: the predictor's, for the summary.
     """
+    for frame in (ops, steps):
+        if "cell" in frame.columns and frame["cell"].nunique(dropna=False) > 1:
+            raise ValueError("sync_tables: pass the ops and steps of one cell at a time")
     world = _world(ops, steps)
     lab = _label(ops, plan, world)
     tables = {
