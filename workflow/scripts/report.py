@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from commscope.logs import log_to
-from commscope.report import render_report, study_tables
+from commscope.report import findings, render_report, study_tables
 
 with log_to(snakemake.log[0]):
     render_report(
@@ -21,6 +21,14 @@ with log_to(snakemake.log[0]):
         template=Path(snakemake.input.template),
         captions=Path(snakemake.input.captions),
         slowdown=Path(snakemake.input.slowdown),
+        findings=findings(
+            summary=Path(snakemake.input.summary),
+            slowdown=Path(snakemake.input.slowdown),
+            crosscheck=Path(snakemake.input.crosscheck),
+            matrix_check=Path(snakemake.input.matrix_check),
+            compare=list(map(Path, snakemake.input.compare)),
+            timing=list(map(Path, snakemake.input.timing)),
+        ),
         tables=study_tables(
             crosscheck=Path(snakemake.input.crosscheck),
             matrix_check=Path(snakemake.input.matrix_check),

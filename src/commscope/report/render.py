@@ -11,17 +11,20 @@ from __future__ import annotations
 import base64
 import importlib.metadata
 import json
+import math
 import platform
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import jinja2
+import numpy as np
 import pandas as pd
 import yaml
 
 import commscope
 from commscope.metrics.study import slowdown_table
+from commscope.report.findings import Finding, anchor
 from commscope.report.sections import (
     SENSITIVITY_INTRO,
     cells_rows,
@@ -81,7 +84,14 @@ def _cell_text(value: Any) -> str:
     if isinstance(value, int) or (hasattr(value, "dtype") and str(value.dtype).startswith("int")):
         return f"{int(value):,}"
     if isinstance(value, float):
-        return f"{value:,.4g}" if abs(value) < 1e6 else f"{value:,.0f}"
+        if math.isnan(value):
+            return "n/a"
+        if abs(value) >= 1e6:
+            return f"{value:,.0f}"
+        if value != 0 and abs(value) < 1e-3:
+            # Never scientific notation: four significant digits, written out.
+            return np.format_float_positional(value, precision=4, fractional=False, trim="-")
+        return f"{value:,.4g}"
     return str(value)
 
 
@@ -108,12 +118,18 @@ def _figure_entries(study_figures: Sequence[Path], captions: dict) -> list[dict[
 
 
 def _extra_tables(tables: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The ``tables`` sections as title, intro, header and rows of text."""
+    """The ``tables`` sections as title, anchor, intro, header and rows of text."""
     sections = []
     for t in tables:
         header, rows = _frame_rows(t["frame"])
         sections.append(
-            {"title": t["title"], "intro": t.get("intro", ""), "header": header, "rows": rows}
+            {
+                "title": t["title"],
+                "anchor": anchor(t["title"]),
+                "intro": t.get("intro", ""),
+                "header": header,
+                "rows": rows,
+            }
         )
     return sections
 
@@ -151,13 +167,16 @@ def render_report(
     title: str = DEFAULT_TITLE,
     tables: list[dict[str, Any]] | None = None,
     slowdown: Path | None = None,
+    findings: Sequence[Finding] = (),
 ) -> None:
     """Write the study report to ``out_html`` as one self-contained HTML file.
 
     ``summary`` is the study's aggregated ``summary.parquet``, ``template`` the Jinja2 template
     file (``report/templates/report.html.j2``; it may include others next to it), ``captions``
     the figure captions (``report/captions.yaml``, keyed by figure file stem).
-    Sections: what was run (one row per cell, with its link engine), a summary per strategy,
+    It opens with ``findings`` (:func:`commscope.report.findings.study_findings`: sentences
+    computed from the study, each linking to its section) and a table of contents.
+    Sections: what was run (one row per cell, with its link engine; folded), a summary per strategy,
     the sensitivity to the link (``slowdown``, the aggregate's ``slowdown.parquet``, or the
     same table derived from ``summary`` when not given; the study figure ``slowdown.png``
     appears there), the study figures with captions saying how to read them, per-cell
@@ -203,6 +222,7 @@ def render_report(
         ],
         cell_figure_caption=caption_map.get("cell_throughput", {}).get("caption", ""),
         extra_tables=_extra_tables(tables or []),
+        findings=[{"text": f.text, "anchor": f.anchor} for f in findings],
         config_yaml=_config_yaml(config),
         versions=software_versions(),
     )

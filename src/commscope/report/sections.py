@@ -21,6 +21,7 @@ from commscope.metrics import crosscheck_by_strategy
 from commscope.metrics.learning import learning_table
 from commscope.metrics.study import CI_LEVEL, SETUP_AXES, SHAPING_AXES, crosscheck_per_cell
 from commscope.predict.cell import comparison_table, timing_table
+from commscope.report.findings import Finding, study_findings
 from commscope.units import fmt_bps, fmt_bytes, fmt_count, fmt_ms, fmt_ratio, is_missing
 
 # Per-strategy table: (summary column, header, formatter name); means over the strategy's cells.
@@ -642,3 +643,24 @@ def sensitivity_sentences(slowdown: pd.DataFrame, summary: pd.DataFrame) -> list
                 f"slowdown: {listed}."
             )
     return [*sentences, *_engine_sentences(summary)]
+
+
+def findings(
+    summary: Path,
+    slowdown: Path,
+    crosscheck: Path,
+    matrix_check: Path,
+    compare: Sequence[Path] = (),
+    timing: Sequence[Path] = (),
+) -> list[Finding]:
+    """The report's findings (:func:`~commscope.report.findings.study_findings`) from the
+    study's result files: the aggregated summary, slowdown and cross-validation tables, and
+    every cell's ``predict/compare.parquet`` and ``predict/timing.parquet``."""
+    return study_findings(
+        _read(summary),
+        _read(slowdown),
+        _read(crosscheck),
+        _read(matrix_check),
+        comparison_table(list(compare)),
+        timing_section(list(timing)),
+    )

@@ -1,0 +1,308 @@
+"""The report's findings: short sentences, each computed from this study's tables and linked
+to the section that holds the numbers behind it. None is written by hand; a finding whose data
+the study lacks (no unshaped baseline, one strategy only, a stage turned off) is left out.
+
+What is compared with what:
+
+- *volume, messages, burstiness*: the strategies of the comparison group, the (model, nodes,
+  ranks per node) setup with the most strategies among unshaped cells (no cap, delay or loss),
+  so every strategy trains the same model on the same cluster;
+- *sensitivity*: per strategy, the slowdown (step time over the same setup unshaped, the
+  aggregate's ``slowdown`` table) at the tightest cap, the largest delay and the largest loss
+  of the study, compared at the same setting;
+- *placement*: a strategy ``X`` and ``X-across`` run in the same setup (the same degrees, the
+  tensor-parallel groups inside vs across nodes);
+- *scale*: a strategy's unshaped step on 2 vs 4 (or more) nodes;
+- *checks*: the wire against the recorded ops, the prediction against the trace.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from commscope.units import fmt_bytes, fmt_count, fmt_ms
+
+# Section anchors of the report (report.html.j2); tables added by title get anchor(title).
+STRATEGIES = "strategies"
+SENSITIVITY = "sensitivity"
+RUN = "run"
+
+
+def anchor(title: str) -> str:
+    """A section title as a URL fragment: ``"Wire vs ops"`` -> ``"wire-vs-ops"``."""
+    return re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")
+
+
+CROSSCHECK = anchor("Wire vs recorded ops, per strategy")
+COMPARE = anchor("Predicted vs measured traffic")
+TIMING = anchor("Predicted vs measured step time")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One sentence of the findings list and the report section (anchor) behind it."""
+
+    text: str
+    anchor: str
+
+
+def _unshaped(summary: pd.DataFrame) -> pd.DataFrame:
+    shaped = summary["bw_bps"].notna()
+    for col in ("delay_ms", "jitter_ms", "loss_pct"):
+        if col in summary:
+            shaped |= summary[col].fillna(0) > 0
+    return summary[~shaped]
+
+
+def comparison_group(summary: pd.DataFrame) -> pd.DataFrame:
+    """One row per strategy (mean over repeats and congestion controls) of the unshaped setup
+    (model, nodes, ranks per node) that ran the most strategies; empty when none ran two."""
+    if summary.empty:
+        return summary
+    base = _unshaped(summary)
+    setup = ["model", "nodes", "ranks_per_node"]
+    if base.empty:
+        return base
+    counts = base.groupby(setup)["strategy"].nunique()
+    if counts.max() < 2:
+        return base.iloc[:0]
+    # Ties: the smallest cluster (the default study's main comparison), then by name.
+    best = counts[counts == counts.max()].sort_index(level=["nodes", "ranks_per_node"]).index[0]
+    group = base[(base[setup] == pd.Series(best, index=setup)).all(axis=1)]
+    return (
+        group.groupby("strategy", as_index=False)
+        .mean(numeric_only=True)
+        .assign(model=best[0], nodes=best[1], ranks_per_node=best[2])
+    )
+
+
+def _setup_words(row: Any) -> str:
+    rpn = int(row["ranks_per_node"])
+    return f"{row['model']} on {int(row['nodes'])} nodes, {rpn} rank{'' if rpn == 1 else 's'} each"
+
+
+def _extremes(group: pd.DataFrame, column: str) -> tuple[Any, Any] | None:
+    """The rows of ``group`` with the highest and the lowest ``column`` (None under 2 values)."""
+    valid = group[group[column].notna()]
+    if len(valid) < 2:
+        return None
+    ordered = valid.sort_values([column, "strategy"], ascending=[False, True])
+    return ordered.iloc[0], ordered.iloc[-1]
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.1f}x" if b > 0 else "infinitely more than"
+
+
+def volume_findings(summary: pd.DataFrame) -> list[Finding]:
+    """Most/least bytes across nodes, messages per step and burstiness in the comparison group."""
+    group = comparison_group(summary)
+    if group.empty:
+        return []
+    setup = _setup_words(group.iloc[0])
+    out = []
+    ext = _extremes(group, "internode_bytes_per_step")
+    if ext:
+        hi, lo = ext
+        out.append(
+            Finding(
+                f"{hi['strategy']} sends the most bytes across nodes per step: "
+                f"{fmt_bytes(hi['internode_bytes_per_step'])}, "
+                f"{_ratio(hi['internode_bytes_per_step'], lo['internode_bytes_per_step'])} "
+                f"{lo['strategy']}'s {fmt_bytes(lo['internode_bytes_per_step'])}, the least "
+                f"({setup}, unshaped).",
+                STRATEGIES,
+            )
+        )
+    ext = _extremes(group, "messages_per_step")
+    if ext:
+        hi, lo = ext
+        out.append(
+            Finding(
+                f"{hi['strategy']} issues the most communication ops: "
+                f"{fmt_count(hi['messages_per_step'])} per step over all ranks, against "
+                f"{fmt_count(lo['messages_per_step'])} for {lo['strategy']} ({setup}).",
+                STRATEGIES,
+            )
+        )
+    for col, scale in (("peak_to_mean_1ms", "1 ms"), ("peak_to_mean_10ms", "10 ms")):
+        ext = _extremes(group, col) if col in group else None
+        if ext:
+            hi, lo = ext
+            out.append(
+                Finding(
+                    f"At {scale} bins {hi['strategy']} is the burstiest on the wire (a node's "
+                    f"peak rate {hi[col]:.1f}x its mean over the measured steps), "
+                    f"{lo['strategy']} the steadiest ({lo[col]:.1f}x).",
+                    STRATEGIES,
+                )
+            )
+            break
+    return out
+
+
+def _sensitivity_at(slowdown: pd.DataFrame, varied: str, column: str, pick: str) -> list[Finding]:
+    rows = slowdown[(slowdown["varied"] == varied) & slowdown["slowdown_mean"].notna()]
+    if rows.empty:
+        return []
+    value = rows[column].min() if pick == "min" else rows[column].max()
+    at = rows[rows[column] == value]
+    at = at.groupby("strategy", as_index=False)["slowdown_mean"].mean()
+    if len(at) < 2:
+        return []
+    at = at.sort_values(["slowdown_mean", "strategy"], ascending=[False, True])
+    hi, lo = at.iloc[0], at.iloc[-1]
+    setting = {
+        "bw": f"a cap of {value / 1e6:g} Mbit/s",
+        "delay": f"a one-way delay of {value:g} ms (round trip +{2 * value:g} ms)",
+        "loss": f"{value:g} % random loss",
+    }[varied]
+    noun = {"bw": "bandwidth", "delay": "latency", "loss": "loss"}[varied]
+    return [
+        Finding(
+            f"Most sensitive to {noun}: {hi['strategy']}, whose step takes "
+            f"{hi['slowdown_mean']:.2f}x as long under {setting} as unshaped; "
+            f"{lo['strategy']} {lo['slowdown_mean']:.2f}x, the least of "
+            f"{len(at)} strategies.",
+            SENSITIVITY,
+        )
+    ]
+
+
+def sensitivity_findings(slowdown: pd.DataFrame) -> list[Finding]:
+    """The strategy that slows down most (and least) at the tightest cap, the largest delay and
+    the largest loss of the study."""
+    if slowdown.empty:
+        return []
+    return [
+        *_sensitivity_at(slowdown, "bw", "bw_bps", "min"),
+        *_sensitivity_at(slowdown, "delay", "delay_ms", "max"),
+        *_sensitivity_at(slowdown, "loss", "loss_pct", "max"),
+    ]
+
+
+def placement_findings(summary: pd.DataFrame) -> list[Finding]:
+    """What placing a strategy's groups across nodes (``X-across``) changes against ``X``."""
+    out = []
+    keys = ["model", "nodes", "ranks_per_node", "bw", "delay", "loss", "cc"]
+    keys = [k for k in keys if k in summary]
+    for name in sorted(set(summary["strategy"])):
+        across = f"{name}-across"
+        if across not in set(summary["strategy"]):
+            continue
+        a = summary[summary["strategy"] == name].groupby(keys).mean(numeric_only=True)
+        b = summary[summary["strategy"] == across].groupby(keys).mean(numeric_only=True)
+        both = a.join(b, lsuffix="_in", rsuffix="_across", how="inner")
+        if both.empty:
+            continue
+        row = both.iloc[0]
+        inter_in, inter_x = (
+            row["internode_bytes_per_step_in"],
+            row["internode_bytes_per_step_across"],
+        )
+        out.append(
+            Finding(
+                f"Placement matters: {across} (the same degrees as {name}, its inner group "
+                f"across nodes) sends {fmt_bytes(inter_x)} across nodes per step against "
+                f"{fmt_bytes(inter_in)}, and its step takes "
+                f"{fmt_ms(row['step_time_mean_s_across'])} against "
+                f"{fmt_ms(row['step_time_mean_s_in'])} "
+                f"({row['step_time_mean_s_across'] / row['step_time_mean_s_in']:.2f}x).",
+                STRATEGIES,
+            )
+        )
+    return out
+
+
+def scale_findings(summary: pd.DataFrame) -> list[Finding]:
+    """How each strategy's unshaped step grows from its smallest to its largest node count
+    (same model and ranks per node), as the spread over strategies."""
+    base = _unshaped(summary)
+    if base.empty:
+        return []
+    grow = []
+    for (strategy, model, _rpn), g in base.groupby(["strategy", "model", "ranks_per_node"]):
+        steps = g.groupby("nodes")["step_time_mean_s"].mean()
+        if len(steps) >= 2 and steps.iloc[0] > 0:
+            grow.append(
+                (steps.iloc[-1] / steps.iloc[0], strategy, model, steps.index[0], steps.index[-1])
+            )
+    if len(grow) < 2:
+        return []
+    grow.sort(key=lambda g: (-g[0], g[1]))
+    (hi, s_hi, m, n0, n1), (lo, s_lo, *_rest) = grow[0], grow[-1]
+    return [
+        Finding(
+            f"From {n0} to {n1} nodes ({m}, unshaped), {s_hi}'s step grows the most, "
+            f"{hi:.2f}x; {s_lo}'s the least, {lo:.2f}x.",
+            RUN,
+        )
+    ]
+
+
+def check_findings(
+    crosscheck: pd.DataFrame,
+    matrix_check: pd.DataFrame,
+    comparison: pd.DataFrame,
+    timing: pd.DataFrame,
+) -> list[Finding]:
+    """How far the measurements check out: wire vs recorded ops, prediction vs trace."""
+    out = []
+    if not crosscheck.empty and "passed" in crosscheck:
+        text = (
+            f"The wire carried what the ranks recorded: {int(crosscheck['passed'].sum())} of "
+            f"{len(crosscheck)} node directions"
+        )
+        if not matrix_check.empty and "passed" in matrix_check:
+            text += f" and {int(matrix_check['passed'].sum())} of {len(matrix_check)} node pairs"
+        out.append(Finding(text + " agree within their stated tolerance.", CROSSCHECK))
+    if not comparison.empty and "exact" in comparison:
+        cells = comparison.groupby("cell")["exact"].all()
+        out.append(
+            Finding(
+                f"The analytical model predicted every message and byte exactly in "
+                f"{int(cells.sum())} of {len(cells)} cells.",
+                COMPARE,
+            )
+        )
+    if not timing.empty and "time_error" in timing:
+        err = timing["time_error"].abs().dropna()
+        if len(err):
+            out.append(
+                Finding(
+                    f"The alpha-beta step time is within {100 * err.median():.0f} % of the "
+                    f"measured one for the median cell (worst {100 * err.max():.0f} %, "
+                    f"{len(err)} cells).",
+                    TIMING,
+                )
+            )
+    return out
+
+
+def study_findings(
+    summary: pd.DataFrame,
+    slowdown: pd.DataFrame,
+    crosscheck: pd.DataFrame | None = None,
+    matrix_check: pd.DataFrame | None = None,
+    comparison: pd.DataFrame | None = None,
+    timing: pd.DataFrame | None = None,
+) -> list[Finding]:
+    """Every finding the study's tables support, in the report's order: what the strategies
+    put on the network, how sensitive they are, placement and scale, then the checks."""
+    empty = pd.DataFrame()
+    return [
+        *volume_findings(summary),
+        *sensitivity_findings(slowdown),
+        *placement_findings(summary),
+        *scale_findings(summary),
+        *check_findings(
+            empty if crosscheck is None else crosscheck,
+            empty if matrix_check is None else matrix_check,
+            empty if comparison is None else comparison,
+            empty if timing is None else timing,
+        ),
+    ]
