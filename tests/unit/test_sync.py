@@ -407,3 +407,12 @@ def test_sync_tables_refuses_several_cells() -> None:
     two = pd.concat([ops, ops.assign(cell="strategy~y/repeat~0")])
     with pytest.raises(ValueError, match="one cell"):
         sync.sync_tables(two, steps, PP_PLAN)
+
+
+def test_ops_without_steps_give_counts_and_sync_points_only() -> None:
+    ops, _ = gpipe_two_stages()
+    tables = sync.sync_tables(ops, pd.DataFrame(), PP_PLAN)  # an imported trace: no steps
+    assert tables["sync_counts"]["n_instances"].sum() == 8
+    for name in ("exposed_comm", "critical_path", "pipeline_bubble"):
+        assert tables[name].empty, name
+    assert tables["sync_summary"].iloc[0]["steady_step"] == -1

@@ -219,7 +219,7 @@ def group_kinds(
         if len(members) == 1:
             return "self"
         for d in dims:
-            if members == resolved.group_of(d, rank):
+            if sorted(members) == resolved.group_of(d, rank):  # group_of is ascending
                 return d
         return "world" if sorted(members) == everyone else "other"
 
@@ -295,6 +295,10 @@ def _with_params(ops: pd.DataFrame, frame: pd.DataFrame, columns: list[str]) -> 
 
 
 def _step_rows(steps: pd.DataFrame, phase: str = "step") -> pd.DataFrame:
+    """(rank, step, t_start_ns, t_end_ns) of ``phase`` in training steps; empty when ``steps``
+    is (imported traces have no steps table)."""
+    if steps.empty or "phase" not in steps.columns:
+        return pd.DataFrame(columns=["rank", "step", "t_start_ns", "t_end_ns"], dtype="int64")
     rows = steps[(steps["phase"] == phase) & (steps["step"] >= 0)]
     return rows[["rank", "step", "t_start_ns", "t_end_ns"]].astype("int64")
 
@@ -714,7 +718,7 @@ def sync_tables(
     for frame in (ops, steps):
         if "cell" in frame.columns and frame["cell"].nunique(dropna=False) > 1:
             raise ValueError("sync_tables: pass the ops and steps of one cell at a time")
-    world = _world(ops, steps)
+    world = _world(ops, steps if "rank" in steps.columns else None)
     lab = _label(ops, plan, world)
     tables = {
         "sync_counts": sync_counts(ops, plan, world, labelled=lab),
