@@ -28,6 +28,8 @@ command -v iptables >/dev/null || need+=(iptables)
 command -v cc >/dev/null || need+=(gcc libc6-dev)
 [ -e /usr/include/libnetfilter_queue/libnetfilter_queue.h ] || need+=(libnetfilter-queue-dev)
 python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
+# The report is checked as a reader meets it: in headless Chromium (tests/integration/browser.py).
+command -v chromium >/dev/null || need+=(chromium)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ]; then
   echo "commscope: missing Debian packages: ${need[*]}; install them as root (apt-get install ${need[*]})" >&2

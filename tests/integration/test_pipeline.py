@@ -18,6 +18,8 @@ import yaml
 
 from commscope.cluster.netns import list_netns
 
+from .browser import check_in_browser, chromium
+
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,6 +67,17 @@ def test_report_is_self_contained(study: Path) -> None:
     assert not re.search(r"""(src|href)=["']https?://""", html)
     for strategy in ("ddp", "pp"):
         assert strategy in html
+
+
+@pytest.mark.skipif(chromium() is None, reason="needs chromium (Debian package)")
+def test_report_reads_well_in_chromium(study: Path, tmp_path: Path) -> None:
+    """As a reader meets it: no sideways scrolling of the page (wide tables scroll in their
+    box), every image decodes, no script or console error, and findings to read first."""
+    result = check_in_browser(study / "results" / "report" / "index.html", tmp_path)
+    assert result["overflow_px"] <= 0, result
+    assert result["images"] > 0 and result["broken_images"] == [], result
+    assert result["problems"] == [], result
+    assert result["findings"] >= 1, result
 
 
 def test_ddp_allreduce_bytes_equal_gradient_bytes(study: Path) -> None:

@@ -24,7 +24,7 @@ from commscope.metrics.study import (
 from commscope.plots import matrices, scenarios
 from commscope.plots.cell import plot_cell_throughput
 from commscope.plots.study import plot_study, study_figure_paths, study_table_paths
-from commscope.report import render_report, software_versions, strategy_table
+from commscope.report import findings, render_report, software_versions, strategy_table
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # The report's template and captions live in the repository, passed in as the rule does.
@@ -88,6 +88,12 @@ def _render(agg: Path, study_figs: list[Path], cell_figs: dict[str, Path], out: 
         out,
         template=TEMPLATE,
         captions=CAPTIONS,
+        findings=findings(
+            agg / "summary.parquet",
+            agg / "slowdown.parquet",
+            agg / "crosscheck.parquet",
+            agg / "matrix_check.parquet",
+        ),
     )
 
 
@@ -252,7 +258,8 @@ def test_render_report_is_self_contained(study: dict, tmp_path: Path) -> None:
 
     assert html.startswith("<!DOCTYPE html>")
     assert html.count('<img src="data:image/png;base64,') == len(study_figs) + len(cell_figs)
-    assert html.count("<details>") == len(cell_figs)
+    # Folded: the per-cell table and each cell's figure.
+    assert html.count("<details>") == len(cell_figs) + 1
     for cell in cell_figs:
         assert f"<summary>{cell}</summary>" in html
     # The summary numbers, formatted for humans (ddp row, then fsdp row).
@@ -270,7 +277,15 @@ def test_render_report_is_self_contained(study: dict, tmp_path: Path) -> None:
     # can spell anything).
     text = re.sub(r"data:image/png;base64,[A-Za-z0-9+/=]+", "", html)
     assert not re.search(r"https?:", text)
-    assert not re.search(r"(src|href)=\"(?!data:)", html)
+    assert not re.search(r"(src|href)=\"(?!data:|#)", html)  # links inside the page only
+    # Findings first, computed from the tables (ddp and fsdp unshaped and at 10 Mbit/s), each
+    # linking to a section of the page.
+    findings_list = re.search(r'<ol class="findings">(.*?)</ol>', html, re.S).group(1)
+    assert "Most sensitive to bandwidth" in findings_list
+    assert "sends the most bytes across nodes per step" in findings_list
+    for target in re.findall(r'href="#([a-z0-9-]+)"', html):
+        assert f'id="{target}"' in html, target
+    assert html.index('id="findings"') < html.index('id="run"')
     assert "<link" not in text and "<script" not in text
 
 

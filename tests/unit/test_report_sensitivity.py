@@ -245,7 +245,7 @@ def test_report_has_the_sensitivity_section(
         slowdown=tmp_path / "slowdown.parquet",
     )
     html = out.read_text()
-    section = html[html.index("<h2>Sensitivity to the link</h2>") : html.index("<h2>Figures</h2>")]
+    section = html[html.index('<h2 id="sensitivity">') : html.index('<h2 id="figures">')]
     # The figure sits in this section (with its caption), not among the other figures.
     assert section.count('<img src="data:image/png;base64,') == 1
     assert "<b>Slowdown on a shaped link.</b>" in section

@@ -41,6 +41,10 @@ SLOWDOWN_FIGURE = "slowdown"
 _VERSION_PACKAGES = ("torch", "snakemake", "pandas", "numpy", "pyarrow", "matplotlib", "seaborn")
 
 
+# The ids of the template's own sections (report.html.j2).
+FIXED_SECTIONS = ("findings", "run", "strategies", "sensitivity", "figures", "config", "software")
+
+
 def software_versions() -> dict[str, str]:
     """Versions of what produced the results: python, torch, commscope, snakemake, the
     analysis libraries, and the kernel (``uname``), as strings.
@@ -201,6 +205,8 @@ def render_report(
     slowdown_figure = (
         figures.pop(stems.index(SLOWDOWN_FIGURE)) if SLOWDOWN_FIGURE in stems else None
     )
+    extra = _extra_tables(tables or [])
+    anchors = {*FIXED_SECTIONS, *(t["anchor"] for t in extra)}
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(template.parent)),
         autoescape=True,
@@ -221,8 +227,11 @@ def render_report(
             {"cell": cell, "uri": _data_uri(png)} for cell, png in sorted(cell_figures.items())
         ],
         cell_figure_caption=caption_map.get("cell_throughput", {}).get("caption", ""),
-        extra_tables=_extra_tables(tables or []),
-        findings=[{"text": f.text, "anchor": f.anchor} for f in findings],
+        extra_tables=extra,
+        # A finding links to its section only when the page has it (a stage may be off).
+        findings=[
+            {"text": f.text, "anchor": f.anchor if f.anchor in anchors else None} for f in findings
+        ],
         config_yaml=_config_yaml(config),
         versions=software_versions(),
     )
