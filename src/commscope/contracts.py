@@ -124,6 +124,18 @@ METRIC_TABLES: tuple[str, ...] = (
     "crosscheck",
     "matrix_check",
     "sockets",
+    # Temporal structure (commscope.metrics.temporal, docs/temporal.md).
+    "temporal_onoff",
+    "temporal_dispersion",
+    "temporal_periodicity",
+    "temporal_ops",
+    # Synchronization structure (commscope.metrics.sync, docs/sync.md).
+    "sync_counts",
+    "sync_points",
+    "exposed_comm",
+    "critical_path",
+    "pipeline_bubble",
+    "sync_summary",
 )
 # The one-row-per-cell (or per-import, per-link) headline table of a result directory.
 SUMMARY_FILE = "summary.parquet"

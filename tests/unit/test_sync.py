@@ -416,3 +416,10 @@ def test_ops_without_steps_give_counts_and_sync_points_only() -> None:
     for name in ("exposed_comm", "critical_path", "pipeline_bubble"):
         assert tables[name].empty, name
     assert tables["sync_summary"].iloc[0]["steady_step"] == -1
+
+
+def test_a_cell_without_ops_gives_empty_tables_with_their_columns() -> None:
+    tables = sync.sync_tables(pd.DataFrame(), pd.DataFrame())
+    assert set(tables) == set(sync.SYNC_TABLES)
+    for name in ("sync_counts", "sync_points", "exposed_comm", "critical_path"):
+        assert tables[name].empty, name

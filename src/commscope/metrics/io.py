@@ -67,6 +67,8 @@ from commscope.metrics.sockets import SOCKET_INPUT_COLUMNS, socket_stats
 from commscope.metrics.steps import step_times, training_window, zoom_window
 from commscope.metrics.study import STUDY_SOURCES, derive_study_tables
 from commscope.metrics.summary import cell_summary
+from commscope.metrics.sync import sync_tables
+from commscope.metrics.temporal import temporal_tables
 from commscope.metrics.volume import message_sizes, op_volume
 from commscope.metrics.window import check_window
 
@@ -86,8 +88,12 @@ def cell_metric_tables(traces: CellTraces, wire_flows: pd.DataFrame) -> dict[str
     shape (inside the training window, the same bins), step_times, wire, comm_matrix (rank x
     rank bytes per measured step), node_matrix (node x node), crosscheck (wire vs recorded ops
     per node and direction, :func:`crosscheck`), matrix_check (node x node matrix vs the
-    captured ``wire_flows`` when the cell has them, :func:`matrix_check`) and sockets (TCP's
-    rtt, cwnd and retransmissions per node, :func:`socket_stats`).
+    captured ``wire_flows`` when the cell has them, :func:`matrix_check`), sockets (TCP's
+    rtt, cwnd and retransmissions per node, :func:`socket_stats`) and the temporal structure
+    (temporal_onoff, temporal_dispersion, temporal_periodicity, temporal_ops:
+    :func:`~commscope.metrics.temporal.temporal_tables`, docs/temporal.md) and the
+    synchronization structure (sync_counts, sync_points, exposed_comm, critical_path,
+    pipeline_bubble, sync_summary: :func:`~commscope.metrics.sync.sync_tables`, docs/sync.md).
 
     The throughput table of a long run is large (a row per node and millisecond at 1 ms):
     :func:`write_cell_metrics` writes the same tables without ever holding it whole.
@@ -228,6 +234,14 @@ def _cell_tables(
     yield "crosscheck", crosscheck(traces)
     yield "matrix_check", matrix_check(traces, wire_flows)
     yield "sockets", socket_stats(traces)
+    # After the shape table: inside shared_results its cleaned series and bin statistics are
+    # reused, not recomputed.
+    yield from temporal_tables(
+        traces.counters, traces.ops, st, link_cap_bps=traces.meta.get("bw_bps"), params=params
+    ).items()
+    yield from sync_tables(
+        traces.ops, traces.steps, plan=traces.meta.get("plan"), warmup_steps=traces.warmup_steps
+    ).items()
 
 
 def write_cell_metrics(

@@ -718,6 +718,15 @@ def sync_tables(
     for frame in (ops, steps):
         if "cell" in frame.columns and frame["cell"].nunique(dropna=False) > 1:
             raise ValueError("sync_tables: pass the ops and steps of one cell at a time")
+    if "op" not in ops.columns:  # a cell that recorded no op at all: empty tables
+        ops = pd.DataFrame(
+            {
+                **{c: pd.Series(dtype="int64") for c in ("rank", "step", "seq", "bytes")},
+                **{c: pd.Series(dtype="int64") for c in ("group_size", "peer")},
+                **{c: pd.Series(dtype="Int64") for c in ("t_issue_ns", "t_start_ns", "t_end_ns")},
+                **{c: pd.Series(dtype="object") for c in ("op", "phase", "group_ranks")},
+            }
+        )
     world = _world(ops, steps if "rank" in steps.columns else None)
     lab = _label(ops, plan, world)
     tables = {
