@@ -9,6 +9,9 @@ rule report:
         matrix_check=f"results/aggregate/{table_file('matrix_check')}",
         # The sensitivity section's table (the aggregate job's; its figure is among figures).
         slowdown=f"results/aggregate/{table_file('slowdown')}",
+        # Synchronization and temporal structure per cell (docs/sync.md, docs/temporal.md).
+        sync_summary=f"results/aggregate/{table_file('sync_summary')}",
+        temporal_onoff=f"results/aggregate/{table_file('temporal_onoff')}",
         figures=rules.study_figures.output,
         learning=rules.learning.output.figures,
         learning_tables=[rules.learning.output.loss, rules.learning.output.routing],

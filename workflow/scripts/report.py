@@ -28,6 +28,8 @@ with log_to(snakemake.log[0]):
             matrix_check=Path(snakemake.input.matrix_check),
             compare=list(map(Path, snakemake.input.compare)),
             timing=list(map(Path, snakemake.input.timing)),
+            sync_summary=Path(snakemake.input.sync_summary),
+            temporal_onoff=Path(snakemake.input.temporal_onoff),
         ),
         tables=study_tables(
             crosscheck=Path(snakemake.input.crosscheck),
@@ -39,5 +41,7 @@ with log_to(snakemake.log[0]):
             microbench=tuple(map(Path, snakemake.input.microbench)) or None,
             predictions=Path(snakemake.input.predictions[0]),
             summary=Path(snakemake.input.summary),
+            sync_summary=Path(snakemake.input.sync_summary),
+            temporal_onoff=Path(snakemake.input.temporal_onoff),
         ),
     )

@@ -38,6 +38,8 @@ def anchor(title: str) -> str:
 
 
 CROSSCHECK = anchor("Wire vs recorded ops, per strategy")
+SYNC = anchor("Synchronization structure per cell")
+TEMPORAL = anchor("Temporal structure on the wire")
 COMPARE = anchor("Predicted vs measured traffic")
 TIMING = anchor("Predicted vs measured step time")
 
@@ -61,8 +63,8 @@ def _unshaped(summary: pd.DataFrame) -> pd.DataFrame:
 def comparison_group(summary: pd.DataFrame) -> pd.DataFrame:
     """One row per strategy (mean over repeats and congestion controls) of the unshaped setup
     (model, nodes, ranks per node) that ran the most strategies; empty when none ran two."""
-    if summary.empty:
-        return summary
+    if summary.empty or "bw_bps" not in summary:
+        return pd.DataFrame()
     base = _unshaped(summary)
     setup = ["model", "nodes", "ranks_per_node"]
     if base.empty:
@@ -187,7 +189,9 @@ def sensitivity_findings(slowdown: pd.DataFrame) -> list[Finding]:
 
 def placement_findings(summary: pd.DataFrame) -> list[Finding]:
     """What placing a strategy's groups across nodes (``X-across``) changes against ``X``."""
-    out = []
+    out: list[Finding] = []
+    if summary.empty or "strategy" not in summary:
+        return out
     keys = ["model", "nodes", "ranks_per_node", "bw", "delay", "loss", "cc"]
     keys = [k for k in keys if k in summary]
     for name in sorted(set(summary["strategy"])):
@@ -196,7 +200,7 @@ def placement_findings(summary: pd.DataFrame) -> list[Finding]:
             continue
         a = summary[summary["strategy"] == name].groupby(keys).mean(numeric_only=True)
         b = summary[summary["strategy"] == across].groupby(keys).mean(numeric_only=True)
-        both = a.join(b, lsuffix="_in", rsuffix="_across", how="inner")
+        both = a.add_suffix("_in").join(b.add_suffix("_across"), how="inner")
         if both.empty:
             continue
         row = both.iloc[0]
@@ -221,6 +225,8 @@ def placement_findings(summary: pd.DataFrame) -> list[Finding]:
 def scale_findings(summary: pd.DataFrame) -> list[Finding]:
     """How each strategy's unshaped step grows from its smallest to its largest node count
     (same model and ranks per node), as the spread over strategies."""
+    if summary.empty or "bw_bps" not in summary:
+        return []
     base = _unshaped(summary)
     if base.empty:
         return []
@@ -242,6 +248,70 @@ def scale_findings(summary: pd.DataFrame) -> list[Finding]:
             RUN,
         )
     ]
+
+
+def structure_findings(sync: pd.DataFrame, temporal: pd.DataFrame) -> list[Finding]:
+    """Bursty vs streaming per strategy (unshaped cells, node 0's transmit side), where the
+    critical path is most communication, and the measured pipeline bubble vs (p-1)/(p-1+m)."""
+    out = []
+    if not temporal.empty and "pattern" in temporal:
+        tx = temporal[(temporal["direction"] == "tx") & (temporal["node"] == 0)]
+        tx = _unshaped_rows(tx)
+        if not tx.empty:
+            classes = tx.groupby("pattern")["strategy"].agg(lambda s: sorted(set(s)))
+            parts = [
+                f"{pattern}: {', '.join(names)}"
+                for pattern, names in classes.items()
+                if pattern in ("bursty", "streaming")
+            ]
+            if parts:
+                out.append(
+                    Finding(
+                        "On the unshaped link, by the stated rule (on at least half the 100 µs "
+                        "bins and a 10 ms CoV of at most 0.5 is streaming), "
+                        + "; ".join(parts)
+                        + ".",
+                        TEMPORAL,
+                    )
+                )
+    if not sync.empty and "critical_comm_share" in sync:
+        base = _unshaped_rows(sync)
+        share = base.groupby("strategy")["critical_comm_share"].mean().dropna()
+        if len(share) >= 2:
+            hi, lo = share.idxmax(), share.idxmin()
+            out.append(
+                Finding(
+                    f"Communication is {100 * share[hi]:.0f} % of {hi}'s critical path and "
+                    f"{100 * share[lo]:.0f} % of {lo}'s (steady step, unshaped link).",
+                    SYNC,
+                )
+            )
+        pp = sync[sync["bubble_measured_fwd_bwd"].notna() & sync["bubble_analytic"].notna()]
+        pp = _unshaped_rows(pp)
+        if not pp.empty:
+            parts = [
+                f"{r['strategy']} {100 * r['bubble_measured_fwd_bwd']:.0f} % "
+                f"(analytic {100 * r['bubble_analytic']:.0f} %)"
+                for r in pp.sort_values("strategy").to_dict("records")
+            ]
+            out.append(
+                Finding(
+                    "Measured pipeline bubble (idle share of the forward/backward phase): "
+                    + ", ".join(parts)
+                    + ".",
+                    SYNC,
+                )
+            )
+    return out
+
+
+def _unshaped_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """Rows of a per-cell table (params as text) whose link was unshaped."""
+    keep = pd.Series(True, index=table.index)
+    for col, none in (("bw", "none"), ("delay", "0ms"), ("loss", "0pct")):
+        if col in table:
+            keep &= table[col].astype(str) == none
+    return table[keep]
 
 
 def check_findings(
@@ -290,12 +360,18 @@ def study_findings(
     matrix_check: pd.DataFrame | None = None,
     comparison: pd.DataFrame | None = None,
     timing: pd.DataFrame | None = None,
+    sync: pd.DataFrame | None = None,
+    temporal: pd.DataFrame | None = None,
 ) -> list[Finding]:
     """Every finding the study's tables support, in the report's order: what the strategies
-    put on the network, how sensitive they are, placement and scale, then the checks."""
+    put on the network and how (burstiness, synchronization), how sensitive they are,
+    placement and scale, then the checks."""
     empty = pd.DataFrame()
     return [
         *volume_findings(summary),
+        *structure_findings(
+            empty if sync is None else sync, empty if temporal is None else temporal
+        ),
         *sensitivity_findings(slowdown),
         *placement_findings(summary),
         *scale_findings(summary),

@@ -430,6 +430,8 @@ def study_tables(
     microbench: tuple[Path, Path] | None = None,
     predictions: Path | None = None,
     summary: Path | None = None,
+    sync_summary: Path | None = None,
+    temporal_onoff: Path | None = None,
 ) -> list[dict[str, Any]]:
     """The report's table sections in order: title, intro (how to read it), frame.
 
@@ -445,8 +447,17 @@ def study_tables(
         if summary
         else []
     )
+    structure = [
+        _section(SYNC_TITLE, _SYNC_INTRO, sync_section(_read(sync_summary)))
+        if sync_summary
+        else None,
+        _section(TEMPORAL_TITLE, _TEMPORAL_INTRO, temporal_section(_read(temporal_onoff)))
+        if temporal_onoff
+        else None,
+    ]
     return [
         *wire,
+        *(s for s in structure if s is not None),
         _section(
             "Wire vs recorded ops, per strategy",
             _CROSSCHECK_STRATEGY_INTRO,
@@ -652,6 +663,8 @@ def findings(
     matrix_check: Path,
     compare: Sequence[Path] = (),
     timing: Sequence[Path] = (),
+    sync_summary: Path | None = None,
+    temporal_onoff: Path | None = None,
 ) -> list[Finding]:
     """The report's findings (:func:`~commscope.report.findings.study_findings`) from the
     study's result files: the aggregated summary, slowdown and cross-validation tables, and
@@ -663,4 +676,65 @@ def findings(
         _read(matrix_check),
         comparison_table(list(compare)),
         timing_section(list(timing)),
+        sync=_read(sync_summary) if sync_summary else None,
+        temporal=_read(temporal_onoff) if temporal_onoff else None,
     )
+
+
+# ------------------------------------------------------- synchronization and temporal structure
+
+SYNC_TITLE = "Synchronization structure per cell"
+_SYNC_INTRO = (
+    "Per cell, its steady (median measured) step: collectives, point-to-point ops and barriers "
+    "per step, the skew of world-wide collectives (last rank's issue minus the first's), the "
+    "communication ratio (time in communication not overlapped by compute, over the step; an "
+    "upper bound, since the capture does not record when a rank waited), the critical path "
+    "(compute vs communication on the chain of ranks that sets the step's end) and, for "
+    "pipeline cells, the measured bubble next to (p-1)/(p-1+m) and the predictor's. "
+    "Definitions: docs/sync.md."
+)
+TEMPORAL_TITLE = "Temporal structure on the wire"
+_TEMPORAL_INTRO = (
+    "Per cell (node 0, transmit): the share of 100 µs bins in which the link is on (above 10 % "
+    "of the cap, or of the cell's peak bin without one), bursts and their median size and "
+    "duration, the median gap between bursts, and the class: streaming when the link is on "
+    "at least half the time and the 10 ms rate's coefficient of variation is at most 0.5, "
+    "bursty otherwise. Definitions: docs/temporal.md."
+)
+
+
+def sync_section(sync: pd.DataFrame) -> pd.DataFrame:
+    """The synchronization table: one row per cell of the aggregated ``sync_summary``."""
+    if sync.empty:
+        return sync
+    keys = [c for c in ("strategy", "model", "nodes", "ranks_per_node", "bw", "delay", "loss")]
+    out = sync[keys].astype(str).copy()
+    out["collectives / step"] = sync["collectives_per_step"].map(fmt_count)
+    out["p2p / step"] = sync["p2p_per_step"].map(fmt_count)
+    out["world skew (mean)"] = sync["sync_skew_mean_s"].map(fmt_ms)
+    out["comm ratio (median rank)"] = sync["comm_ratio_median"].map(_fmt_share)
+    out["critical path"] = sync["critical_path_s"].map(fmt_ms)
+    out["of it communication"] = sync["critical_comm_share"].map(_fmt_share)
+    out["bubble measured"] = sync["bubble_measured_fwd_bwd"].map(_fmt_share)
+    out["bubble (p-1)/(p-1+m)"] = sync["bubble_analytic"].map(_fmt_share)
+    return out.sort_values(keys).reset_index(drop=True)
+
+
+def temporal_section(onoff: pd.DataFrame) -> pd.DataFrame:
+    """The temporal table: one row per cell, node 0's transmit side of ``temporal_onoff``."""
+    if onoff.empty:
+        return onoff
+    rows = onoff[(onoff["node"] == onoff["node"].min()) & (onoff["direction"] == "tx")]
+    keys = [c for c in ("strategy", "model", "nodes", "ranks_per_node", "bw", "delay", "loss")]
+    out = rows[keys].astype(str).copy()
+    out["on share"] = rows["on_fraction"].map(_fmt_share)
+    out["bursts"] = rows["n_bursts"].map(fmt_count)
+    out["burst size (median)"] = rows["burst_bytes_median"].map(fmt_bytes)
+    out["burst duration (median)"] = (rows["burst_ms_median"] / 1e3).map(fmt_ms)
+    out["gap (median)"] = (rows["gap_ms_median"] / 1e3).map(fmt_ms)
+    out["class"] = rows["pattern"].astype(str)
+    return out.sort_values(keys).reset_index(drop=True)
+
+
+def _fmt_share(value: Any) -> str:
+    return "n/a" if is_missing(value) else f"{100 * float(value):.1f} %"

@@ -1,0 +1,91 @@
+"""The report's findings: each sentence computed from tables with a known answer."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from commscope.report.findings import (
+    SENSITIVITY,
+    SYNC,
+    TEMPORAL,
+    placement_findings,
+    scale_findings,
+    sensitivity_findings,
+    structure_findings,
+    study_findings,
+)
+
+LINK = {"bw": "none", "delay": "0ms", "loss": "0pct"}
+
+
+def _summary_row(strategy: str, nodes: int, step_s: float, inter: float) -> dict:
+    return {
+        "strategy": strategy, "model": "m", "nodes": nodes, "ranks_per_node": 1, "cc": "cubic",
+        **LINK, "bw_bps": float("nan"), "delay_ms": 0.0, "jitter_ms": 0.0, "loss_pct": 0.0,
+        "step_time_mean_s": step_s, "internode_bytes_per_step": inter, "messages_per_step": 2.0,
+    }  # fmt: skip
+
+
+def test_delay_sensitivity_names_the_most_and_least_sensitive_at_the_largest_delay() -> None:
+    slowdown = pd.DataFrame(
+        [
+            {"strategy": s, "varied": "delay", "delay_ms": d, "slowdown_mean": v, "bw_bps": None}
+            for s, d, v in [("tp", 5, 2.0), ("tp", 20, 6.0), ("ddp", 20, 2.5), ("pp", 20, 3.0)]
+        ]
+    )
+    (finding,) = sensitivity_findings(slowdown)
+    assert finding.anchor == SENSITIVITY
+    assert finding.text.startswith("Most sensitive to latency: tp, whose step takes 6.00x")
+    assert "one-way delay of 20 ms (round trip +40 ms)" in finding.text
+    assert "ddp 2.50x, the least of 3 strategies" in finding.text
+
+
+def test_placement_and_scale() -> None:
+    summary = pd.DataFrame(
+        [
+            _summary_row("dp-tp", 2, 0.5, 10e6),
+            _summary_row("dp-tp-across", 2, 0.75, 25e6),
+            _summary_row("ddp", 2, 0.1, 1e6),
+            _summary_row("ddp", 4, 0.3, 3e6),
+            _summary_row("pp", 2, 0.1, 1e6),
+            _summary_row("pp", 4, 0.12, 1e6),
+        ]
+    )
+    (placed,) = placement_findings(summary)
+    assert "dp-tp-across" in placed.text and "25.00 MB" in placed.text and "10.00 MB" in placed.text
+    assert "(1.50x)" in placed.text
+    (scaled,) = scale_findings(summary)
+    assert "From 2 to 4 nodes" in scaled.text
+    assert "ddp's step grows the most, 3.00x; pp's the least, 1.20x" in scaled.text
+
+
+def test_structure_findings_classify_and_compare_the_bubble() -> None:
+    temporal = pd.DataFrame(
+        [
+            {"strategy": "ddp", "node": 0, "direction": "tx", "pattern": "bursty", **LINK},
+            {"strategy": "tp", "node": 0, "direction": "tx", "pattern": "bursty", **LINK},
+            {"strategy": "fsdp", "node": 0, "direction": "tx", "pattern": "streaming", **LINK},
+            {"strategy": "ddp", "node": 0, "direction": "tx", "pattern": "streaming",
+             "bw": "50mbit", "delay": "0ms", "loss": "0pct"},  # shaped: not counted
+            {"strategy": "ddp", "node": 1, "direction": "tx", "pattern": "streaming", **LINK},
+        ]
+    )  # fmt: skip
+    sync = pd.DataFrame(
+        [
+            {"strategy": "ddp", "critical_comm_share": 0.15, "bubble_measured_fwd_bwd": None,
+             "bubble_analytic": None, **LINK},
+            {"strategy": "pp", "critical_comm_share": 0.25, "bubble_measured_fwd_bwd": 0.227,
+             "bubble_analytic": 0.2, **LINK},
+        ]
+    )  # fmt: skip
+    classes, comm, bubble = structure_findings(sync, temporal)
+    assert classes.anchor == TEMPORAL
+    assert classes.text.endswith("bursty: ddp, tp; streaming: fsdp.")
+    assert comm.anchor == SYNC
+    assert comm.text.startswith("Communication is 25 % of pp's critical path and 15 % of ddp's")
+    assert "pp 23 % (analytic 20 %)" in bubble.text
+
+
+def test_no_data_no_findings() -> None:
+    empty = pd.DataFrame()
+    assert study_findings(empty, empty) == []
