@@ -8,6 +8,7 @@ from commscope.report.findings import (
     SENSITIVITY,
     SYNC,
     TEMPORAL,
+    link_findings,
     placement_findings,
     scale_findings,
     sensitivity_findings,
@@ -89,3 +90,17 @@ def test_structure_findings_classify_and_compare_the_bubble() -> None:
 def test_no_data_no_findings() -> None:
     empty = pd.DataFrame()
     assert study_findings(empty, empty) == []
+
+
+def test_knee_and_crossover_over_the_cap() -> None:
+    rows = []
+    # a: 1 MB per node and step, 100 ms unshaped -> knee 80 Mbit/s; b: 0.1 MB, 200 ms -> 4.
+    for strategy, step_none, step_cap, tx in (("a", 0.1, 0.5, 1e6), ("b", 0.2, 0.25, 1e5)):
+        for bw_bps, step in ((float("nan"), step_none), (20e6, step_cap)):
+            row = _summary_row(strategy, 2, step, tx)
+            row |= {"bw_bps": bw_bps, "bw": "none" if bw_bps != bw_bps else "20mbit"}
+            rows.append(row | {"wire_tx_bytes_per_step_per_node": tx})
+    knee, fastest = link_findings(pd.DataFrame(rows))
+    assert "a 80 Mbit/s, b 4 Mbit/s" in knee.text
+    assert fastest.text.startswith("Fastest by cap: a unshaped; b at 20 Mbit/s")
+    assert "the fastest strategy changes 1 time" in fastest.text

@@ -187,6 +187,61 @@ def sensitivity_findings(slowdown: pd.DataFrame) -> list[Finding]:
     ]
 
 
+def link_findings(summary: pd.DataFrame) -> list[Finding]:
+    """Knees and crossovers over the rate cap, in the comparison group's setup.
+
+    Knee: the cap at which a strategy's node (on average) needs its whole unshaped step to send one
+    step's bytes, ``8 x wire tx per step and node / unshaped step time``. Below it the step
+    grows like bytes / bandwidth (communication no longer fits in the time compute takes).
+    Crossover: which strategy has the shortest step at each cap, where that changes."""
+    group = comparison_group(summary)
+    if group.empty or "wire_tx_bytes_per_step_per_node" not in summary:
+        return []
+    first = group.iloc[0]
+    setup = (summary["model"] == first["model"]) & (summary["nodes"] == first["nodes"])
+    setup &= summary["ranks_per_node"] == first["ranks_per_node"]
+    for col in ("delay_ms", "jitter_ms", "loss_pct"):
+        if col in summary:
+            setup &= summary[col].fillna(0) == 0
+    if "cc" in summary:  # the setup's usual congestion control, not a one-off comparison
+        setup &= summary["cc"] == summary.loc[setup, "cc"].mode().iloc[0]
+    rows = summary[setup & summary["strategy"].isin(group["strategy"])]
+    out = []
+    knees = (group["wire_tx_bytes_per_step_per_node"] * 8 / group["step_time_mean_s"]).dropna()
+    knees = pd.Series(knees.to_numpy(), index=group["strategy"]).sort_values(ascending=False)
+    if len(knees) >= 2:
+        parts = [f"{name} {value / 1e6:,.0f} Mbit/s" for name, value in knees.items()]
+        out.append(
+            Finding(
+                "Knee (the cap below which a step grows like bytes / bandwidth: 8 x the "
+                "bytes a node sends per step over the unshaped step): "
+                + ", ".join(parts)
+                + f" ({_setup_words(first)}).",
+                SENSITIVITY,
+            )
+        )
+    caps = rows.assign(cap=rows["bw_bps"].fillna(float("inf")))
+    per_cap = caps.groupby(["cap", "strategy"])["step_time_mean_s"].mean().reset_index()
+    full = per_cap.groupby("cap")["strategy"].nunique() == len(group)
+    per_cap = per_cap[per_cap["cap"].isin(full[full].index)]
+    if per_cap["cap"].nunique() >= 2:
+        fastest = per_cap.loc[per_cap.groupby("cap")["step_time_mean_s"].idxmin()]
+        fastest = fastest.sort_values("cap", ascending=False)
+        words = [f"{r['strategy']} {_cap_words(r['cap'])}" for r in fastest.to_dict("records")]
+        changes = fastest["strategy"].ne(fastest["strategy"].shift()).sum() - 1
+        verdict = (
+            f"the fastest strategy changes {changes} time{'' if changes == 1 else 's'}"
+            if changes
+            else "no crossover: the same strategy is fastest at every cap"
+        )
+        out.append(Finding(f"Fastest by cap: {'; '.join(words)} ({verdict}).", SENSITIVITY))
+    return out
+
+
+def _cap_words(cap: float) -> str:
+    return "unshaped" if cap == float("inf") else f"at {cap / 1e6:g} Mbit/s"
+
+
 def placement_findings(summary: pd.DataFrame) -> list[Finding]:
     """What placing a strategy's groups across nodes (``X-across``) changes against ``X``."""
     out: list[Finding] = []
@@ -373,6 +428,7 @@ def study_findings(
             empty if sync is None else sync, empty if temporal is None else temporal
         ),
         *sensitivity_findings(slowdown),
+        *link_findings(summary),
         *placement_findings(summary),
         *scale_findings(summary),
         *check_findings(
