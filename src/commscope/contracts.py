@@ -111,6 +111,15 @@ def rank_meta_file(rank: int | str) -> str:
 # Metric tables (compute_cell_metrics writes them per cell, aggregate_cells concatenates them)
 # --------------------------------------------------------------------------------------------
 
+# Synchronization structure per cell (commscope.metrics.sync, docs/sync.md).
+SYNC_TABLES: tuple[str, ...] = (
+    "sync_counts",
+    "sync_points",
+    "exposed_comm",
+    "critical_path",
+    "pipeline_bubble",
+    "sync_summary",
+)
 METRIC_TABLES: tuple[str, ...] = (
     "summary",
     "op_volume",
@@ -129,13 +138,7 @@ METRIC_TABLES: tuple[str, ...] = (
     "temporal_dispersion",
     "temporal_periodicity",
     "temporal_ops",
-    # Synchronization structure (commscope.metrics.sync, docs/sync.md).
-    "sync_counts",
-    "sync_points",
-    "exposed_comm",
-    "critical_path",
-    "pipeline_bubble",
-    "sync_summary",
+    *SYNC_TABLES,
 )
 # The one-row-per-cell (or per-import, per-link) headline table of a result directory.
 SUMMARY_FILE = "summary.parquet"

@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from commscope.contracts import GROUP_KIND_COLUMN, P2P_OPS, parse_ranks, with_params
+from commscope.contracts import SYNC_TABLES as SYNC_TABLES  # this module's tables, re-exported
 from commscope.metrics._common import _param_cols
 from commscope.spec.plan import DIMS, ParallelPlan
 from commscope.units import NS_PER_S
@@ -46,14 +47,6 @@ from commscope.units import NS_PER_S
 # does not write it yet; without it every op counts as blocking (docs/sync.md).
 BLOCKING_COLUMN = "blocking"
 
-SYNC_TABLES: tuple[str, ...] = (
-    "sync_counts",
-    "sync_points",
-    "exposed_comm",
-    "critical_path",
-    "pipeline_bubble",
-    "sync_summary",
-)
 
 SYNC_COUNT_COLUMNS = ["step", "group_kind", "op_class", "n_ops", "n_instances", "bytes"]
 SYNC_POINT_COLUMNS = [
