@@ -1,6 +1,7 @@
 # Figures per cell and across cells, and the learning-run tables and figures.
 from commscope.contracts import table_file
 from commscope.contracts import STUDY_FIGURE_TABLES, STUDY_FIGURES
+from commscope.contracts import CELL_FILE, OPS_FILE, STEPS_FILE
 
 
 rule cell_figure:
@@ -20,18 +21,36 @@ rule cell_figure:
 
 rule study_figures:
     # The tables commscope.plots.study.plot_study draws (the aggregate job's derived study
-    # tables and the aggregated matrices) and its figures, by name.
+    # tables and the aggregated matrices) and its figures, by name; then what the op timeline
+    # (commscope.plots.timeline) reads: the aggregated step times and throughput, and every
+    # cell's ops, steps and cell.json, in cell order (it opens those of one cell per strategy).
     input:
         **{
             name: f"results/aggregate/{table_file(name)}"
             for name in STUDY_FIGURE_TABLES
         },
+        step_times=f"results/aggregate/{table_file('step_times')}",
+        throughput=f"results/aggregate/{table_file('throughput')}",
+        ops=expand(
+            f"{RUNS}/{{cell}}/trace/{OPS_FILE}", cell=cellspace.instance_patterns
+        ),
+        steps=expand(
+            f"{RUNS}/{{cell}}/trace/{STEPS_FILE}", cell=cellspace.instance_patterns
+        ),
+        cell_json=expand(
+            f"{RUNS}/{{cell}}/trace/{CELL_FILE}", cell=cellspace.instance_patterns
+        ),
     output:
         **{name: f"results/figures/{name}.png" for name in STUDY_FIGURES},
+        # Its stem is commscope.plots.timeline.TIMELINE_FIGURE (the caption's key); spelled out
+        # so that evaluating the DAG does not import matplotlib.
+        timeline="results/figures/timeline.png",
     log:
         "results/logs/study_figures.log",
     conda:
         "../../envs/commscope.yaml"
+    params:
+        cells=list(cellspace.instance_patterns),
     script:
         "../scripts/study_figures.py"
 
