@@ -104,3 +104,11 @@ def test_knee_and_crossover_over_the_cap() -> None:
     assert "a 80 Mbit/s, b 4 Mbit/s" in knee.text
     assert fastest.text.startswith("Fastest by cap: a unshaped; b at 20 Mbit/s")
     assert "the fastest strategy changes 1 time" in fastest.text
+
+
+def test_a_strategy_without_wire_bytes_has_no_knee() -> None:
+    rows = [
+        _summary_row("a", 2, 0.1, 1e6) | {"wire_tx_bytes_per_step_per_node": 1e6},
+        _summary_row("b", 2, 0.2, 1e6) | {"wire_tx_bytes_per_step_per_node": float("nan")},
+    ]
+    assert link_findings(pd.DataFrame(rows)) == []  # one knee only: nothing to compare

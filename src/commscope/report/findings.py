@@ -207,8 +207,9 @@ def link_findings(summary: pd.DataFrame) -> list[Finding]:
         setup &= summary["cc"] == summary.loc[setup, "cc"].mode().iloc[0]
     rows = summary[setup & summary["strategy"].isin(group["strategy"])]
     out = []
-    knees = (group["wire_tx_bytes_per_step_per_node"] * 8 / group["step_time_mean_s"]).dropna()
-    knees = pd.Series(knees.to_numpy(), index=group["strategy"]).sort_values(ascending=False)
+    knees = group["wire_tx_bytes_per_step_per_node"] * 8 / group["step_time_mean_s"]
+    knees = pd.Series(knees.to_numpy(), index=group["strategy"]).dropna()
+    knees = knees.sort_values(ascending=False)
     if len(knees) >= 2:
         parts = [f"{name} {value / 1e6:,.0f} Mbit/s" for name, value in knees.items()]
         out.append(
