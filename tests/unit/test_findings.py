@@ -112,3 +112,14 @@ def test_a_strategy_without_wire_bytes_has_no_knee() -> None:
         _summary_row("b", 2, 0.2, 1e6) | {"wire_tx_bytes_per_step_per_node": float("nan")},
     ]
     assert link_findings(pd.DataFrame(rows)) == []  # one knee only: nothing to compare
+
+
+def test_no_crossover_is_said_as_such() -> None:
+    rows = []
+    for strategy, steps in (("a", (0.1, 0.2)), ("b", (0.3, 0.9))):
+        for bw_bps, step in zip((float("nan"), 20e6), steps, strict=True):
+            row = _summary_row(strategy, 2, step, 1e6) | {"wire_tx_bytes_per_step_per_node": 1e6}
+            rows.append(row | {"bw_bps": bw_bps})
+    fastest = link_findings(pd.DataFrame(rows))[-1]
+    assert fastest.text.startswith("No crossover over the cap: a has the shortest step at every")
+    assert "down to 20 Mbit/s (2 strategies" in fastest.text

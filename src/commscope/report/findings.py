@@ -228,14 +228,20 @@ def link_findings(summary: pd.DataFrame) -> list[Finding]:
     if per_cap["cap"].nunique() >= 2:
         fastest = per_cap.loc[per_cap.groupby("cap")["step_time_mean_s"].idxmin()]
         fastest = fastest.sort_values("cap", ascending=False)
-        words = [f"{r['strategy']} {_cap_words(r['cap'])}" for r in fastest.to_dict("records")]
-        changes = fastest["strategy"].ne(fastest["strategy"].shift()).sum() - 1
-        verdict = (
-            f"the fastest strategy changes {changes} time{'' if changes == 1 else 's'}"
-            if changes
-            else "no crossover: the same strategy is fastest at every cap"
-        )
-        out.append(Finding(f"Fastest by cap: {'; '.join(words)} ({verdict}).", SENSITIVITY))
+        changes = int(fastest["strategy"].ne(fastest["strategy"].shift()).sum() - 1)
+        if changes:
+            words = [f"{r['strategy']} {_cap_words(r['cap'])}" for r in fastest.to_dict("records")]
+            text = (
+                f"Fastest by cap: {'; '.join(words)} (the fastest strategy changes {changes} "
+                f"time{'' if changes == 1 else 's'})."
+            )
+        else:
+            text = (
+                f"No crossover over the cap: {fastest['strategy'].iloc[0]} has the shortest "
+                f"step at every cap, from unshaped down to {fastest['cap'].min() / 1e6:g} Mbit/s "
+                f"({len(group)} strategies, {_setup_words(first)})."
+            )
+        out.append(Finding(text, SENSITIVITY))
     return out
 
 
@@ -346,9 +352,11 @@ def structure_findings(sync: pd.DataFrame, temporal: pd.DataFrame) -> list[Findi
         pp = _unshaped_rows(pp)
         if not pp.empty:
             parts = [
-                f"{r['strategy']} {100 * r['bubble_measured_fwd_bwd']:.0f} % "
+                f"{r['strategy']}{_where(r)} {100 * r['bubble_measured_fwd_bwd']:.0f} % "
                 f"(analytic {100 * r['bubble_analytic']:.0f} %)"
-                for r in pp.sort_values("strategy").to_dict("records")
+                for r in pp.sort_values([c for c in ("strategy", "nodes") if c in pp]).to_dict(
+                    "records"
+                )
             ]
             out.append(
                 Finding(
@@ -359,6 +367,13 @@ def structure_findings(sync: pd.DataFrame, temporal: pd.DataFrame) -> list[Findi
                 )
             )
     return out
+
+
+def _where(row: dict[str, Any]) -> str:
+    """`` on N x R`` (nodes x ranks per node) when the row says, else ''."""
+    if "nodes" not in row or "ranks_per_node" not in row:
+        return ""
+    return f" on {int(row['nodes'])}x{int(row['ranks_per_node'])}"
 
 
 def _unshaped_rows(table: pd.DataFrame) -> pd.DataFrame:
