@@ -36,6 +36,8 @@ def training_spec(
         "steps": int(cell.steps),
         "seed": int(cell.repeat),
         "pg_timeout_s": run.timeout_s,
+        # After the traces are written: one socket-sampler period and a half (train.py).
+        "linger_s": 1.5 / run.socket_hz if run.socket_hz > 0 else 0.0,
     }
 
 

@@ -103,6 +103,10 @@ def run(spec: dict) -> Path:
         "torch": torch.__version__,
     }
     timeline["written"] = time.time_ns()
+    # The connections close with the process group: keep them open for one more period of
+    # the node's socket sampler, so its last sample has their final counters (a rank forked
+    # by the warm launcher exits at once; torchrun's slow exit used to give that time).
+    time.sleep(float(spec.get("linger_s", 0.0)))
     dist.destroy_process_group()
     timeline["closed"] = time.time_ns()
     meta["timeline_ns"] = timeline
