@@ -158,8 +158,15 @@ STUDY_FIGURES: tuple[str, ...] = (
     "comm_matrix_nodes",
     "comm_matrix_ranks",
     "slowdown",
+    "bursts",
 )
-STUDY_FIGURE_TABLES: tuple[str, ...] = (*STUDY_TABLES, "summary", "node_matrix", "comm_matrix")
+STUDY_FIGURE_TABLES: tuple[str, ...] = (
+    *STUDY_TABLES,
+    "summary",
+    "node_matrix",
+    "comm_matrix",
+    "temporal_onoff",
+)
 # The microbenchmark figures (results/microbench/figures/<name>.png).
 BENCH_FIGURES: tuple[str, ...] = ("busbw_vs_size", "time_vs_size")
 

@@ -20,6 +20,7 @@ from commscope.contracts import STUDY_FIGURE_TABLES, STUDY_FIGURES, table_file
 from commscope.metrics.study import SERIES_AXES, SETUP_AXES
 from commscope.metrics.summary import link_numbers
 from commscope.plots._style import _new_figure, _no_data, _palette, _save, _styled
+from commscope.plots.bursts import plot_bursts
 from commscope.plots.matrices import plot_comm_matrices
 from commscope.units import bytes_tick
 
@@ -41,6 +42,8 @@ def plot_study(tables: Mapping[str, Path], figures: Mapping[str, Path]) -> list[
     measured step, one representative cell per strategy (see :func:`plot_comm_matrices`).
     ``slowdown.png``: step time over the unshaped link's, against the cap, the delay and the
     loss (:func:`plot_slowdown`).
+    ``bursts.png``: burst size and duration per strategy on the unshaped link
+    (:func:`~commscope.plots.bursts.plot_bursts`).
     One panel per model when several models were run. Every figure is always written (with a
     "no data" note when its table is empty) so pipeline outputs are predictable.
     """
@@ -60,6 +63,7 @@ def plot_study(tables: Mapping[str, Path], figures: Mapping[str, Path]) -> list[
             figures["comm_matrix_ranks"],
         ),
         plot_slowdown(pd.read_parquet(tables["slowdown"]), figures["slowdown"]),
+        plot_bursts(pd.read_parquet(tables["temporal_onoff"]), figures["bursts"]),
     ]
 
 
