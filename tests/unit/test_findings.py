@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from commscope.metrics.study import unshaped_rows
 from commscope.report.findings import (
     SENSITIVITY,
     SYNC,
@@ -119,7 +120,20 @@ def test_no_crossover_is_said_as_such() -> None:
     for strategy, steps in (("a", (0.1, 0.2)), ("b", (0.3, 0.9))):
         for bw_bps, step in zip((float("nan"), 20e6), steps, strict=True):
             row = _summary_row(strategy, 2, step, 1e6) | {"wire_tx_bytes_per_step_per_node": 1e6}
-            rows.append(row | {"bw_bps": bw_bps})
+            bw = "none" if bw_bps != bw_bps else "20mbit"  # the text axis and its number agree
+            rows.append(row | {"bw_bps": bw_bps, "bw": bw})
     fastest = link_findings(pd.DataFrame(rows))[-1]
     assert fastest.text.startswith("No crossover over the cap: a has the shortest step at every")
     assert "down to 20 Mbit/s (2 strategies" in fastest.text
+
+
+def test_a_jittered_cell_is_not_unshaped() -> None:
+    table = pd.DataFrame(
+        [
+            {"strategy": "a", **LINK, "jitter": "0ms"},
+            {"strategy": "b", **LINK, "jitter": "2ms", "delay": "5ms"},
+            {"strategy": "c", **LINK},  # no jitter column value: its default, 0ms
+            {"strategy": "d", **LINK, "jitter": "0ms", "bw": "50mbit"},
+        ]
+    )
+    assert list(unshaped_rows(table)["strategy"]) == ["a", "c"]

@@ -17,6 +17,7 @@ import pandas as pd
 from commscope.collectives.ring import bench_wire_bytes
 from commscope.metrics.summary import link_numbers
 from commscope.metrics.volume import size_cdf
+from commscope.spec.link import LINK_AXES, LinkSetting
 
 # Parameters that, besides strategy and model, tell series apart in sweep plots.
 SERIES_AXES = ("nodes", "ranks_per_node", "delay", "jitter", "loss", "cc")
@@ -146,6 +147,24 @@ def t_quantile(df: int, level: float = CI_LEVEL) -> float:
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if _t_central(mid, df) < level else (lo, mid)
     return (lo + hi) / 2
+
+
+def unshaped_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows of a per-cell table whose link had no cap, delay, jitter or loss, read from its
+    text link axes as the sweep wrote them (an axis the table lacks takes its default; the
+    congestion control plays no part)."""
+    axes = [a for a in LINK_AXES if a in table.columns]
+    if table.empty or not axes:
+        return table
+    links = table[axes].astype(object).where(table[axes].notna(), None)
+    noop: dict[tuple, bool] = {}
+    keep = []
+    for values in links.itertuples(index=False, name=None):
+        if values not in noop:
+            given = {a: str(v) for a, v in zip(axes, values, strict=True) if v is not None}
+            noop[values] = LinkSetting.from_mapping({"bw": "none", **given}).shape().is_noop
+        keep.append(noop[values])
+    return table[keep]
 
 
 def _varied(row: pd.Series) -> str:

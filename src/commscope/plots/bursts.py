@@ -10,6 +10,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
+from commscope.metrics.study import unshaped_rows
 from commscope.plots._style import _new_figure, _no_data, _palette, _save, _styled
 from commscope.units import bytes_tick
 
@@ -18,15 +19,11 @@ _PANELS = (("burst_bytes", "burst size (log)"), ("burst_ms", "burst duration (ms
 
 
 def burst_rows(onoff: pd.DataFrame) -> pd.DataFrame:
-    """The rows the figure draws: transmit side of every node, unshaped cells (no cap, delay or
-    loss), at least one burst; one row per (cell, node)."""
+    """The rows the figure draws: transmit side of every node, unshaped cells (no cap, delay,
+    jitter or loss), at least one burst; one row per (cell, node)."""
     if onoff.empty:
         return onoff
-    keep = (onoff["direction"] == "tx") & (onoff["n_bursts"] > 0)
-    for col, none in (("bw", "none"), ("delay", "0ms"), ("loss", "0pct")):
-        if col in onoff:
-            keep &= onoff[col].astype(str) == none
-    return onoff[keep]
+    return unshaped_rows(onoff[(onoff["direction"] == "tx") & (onoff["n_bursts"] > 0)])
 
 
 def plot_bursts(onoff: pd.DataFrame, out_png: Path) -> Path:

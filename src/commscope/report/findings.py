@@ -24,6 +24,7 @@ from typing import Any
 
 import pandas as pd
 
+from commscope.metrics.study import unshaped_rows
 from commscope.units import fmt_bytes, fmt_count, fmt_ms
 
 # Section anchors of the report (report.html.j2); tables added by title get anchor(title).
@@ -52,20 +53,12 @@ class Finding:
     anchor: str
 
 
-def _unshaped(summary: pd.DataFrame) -> pd.DataFrame:
-    shaped = summary["bw_bps"].notna()
-    for col in ("delay_ms", "jitter_ms", "loss_pct"):
-        if col in summary:
-            shaped |= summary[col].fillna(0) > 0
-    return summary[~shaped]
-
-
 def comparison_group(summary: pd.DataFrame) -> pd.DataFrame:
     """One row per strategy (mean over repeats and congestion controls) of the unshaped setup
     (model, nodes, ranks per node) that ran the most strategies; empty when none ran two."""
     if summary.empty or "bw_bps" not in summary:
         return pd.DataFrame()
-    base = _unshaped(summary)
+    base = unshaped_rows(summary)
     setup = ["model", "nodes", "ranks_per_node"]
     if base.empty:
         return base
@@ -289,7 +282,7 @@ def scale_findings(summary: pd.DataFrame) -> list[Finding]:
     (same model and ranks per node), as the spread over strategies."""
     if summary.empty or "bw_bps" not in summary:
         return []
-    base = _unshaped(summary)
+    base = unshaped_rows(summary)
     if base.empty:
         return []
     grow = []
@@ -318,7 +311,7 @@ def structure_findings(sync: pd.DataFrame, temporal: pd.DataFrame) -> list[Findi
     out = []
     if not temporal.empty and "pattern" in temporal:
         tx = temporal[(temporal["direction"] == "tx") & (temporal["node"] == 0)]
-        tx = _unshaped_rows(tx)
+        tx = unshaped_rows(tx)
         if not tx.empty:
             classes = tx.groupby("pattern")["strategy"].agg(lambda s: sorted(set(s)))
             parts = [
@@ -337,7 +330,7 @@ def structure_findings(sync: pd.DataFrame, temporal: pd.DataFrame) -> list[Findi
                     )
                 )
     if not sync.empty and "critical_comm_share" in sync:
-        base = _unshaped_rows(sync)
+        base = unshaped_rows(sync)
         share = base.groupby("strategy")["critical_comm_share"].mean().dropna()
         if len(share) >= 2:
             hi, lo = share.idxmax(), share.idxmin()
@@ -349,7 +342,7 @@ def structure_findings(sync: pd.DataFrame, temporal: pd.DataFrame) -> list[Findi
                 )
             )
         pp = sync[sync["bubble_measured_fwd_bwd"].notna() & sync["bubble_analytic"].notna()]
-        pp = _unshaped_rows(pp)
+        pp = unshaped_rows(pp)
         if not pp.empty:
             parts = [
                 f"{r['strategy']}{_where(r)} {100 * r['bubble_measured_fwd_bwd']:.0f} % "
@@ -374,15 +367,6 @@ def _where(row: dict[str, Any]) -> str:
     if "nodes" not in row or "ranks_per_node" not in row:
         return ""
     return f" on {int(row['nodes'])}x{int(row['ranks_per_node'])}"
-
-
-def _unshaped_rows(table: pd.DataFrame) -> pd.DataFrame:
-    """Rows of a per-cell table (params as text) whose link was unshaped."""
-    keep = pd.Series(True, index=table.index)
-    for col, none in (("bw", "none"), ("delay", "0ms"), ("loss", "0pct")):
-        if col in table:
-            keep &= table[col].astype(str) == none
-    return table[keep]
 
 
 def check_findings(
