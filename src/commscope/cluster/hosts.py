@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import select
 import shlex
+import tarfile
 import threading
 import time
 import uuid
@@ -211,8 +212,7 @@ class Host:
             self._drop_shell(shell)  # its state is unknown now: the next command starts anew
             raise
         finally:
-            if shell.lock.locked():
-                shell.lock.release()
+            shell.lock.release()  # held since _free_shell handed it over
         result = Result(stdout=stdout, stderr=stderr, command=cmd, exited=code, hide=("both",))
         if code != 0 and not warn:
             raise UnexpectedExit(result)
@@ -243,8 +243,6 @@ class Host:
         """Copy the files of directory ``remote`` into ``local`` as one tar stream over one SSH
         command (per-file SFTP costs round trips per file), then, with ``remove``, delete
         ``remote``. A missing ``remote`` copies nothing."""
-        import tarfile
-
         Path(local).mkdir(parents=True, exist_ok=True)
         d = shlex.quote(remote)
         rm = f"rm -rf {d}; " if remove else ""

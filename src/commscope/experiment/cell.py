@@ -218,9 +218,9 @@ def _wire_source(
     ``run.wire: counters`` (``obj`` None, no reason) asks for the latter."""
     if obj is None:
         return _fall_back(why_not) if why_not else WireSource("counters")
+    done = {h.name for h, c in zip(hosts, cached, strict=True) if c}
     found = on_all(
-        hosts,
-        lambda h: None if cached[hosts.index(h)] else check_wire(h, obj, remote_dirs[h.name]),
+        hosts, lambda h: None if h.name in done else check_wire(h, obj, remote_dirs[h.name])
     )
     problems = [f"{h.name}: {why}" for h, why in zip(hosts, found, strict=True) if why]
     if problems:

@@ -3,7 +3,7 @@ and stopped after it.
 
 On the node, in the background (:class:`NodeTool`): the in-kernel wire accounting (or, where
 it cannot run, the interface counter sampler and the packet capture), the socket statistics.
-From the orchestrator (:class:`Probe`): the qdisc statistics and the clock offset.
+From the orchestrator (:class:`Probe`): the clock offset.
 Round trips are batched: all node tools start in ONE SSH command and stop in another
 (:class:`NodeTools`), and :class:`CellProbes` reads the link's facts and qdisc counters in
 that same command while, on a second SSH channel, the clock probe runs.
@@ -317,7 +317,8 @@ def node_tools(
 
 @dataclass(frozen=True)
 class NodeTools:
-    """Every node tool of a cell, started in one SSH command and stopped in one."""
+    """Every node tool of a cell: the shell lines that start them all and stop them all (run in
+    :class:`CellProbes`' one command per node)."""
 
     tools: list[NodeTool]
     remote_dirs: Mapping[str, str]
@@ -333,9 +334,6 @@ class NodeTools:
         ready = "".join(t.ready(rdir) for t in self.tools)
         return f"cd {rdir} && {start}{ready}"
 
-    def start(self, host: Host) -> None:
-        host.run(self.start_script(host))
-
     def stop_script(self, host: Host) -> str:
         """The shell lines that stop every tool on ``host`` and wait for their outputs."""
         rdir = self.remote_dirs[host.name]
@@ -350,9 +348,6 @@ class NodeTools:
             f"for i in $(seq 1000); do {waits} && ! pgrep -f {patterns[-1]} >/dev/null "
             f"&& break; sleep 0.02; done; {waits} || echo 'sampler output missing' >&2{after}"
         )
-
-    def stop(self, host: Host) -> None:
-        host.run(self.stop_script(host), warn=True)
 
 
 @dataclass(frozen=True)

@@ -263,7 +263,7 @@ def serve(name: str, preload: Sequence[str]) -> int:
                 sock.close()
                 del requests[sock]
                 buffers.pop(sock, None)
-        if requests or len(buffers):
+        if requests or buffers:
             last_active = now
         elif now - last_active > IDLE_EXIT_S:
             print("idle: exiting", flush=True)
