@@ -703,11 +703,15 @@ _TEMPORAL_INTRO = (
 )
 
 
+# What tells the cells of the structure tables apart, leftmost in each row.
+_STRUCTURE_KEYS = ("strategy", "model", "nodes", "ranks_per_node", "bw", "delay", "loss")
+
+
 def sync_section(sync: pd.DataFrame) -> pd.DataFrame:
     """The synchronization table: one row per cell of the aggregated ``sync_summary``."""
     if sync.empty:
         return sync
-    keys = [c for c in ("strategy", "model", "nodes", "ranks_per_node", "bw", "delay", "loss")]
+    keys = list(_STRUCTURE_KEYS)
     out = sync[keys].astype(str).copy()
     out["collectives / step"] = sync["collectives_per_step"].map(fmt_count)
     out["p2p / step"] = sync["p2p_per_step"].map(fmt_count)
@@ -725,7 +729,7 @@ def temporal_section(onoff: pd.DataFrame) -> pd.DataFrame:
     if onoff.empty:
         return onoff
     rows = onoff[(onoff["node"] == onoff["node"].min()) & (onoff["direction"] == "tx")]
-    keys = [c for c in ("strategy", "model", "nodes", "ranks_per_node", "bw", "delay", "loss")]
+    keys = list(_STRUCTURE_KEYS)
     out = rows[keys].astype(str).copy()
     out["on share"] = rows["on_fraction"].map(_fmt_share)
     out["bursts"] = rows["n_bursts"].map(fmt_count)
