@@ -13,9 +13,12 @@ from commscope.cluster.hosts import Cluster, Host
 from commscope.cluster.netns import kernel_has_netem, provision_netns, teardown_netns
 
 # Not the pipeline's defaults (198.18.0.0/24, 198.19.0.0/24): a real study may run concurrently.
-CLUSTER_NAME = "cst"
-MGMT_SUBNET = "198.18.200.0/24"
-EXP_SUBNET = "198.19.200.0/24"
+# Two suites on one machine (two checkouts, or engineers testing side by side) pick apart names
+# and a third octet: COMMSCOPE_TEST_CLUSTER=csd1 COMMSCOPE_TEST_OCTET=210.
+CLUSTER_NAME = os.environ.get("COMMSCOPE_TEST_CLUSTER", "cst")
+_OCTET = int(os.environ.get("COMMSCOPE_TEST_OCTET", "200"))
+MGMT_SUBNET = f"198.18.{_OCTET}.0/24"
+EXP_SUBNET = f"198.19.{_OCTET}.0/24"
 _HERE = Path(__file__).parent
 
 
