@@ -47,8 +47,10 @@ DELAY_QUEUE = 7311
 DELAYER_MODULE = "commscope.node.delayer"
 # Where the node keeps the delayer's pid, log and exit statistics (below its workdir).
 LINK_DIR = "link"
-# How long the delayer may take to bind its queue and say ready (it is built beforehand).
-READY_TIMEOUT_S = 5.0
+# How long the delayer may take to bind its queue and say ready (it is built beforehand). It
+# takes ~10 ms; a full test suite on 2 cores once kept it from saying ready within 5 s (empty
+# log), so the wait is generous and a failure now says what state the process was in.
+READY_TIMEOUT_S = 15.0
 # How long it may take to release what it holds and write its statistics after SIGTERM.
 STOP_TIMEOUT_S = 5.0
 
@@ -139,7 +141,6 @@ def apply_script(
             f'--pidfile "$pidfile" --stats {shlex.quote(paths.stats)}'
         )
         log = shlex.quote(paths.log)
-        ready_loops = int(READY_TIMEOUT_S / 0.02)
         lines += [
             f"pidfile={shlex.quote(paths.pidfile)}",
             f"bin=$({py} -m {DELAYER_MODULE} build 2>{build_log}) || "
@@ -148,10 +149,14 @@ def apply_script(
             # Background only the delayer, its output to a file: the SSH channel must not stay
             # open on it.
             f'({sudo}nohup setsid "$bin" {args} > {log} 2>&1 < /dev/null &)',
-            f"for i in $(seq {ready_loops}); do grep -q '^ready' {log} 2>/dev/null && break; "
+            # A deadline, not a count of polls: under load each poll takes longer than its sleep.
+            f"end=$(( $(date +%s) + {int(READY_TIMEOUT_S)} ))",
+            f"while [ $(date +%s) -le $end ]; do grep -q '^ready' {log} 2>/dev/null && break; "
             "sleep 0.02; done",
-            f"grep -q '^ready' {log} || {{ echo 'nfqueue engine: starting the delayer' >&2; "
-            f"cat {log} >&2; exit 4; }}",
+            f"grep -q '^ready' {log} || {{ echo 'nfqueue engine: starting the delayer "
+            f"(no ready within {READY_TIMEOUT_S:g} s)' >&2; cat {log} >&2; "
+            f'for p in $(pgrep -f {paths.pattern}); do echo "delayer pid $p: $(grep -h '
+            "'^State' /proc/$p/status) wchan $(cat /proc/$p/wchan)\" >&2; done; exit 4; }",
             f"out=$({sudo}iptables {delay_rule(iface)} 2>&1) || "
             "{ echo 'nfqueue engine: iptables NFQUEUE rule' >&2; echo \"$out\" >&2; exit 5; }",
         ]
