@@ -19,10 +19,11 @@ import pytest
 from commscope.predict import cli
 from commscope.predict.cell import predict_cell
 from commscope.predict.compare import summarize
-from commscope.predict.frameworks import bucket_assignment
+from commscope.predict.frameworks import bucket_assignment, ddp_bucket_limits
 from commscope.predict.matrix import node_matrix, rank_matrix
 from commscope.predict.ops import predict_ops
 from commscope.predict.options import PredictOptions
+from commscope.predict.scenarios import resolve_scenario
 from commscope.predict.schedule import schedule_actions
 from commscope.predict.shapes import Param, gpt_params, grad_ready_order, moe_params
 from commscope.predict.timing import (
@@ -39,6 +40,8 @@ TINY = {"layers": 4, "hidden": 32, "heads": 2, "seq": 16, "vocab": 64, "batch": 
 H, L, S, V, B = (TINY[k] for k in ("hidden", "layers", "seq", "vocab", "batch"))
 BLOCK = 2 * 2 * H + 4 * (H * H + H) + (H * 4 * H + 4 * H) + (4 * H * H + H)
 FULL = V * H + S * H + L * BLOCK + 2 * H + H * V
+# The default study's model (config/config.yaml models: gpt-tiny).
+GPT_TINY = {"layers": 4, "hidden": 128, "heads": 4, "seq": 64, "vocab": 1024, "batch": 8}
 # Seed 002's GPT-3B: (l, h, s, b, m) = (54, 2000, 1024, 32, 8); per-replica batch b * m.
 GPT3B = {"layers": 54, "hidden": 2000, "heads": 20, "seq": 1024, "vocab": 50257, "batch": 256}
 PTD_424 = {"pp": 4, "tp": 2, "dp": 4, "microbatches": 8}
@@ -111,6 +114,52 @@ def test_ddp_buckets_hold_every_gradient() -> None:
     assert one.groupby("rank").size().tolist() == [1, 1]
 
 
+@pytest.mark.parametrize("cap_mb", [None, 25, 25.0, 1, 0.5, 0.01])
+def test_ddp_bucket_limits_are_pytorchs(cap_mb: float | None) -> None:
+    """The caps DDP sets from its bucket_cap_mb argument (None: the argument left out)."""
+    from torch.nn.parallel.distributed import _BucketCapacityConfig
+
+    torch_caps = _BucketCapacityConfig.create(cap_mb, None, use_python_reducer=False)
+    first, cap = ddp_bucket_limits(cap_mb)
+    assert (first, cap) == (torch_caps.first_bucket_bytes_cap, torch_caps.bucket_bytes_cap)
+    # Only a DDP built without the argument has a smaller first bucket; 25 given is not that.
+    assert (first < cap) == (cap_mb is None)
+
+
+def test_ddp_default_buckets_of_gpt_tiny() -> None:
+    """The default study's model: 4,254,720 B of fp32 gradients (1,063,680 parameters).
+
+    In gradient-ready order the head (1024 x 128), the final norm (2 x 128) and the last block's
+    MLP (fc2 128 x 512 + 128, fc1 512 x 128 + 512) are 263,040 parameters, 1,052,160 B: the
+    first to reach 1 MiB (1,048,576 B) closes the first bucket; the rest fit one 25 MiB bucket.
+    These are the sizes torch 2.13's DDP reports (``rebuilt_bucket_sizes`` of
+    ``_get_ddp_logging_data()``) on 2 gloo ranks after its rebuild, with and without the cap.
+    """
+
+    def dp_sizes(plan: dict[str, Any]) -> list[int]:
+        pred = predict_ops(GPT_TINY, plan, 2, 1)
+        return pred[pred["rank"] == 0]["bytes"].tolist()
+
+    assert ParallelPlan().bucket_cap_mb is None
+    assert dp_sizes({"dp": -1}) == [1_052_160, 3_202_560]
+    assert dp_sizes({"dp": -1, "bucket_cap_mb": None}) == [1_052_160, 3_202_560]
+    assert dp_sizes({"dp": -1, "bucket_cap_mb": 25}) == [4_254_720]  # given: first at 25 MiB
+    assert dp_sizes({"dp": -1, "bucket_cap_mb": 1}) == [1_052_160, 1_058_304, 1_056_768, 1_087_488]
+
+
+@pytest.mark.parametrize(
+    ("flags", "cap_mb", "buckets"), [([], None, 2), (["--bucket-cap-mb", "25"], 25.0, 1)]
+)
+def test_cli_bucket_cap_follows_ddp(flags: list[str], cap_mb: float | None, buckets: int) -> None:
+    model = [f"--{k}={v}" for k, v in GPT_TINY.items()]
+    args = cli.build_parser().parse_args([*model, "--dp", "2", "--gpus-per-node", "1", *flags])
+    _, spec = cli.scenario_spec(args)
+    sc = resolve_scenario(spec)
+    assert sc.plan.bucket_cap_mb == cap_mb
+    pred = predict_ops(sc.model, sc.plan, sc.nodes, sc.gpus_per_node, sc.dtype_bytes, sc.options)
+    assert (pred["rank"] == 0).sum() == buckets
+
+
 def test_tp_and_pp_counts() -> None:
     tp = predict_ops(TINY, {"tp": -1}, 1, 2)
     act = B * S * H * FP32
@@ -167,7 +216,10 @@ def test_resnet50_ddp_buckets_and_buffer_broadcasts() -> None:
     r0 = pred[pred["rank"] == 0]
     grads = r0[r0["op"] == "allreduce"]
     assert grads["bytes"].sum() == 25_557_032 * FP32  # torchvision's parameter count
-    assert (grads["bytes"].iloc[:-1] >= 25 * 2**20).all()
+    # DDP's defaults: the first bucket closes at 1 MiB (here the fc layer alone, 8,196,000 B,
+    # ready first), the others at 25 MiB; the last holds the rest.
+    assert grads["bytes"].iloc[0] == (2048 * 1000 + 1000) * FP32
+    assert (grads["bytes"].iloc[1:-1] >= 25 * 2**20).all()
     # BatchNorm running stats (float32) and batch counters (int64): one broadcast per dtype.
     bcast = r0[r0["op"] == "broadcast"]
     assert bcast["dtype"].tolist() == ["float32", "int64"] and (bcast["phase"] == "fwd").all()
@@ -325,13 +377,13 @@ def test_cli_prints_rank_traffic_and_node_matrix(capsys: pytest.CaptureFixture[s
 def test_predict_cell_reads_and_writes_the_declared_files(tmp_path: Path) -> None:
     # The workflow passes each file it declares; the package chooses no file names.
     cell = Path(__file__).resolve().parents[1] / "data" / "cells" / "ddp-2rank"
-    gpt_tiny = {"layers": 4, "hidden": 128, "heads": 4, "seq": 64, "vocab": 1024, "batch": 8}
     outs = {k: tmp_path / k / f"{k}.out" for k in ("ops", "compare", "timing")}
     compare = predict_cell(
         cell_json=cell / "cell.json",
         ops=cell / "ops.parquet",
         steps=cell / "steps.parquet",
-        model_spec=gpt_tiny,
+        model_spec=GPT_TINY,
+        # No cap in the strategy, but the cell (recorded with 25 MiB given) says what DDP ran.
         plan_spec={"dp": -1},
         warmup_steps=2,
         out_ops=outs["ops"],

@@ -59,6 +59,7 @@ def predict_cell(
     cell = CellSettings.from_mapping(params)
     # The backend the cell ran: its algorithms put the predicted ops on the wire and time them.
     backend = meta.get("backend") or DEFAULT_BACKEND
+    plan_spec = _as_recorded(plan_spec, meta.get("plan"))
     pred = predict_ops(model_spec, plan_spec, cell.nodes, cell.ranks_per_node, backend=backend)
     measured = pd.read_parquet(ops)
     compare = compare_measured(pred, measured, model_spec, plan_spec, warmup_steps=warmup_steps)
@@ -75,6 +76,18 @@ def predict_cell(
     compare.to_parquet(out_compare, index=False)
     timing[TIMING_COLUMNS].to_parquet(out_timing, index=False)
     return compare
+
+
+def _as_recorded(plan_spec: dict[str, Any], recorded: dict[str, Any] | None) -> dict[str, Any]:
+    """The strategy with the DDP bucket cap the cell's trainer recorded (``cell.json``'s plan).
+
+    A strategy without ``bucket_cap_mb`` means PyTorch's default buckets, but a cell recorded
+    before that rule passed 25 MiB explicitly (every bucket, the first too, at 25 MiB) and is
+    not rerun for a code change: the recorded plan says which DDP ran.
+    """
+    if recorded is None or "bucket_cap_mb" not in recorded:
+        return plan_spec
+    return {**plan_spec, "bucket_cap_mb": recorded["bucket_cap_mb"]}
 
 
 def _union_ns(intervals: np.ndarray) -> int:

@@ -84,7 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved-1f1b"), default="1f1b")
     plan.add_argument("--microbatches", type=int, help="default 8 with a preset, else 4")
     plan.add_argument("--stages-per-rank", type=int, default=1)
-    plan.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    plan.add_argument(
+        "--bucket-cap-mb",
+        type=float,
+        help="DDP's bucket_cap_mb, capping every bucket; default: DDP built without it "
+        "(PyTorch's 25 MiB buckets, the first 1 MiB)",
+    )
     plan.add_argument("--no-reshard-after-forward", action="store_true")
     place = p.add_argument_group("placement")
     place.add_argument("--gpus-per-node", type=int, default=8, help="ranks per node")

@@ -13,6 +13,12 @@ from commscope.predict.shapes import Param
 # DDP broadcasts module buffers before every forward in buckets of this size
 # (DistributedDataParallel.broadcast_bucket_size).
 DDP_BUFFER_BUCKET_BYTES = 250 * MIB
+# DDP's gradient bucket caps when it is built without ``bucket_cap_mb``
+# (torch.nn.parallel.distributed._DEFAULT_BUCKET_CAP_MB, dist._DEFAULT_FIRST_BUCKET_BYTES),
+# on every backend and device. The steady state's buckets are rebuilt in gradient-ready order,
+# so the small one is the first all-reduced: the gradients ready first in the backward.
+DDP_DEFAULT_BUCKET_CAP_BYTES = 25 * MIB
+DDP_DEFAULT_FIRST_BUCKET_BYTES = 1 * MIB
 
 
 def bucket_assignment(
@@ -45,19 +51,31 @@ def bucket_assignment(
     return closed + [idx for idx, _ in open_.values() if idx]
 
 
-def ddp_bucket_bytes(
-    param_bytes_ready_order: Sequence[int], bucket_cap_mb: float, first_bucket_mb: float | None
-) -> list[int]:
-    """Bytes of each DDP bucket all-reduce in the steady state (after the rebuild).
+def ddp_bucket_limits(bucket_cap_mb: float | None) -> tuple[int, int]:
+    """(first bucket's cap, every other bucket's cap) in bytes, as DDP sets them.
 
-    ``bucket_cap_mb`` becomes ``int(cap * 2**20)`` bytes as in ``_BucketCapacityConfig``. The
-    first bucket is capped at ``first_bucket_mb`` only when DDP is built without an explicit
-    ``bucket_cap_mb`` (then 1 MiB, ``dist._DEFAULT_FIRST_BUCKET_BYTES``); commscope always
-    passes the plan's cap, so ``None`` here: every bucket takes the same cap.
+    Mirrors ``_BucketCapacityConfig.create`` (torch 2.13): built without ``bucket_cap_mb``
+    (None here), DDP caps buckets at 25 MiB but the first at 1 MiB; given a cap, any cap, it
+    caps every bucket at ``int(cap * 2**20)`` bytes, the first included.
     """
+    if bucket_cap_mb is None:
+        return DDP_DEFAULT_FIRST_BUCKET_BYTES, DDP_DEFAULT_BUCKET_CAP_BYTES
     cap = int(bucket_cap_mb * MIB)
-    first = cap if first_bucket_mb is None else int(first_bucket_mb * MIB)
-    buckets = bucket_assignment(param_bytes_ready_order, [first, cap])
+    return cap, cap
+
+
+def ddp_bucket_bytes(
+    param_bytes_ready_order: Sequence[int], bucket_cap_mb: float | None
+) -> list[int]:
+    """Bytes of each DDP bucket all-reduce in the steady state (after the rebuild), in the
+    order they are sent.
+
+    The rebuild assigns the gradients, in the order they became ready, to buckets limited by
+    :func:`ddp_bucket_limits` (first bucket, then the rest): None for a DDP built without
+    ``bucket_cap_mb``. On gpt-tiny (4.25 MB of fp32 gradients) that is 1,052,160 + 3,202,560
+    bytes by default and one 4,254,720-byte bucket with an explicit 25, as measured.
+    """
+    buckets = bucket_assignment(param_bytes_ready_order, ddp_bucket_limits(bucket_cap_mb))
     return [sum(param_bytes_ready_order[i] for i in b) for b in buckets]
 
 

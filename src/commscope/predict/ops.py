@@ -369,7 +369,7 @@ class _DenseGptRank:
             params = self.chunks[0].params
             ready = grad_ready_order(params)
             sizes = [params[i].numel * db for i in ready]
-            for b in ddp_bucket_bytes(sizes, plan.bucket_cap_mb, None):
+            for b in ddp_bucket_bytes(sizes, plan.bucket_cap_mb):
                 ops.coll("allreduce", "dp", dp_g, b)
         elif self.dp_mode == "replicate":
             # FSDP2-based replicate on each stage's root module: one unit, one all-reduce.
@@ -471,7 +471,7 @@ def _moe_rank(ctx: _Ctx, rank: int) -> tuple[list[tuple], float]:
     if ctx.world > 1:
         ready = grad_ready_order(params)
         sizes = [params[i].numel * db for i in ready]
-        for b in ddp_bucket_bytes(sizes, plan.bucket_cap_mb, None):
+        for b in ddp_bucket_bytes(sizes, plan.bucket_cap_mb):
             ops.coll("allreduce", "dp", group, b)
     h, f, s = cfg.hidden, cfg.ffn_mult, cfg.seq
     # Forward FLOPs per token: attention as in _gpt_flops; an MoE MLP runs top_k experts
@@ -525,7 +525,7 @@ def _vision_rank(ctx: _Ctx, rank: int) -> tuple[list[tuple], float]:
         ops.coll("broadcast", "dp", dp_g, total, dtype=keys[b[0]], root=dp_g[0])
     ops.phase = "bwd"
     sizes = [params[i].numel * db for i in vm.ready]
-    for b in ddp_bucket_bytes(sizes, plan.bucket_cap_mb, None):
+    for b in ddp_bucket_bytes(sizes, plan.bucket_cap_mb):
         ops.coll("allreduce", "dp", dp_g, b)
     return ops.rows, flops
 

@@ -90,7 +90,7 @@ SCENARIO_DEFAULTS: dict[str, Any] = {
     "pp_schedule": ParallelPlan.pp_schedule,
     "microbatches": None,  # PRESET_MICROBATCHES with a preset, else ParallelPlan's default
     "stages_per_rank": ParallelPlan.stages_per_rank,
-    "bucket_cap_mb": ParallelPlan.bucket_cap_mb,
+    "bucket_cap_mb": ParallelPlan.bucket_cap_mb,  # None: DDP's default (first bucket 1 MiB)
     "reshard_after_forward": ParallelPlan.reshard_after_forward,
     "sequence_parallel": ParallelPlan.sequence_parallel,
     "gpus_per_node": 8,

@@ -37,6 +37,10 @@ class ParallelPlan:
     size is checked by :meth:`resolve`, what depends on the model by :func:`validate_plan`.
     ``mapping``, ``dp_kind`` and ``pp_schedule`` are left to :func:`validate_plan` so that a
     config check reports all of a plan's problems at once instead of the first.
+
+    ``bucket_cap_mb`` None builds DDP without the argument, as users' jobs do: PyTorch's
+    default buckets (25 MiB, the first one 1 MiB). A value is passed to DDP as given, which
+    then caps every bucket, the first included, at it.
     """
 
     dp: int = 1
@@ -49,7 +53,7 @@ class ParallelPlan:
     microbatches: int = 4
     stages_per_rank: int = 1
     reshard_after_forward: bool = True
-    bucket_cap_mb: float = 25.0
+    bucket_cap_mb: float | None = None
     sequence_parallel: bool = False
 
     def __post_init__(self) -> None:

@@ -197,13 +197,19 @@ def apply_replicate(model: nn.Module, dp_mesh: DeviceMesh) -> None:
 
 
 def apply_ddp(
-    model: nn.Module, group: dist.ProcessGroup, bucket_cap_mb: float
+    model: nn.Module, group: dist.ProcessGroup, bucket_cap_mb: float | None
 ) -> nn.parallel.DistributedDataParallel:
     """Classic DDP over ``group`` (a process group, not a mesh: MoE's dense part is replicated
-    over the world group, which is no mesh dimension)."""
-    return nn.parallel.DistributedDataParallel(
-        model, process_group=group, bucket_cap_mb=bucket_cap_mb
-    )
+    over the world group, which is no mesh dimension).
+
+    ``bucket_cap_mb`` None leaves the argument out, as users' jobs do: PyTorch then caps the
+    first bucket at 1 MiB (``dist._DEFAULT_FIRST_BUCKET_BYTES``) and the rest at 25 MiB.
+    Passing any value, 25 included, caps every bucket at it (``_BucketCapacityConfig``).
+    """
+    # Only a given cap is passed: passing None explicitly is the same today, but leaving the
+    # argument out is what a user's job does, whatever a later torch does with None.
+    kwargs = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
+    return nn.parallel.DistributedDataParallel(model, process_group=group, **kwargs)
 
 
 def data_parallel(
