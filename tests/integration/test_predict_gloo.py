@@ -19,9 +19,15 @@ from commscope.predict.ops import predict_ops
 from .gloo import free_port, run_ranks
 
 TINY = {"layers": 4, "hidden": 32, "heads": 2, "seq": 16, "vocab": 64, "batch": 4}
+# The default study's model: 4.25 MB of gradients, more than DDP's 1 MiB first bucket.
+GPT_TINY = {"layers": 4, "hidden": 128, "heads": 4, "seq": 64, "vocab": 1024, "batch": 8}
 
 RUNS_2 = [
     ("ddp", TINY, {"dp": -1, "bucket_cap_mb": 0.01}),  # 13 buckets in autograd's order
+    # DDP built without bucket_cap_mb (PyTorch's default: 1,052,160 + 3,202,560 B), and with
+    # 25 given (one 4,254,720 B bucket: a given cap is the first bucket's too).
+    ("ddp_default", GPT_TINY, {"dp": -1}),
+    ("ddp_cap25", GPT_TINY, {"dp": -1, "bucket_cap_mb": 25}),
     ("pp_gpipe", TINY | {"layers": 5}, {"pp": -1, "pp_schedule": "gpipe", "microbatches": 4}),
     ("fsdp", TINY | {"vocab": 65, "seq": 15}, {"dp": -1, "dp_kind": "fsdp"}),  # padded shards
 ]
@@ -93,6 +99,10 @@ def _check(root: Path, world: int, rpn: int, runs: list) -> None:
 def test_matches_measured_2_ranks(tmp_path: Path) -> None:
     _train(2, 1, RUNS_2, tmp_path)
     _check(tmp_path, 2, 1, RUNS_2)
+    # The known answer (test_predict.test_ddp_default_buckets_of_gpt_tiny), as measured.
+    for name, buckets in (("ddp_default", [1_052_160, 3_202_560]), ("ddp_cap25", [4_254_720])):
+        ops = pd.read_parquet(tmp_path / name / "ops_rank0.parquet")
+        assert ops[(ops["step"] == 2) & (ops["op"] == "allreduce")]["bytes"].tolist() == buckets
 
 
 def test_matches_measured_4_ranks(tmp_path: Path) -> None:
