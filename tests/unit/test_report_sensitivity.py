@@ -91,12 +91,13 @@ def slowdown(summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def _expected(strategy: str, setting: tuple[str, str, str]) -> tuple[float, float, float]:
-    """Mean and t interval of the two repeats' slowdowns, by hand: (f, 1.02 f) over (1 + 1.02)/2,
-    and 12.706 x sd / sqrt(2) either side (t at 1 degree of freedom)."""
+    """Slowdown and interval by hand. The setting's two repeats are f x the baseline's two (1 and
+    1.02 x a step): the ratio of means is f; both sides have the same relative sd c, so
+    var(log r) = c²/2 + c²/2 with Welch's 2 degrees of freedom (t = 4.303): f x exp(∓4.303 c)."""
     f = FACTORS[setting][strategy]
-    values = np.array([f, 1.02 * f]) / 1.01
-    half = 12.7062047 * values.std(ddof=1) / np.sqrt(2)
-    return values.mean(), values.mean() - half, values.mean() + half
+    c = np.std([1.0, 1.02], ddof=1) / 1.01
+    half = 4.30265273 * c
+    return f, f * np.exp(-half), f * np.exp(half)
 
 
 def test_slowdown_figure_draws_each_axis_with_its_baseline(slowdown: pd.DataFrame) -> None:

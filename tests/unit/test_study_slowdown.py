@@ -74,7 +74,7 @@ def test_a_setting_without_an_unshaped_run_is_listed_with_nan() -> None:
         assert orphans[col].isna().all(), col
 
 
-def test_repeats_give_mean_sd_and_a_t_interval() -> None:
+def test_repeats_give_mean_sd_and_an_interval_that_counts_both_spreads() -> None:
     base = [0.10, 0.11, 0.12]  # baseline mean 0.11
     slow = [0.22, 0.33, 0.275]  # slowdowns 2, 3, 2.5 against it
     summary = _summary(
@@ -89,13 +89,21 @@ def test_repeats_give_mean_sd_and_a_t_interval() -> None:
     assert capped["step_time_mean_s"] == approx(0.275)
     assert capped["slowdown_mean"] == approx(2.5)
     assert capped["slowdown_sd"] == approx(0.5)
-    half = 4.302653 * 0.5 / math.sqrt(3)  # t(0.975, 2 df)
-    assert capped["slowdown_ci_low"] == approx(2.5 - half, rel=1e-6)
-    assert capped["slowdown_ci_high"] == approx(2.5 + half, rel=1e-6)
-    # The baseline against itself: mean 1, its own spread.
+    # The interval of 0.275 / 0.11 counts both spreads: relative sd 0.2 (setting) and 1/11
+    # (baseline), 3 repeats each: var(log r) = 0.04/3 + (1/11)²/3 = 0.016088; Welch's df
+    # 0.016088² / ((0.04/3)²/2 + ((1/11)²/3)²/2) = 2.79 -> 2 (t = 4.303).
+    vs, vb = 0.04 / 3, (1 / 11) ** 2 / 3
+    assert (vs + vb) ** 2 / (vs**2 / 2 + vb**2 / 2) == approx(2.79, abs=0.01)
+    half = 4.302653 * math.sqrt(vs + vb)
+    assert capped["slowdown_ci_low"] == approx(2.5 * math.exp(-half), rel=1e-6)
+    assert capped["slowdown_ci_high"] == approx(2.5 * math.exp(half), rel=1e-6)
+    # The baseline against itself: mean 1, its own spread, on both sides of the ratio
+    # (df 4: t = 2.776).
     unshaped = _row(table, bw="none")
     assert unshaped["slowdown_mean"] == approx(1.0)
     assert unshaped["slowdown_sd"] == approx(0.01 / 0.11)
+    half = 2.776445 * math.sqrt(2 * (1 / 11) ** 2 / 3)
+    assert unshaped["slowdown_ci_high"] == approx(math.exp(half), rel=1e-6)
     # A single repeat beside repeated settings: a value, no interval.
     single = _row(table, bw="1gbit")
     assert single["slowdown_mean"] == approx(1.1) and math.isnan(single["slowdown_ci_low"])

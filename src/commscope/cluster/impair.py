@@ -156,7 +156,9 @@ def apply_script(
             f"grep -q '^ready' {log} || {{ echo 'nfqueue engine: starting the delayer "
             f"(no ready within {READY_TIMEOUT_S:g} s)' >&2; cat {log} >&2; "
             f'for p in $(pgrep -f {paths.pattern}); do echo "delayer pid $p: $(grep -h '
-            "'^State' /proc/$p/status) wchan $(cat /proc/$p/wchan)\" >&2; done; exit 4; }",
+            "'^State' /proc/$p/status) wchan $(cat /proc/$p/wchan) out $(readlink /proc/$p/fd/1) "
+            "cmd $(tr '\\0' ' ' < /proc/$p/cmdline)\" >&2; done; ls -la --time-style=full-iso "
+            f"{shlex.quote(paths.dir)} >&2; exit 4; }}",
             f"out=$({sudo}iptables {delay_rule(iface)} 2>&1) || "
             "{ echo 'nfqueue engine: iptables NFQUEUE rule' >&2; echo \"$out\" >&2; exit 5; }",
         ]

@@ -178,22 +178,28 @@ def _varied(row: pd.Series) -> str:
     return moved[0] if len(moved) == 1 else ("several" if moved else "baseline")
 
 
-def _mean_ci(group: pd.Series) -> pd.Series:
-    """Mean, sample sd, count and the :data:`CI_LEVEL` interval (t over repeats; NaN below two
-    repeats) of one setting's per-repeat slowdowns."""
-    values = group.dropna()
-    n = len(values)
-    mean = float(values.mean()) if n else float("nan")
-    sd = float(values.std(ddof=1)) if n > 1 else float("nan")
-    half = t_quantile(n - 1) * sd / math.sqrt(n) if n > 1 else float("nan")
-    return pd.Series(
-        {
-            "slowdown_mean": mean,
-            "slowdown_sd": sd,
-            "slowdown_ci_low": mean - half,
-            "slowdown_ci_high": mean + half,
-        }
-    )
+def ratio_ci(
+    setting: np.ndarray, baseline: np.ndarray, level: float = CI_LEVEL
+) -> tuple[float, float]:
+    """The ``level`` interval of mean(setting) / mean(baseline) from both sets of repeats.
+
+    Delta method on the log of the ratio, so the interval is multiplicative and stays positive:
+    var(log r) = cv_s² / n_s + cv_b² / n_b (cv: sample sd over mean of each side), with
+    Welch-Satterthwaite degrees of freedom. Both sides' repeat-to-repeat spread counts: an
+    unshaped baseline that itself moved by 40 % between runs widens every slowdown built on it.
+    NaN, NaN unless each side has two or more repeats."""
+    s, b = setting[~np.isnan(setting)], baseline[~np.isnan(baseline)]
+    if len(s) < 2 or len(b) < 2 or s.mean() <= 0 or b.mean() <= 0:
+        return float("nan"), float("nan")
+    vs = (s.std(ddof=1) / s.mean()) ** 2 / len(s)
+    vb = (b.std(ddof=1) / b.mean()) ** 2 / len(b)
+    ratio = float(s.mean() / b.mean())
+    if vs + vb == 0:
+        return ratio, ratio
+    dof = (vs + vb) ** 2 / (vs**2 / (len(s) - 1) + vb**2 / (len(b) - 1))
+    # Whole degrees of freedom (t_quantile takes an int); 1e-6 absorbs 1.9999... for 2.
+    half = t_quantile(max(1, math.floor(dof + 1e-6)), level) * math.sqrt(vs + vb)
+    return ratio * math.exp(-half), ratio * math.exp(half)
 
 
 def slowdown_table(summary: pd.DataFrame) -> pd.DataFrame:
@@ -202,8 +208,7 @@ def slowdown_table(summary: pd.DataFrame) -> pd.DataFrame:
     A setting is a cell over its repeats; its setup (:data:`SETUP_AXES`: model, strategy, nodes,
     ranks_per_node, cc, steps) run with no cap, no delay, no jitter and no loss is its baseline.
     Each repeat's slowdown is its ``step_time_mean_s`` over the baseline's, averaged over the
-    baseline's repeats (so the interval below covers the setting's repeat-to-repeat spread, not
-    the baseline's). The link's numbers come from the axis strings
+    baseline's repeats. The link's numbers come from the axis strings
     (:func:`commscope.metrics.summary.link_numbers`), so ``0us`` and ``0ms`` are the same.
 
     * varied: the shaping axis that moved the setting off the baseline (``bw``, ``delay``,
@@ -213,8 +218,10 @@ def slowdown_table(summary: pd.DataFrame) -> pd.DataFrame:
     * baseline_step_time_s, baseline_repeats: the baseline's mean step time and its repeats;
       NaN and 0 when the setup has no unshaped cell, and then every slowdown column is NaN:
       the row stays, so the setting is listed rather than dropped.
-    * slowdown_mean, slowdown_sd (sample sd, NaN for one repeat), slowdown_ci_low/high: the
-      :data:`CI_LEVEL` Student's t interval of the mean over repeats (NaN below two).
+    * slowdown_mean, slowdown_sd (sample sd of the per-repeat ratios, NaN for one repeat),
+      slowdown_ci_low/high: the :data:`CI_LEVEL` interval of the ratio of the mean step times
+      (:func:`ratio_ci`: the setting's and the baseline's repeat-to-repeat spread both count;
+      NaN unless each has two or more repeats).
 
     Columns: :data:`SLOWDOWN_COLUMNS`, one row per setting, ordered by setup, then baseline
     first and the shaping axes in order.
@@ -230,12 +237,16 @@ def slowdown_table(summary: pd.DataFrame) -> pd.DataFrame:
     df["step_time_mean_s"] = df["step_time_mean_s"].astype("float64")
     df["varied"] = df.apply(_varied, axis=1) if len(df) else pd.Series(dtype=str)
     setup = list(SETUP_AXES)
+    unshaped = df[df["varied"] == "baseline"]
     baseline = (
-        df[df["varied"] == "baseline"]
-        .groupby(setup, dropna=False)["step_time_mean_s"]
+        unshaped.groupby(setup, dropna=False)["step_time_mean_s"]
         .agg(baseline_step_time_s="mean", baseline_repeats="count")
         .reset_index()
     )
+    base_steps = {
+        key: g["step_time_mean_s"].to_numpy()
+        for key, g in unshaped.groupby(setup, dropna=False, sort=False)
+    }
     df = df.merge(baseline, on=setup, how="left")
     df["baseline_repeats"] = df["baseline_repeats"].fillna(0).astype("int64")
     df["slowdown"] = df["step_time_mean_s"] / df["baseline_step_time_s"]
@@ -249,8 +260,21 @@ def slowdown_table(summary: pd.DataFrame) -> pd.DataFrame:
         baseline_step_time_s=("baseline_step_time_s", "first"),
         baseline_repeats=("baseline_repeats", "first"),
     )
-    stats = grouped["slowdown"].apply(_mean_ci).unstack()
-    out = out.join(stats).reset_index()
+    stats = []
+    for key, g in grouped:
+        steps = g["step_time_mean_s"].to_numpy()
+        base = base_steps.get(tuple(key[: len(setup)]), np.array([]))
+        low, high = ratio_ci(steps, base)
+        ratios = g["slowdown"].dropna()
+        stats.append(
+            {
+                "slowdown_mean": float(ratios.mean()) if len(ratios) else float("nan"),
+                "slowdown_sd": float(ratios.std(ddof=1)) if len(ratios) > 1 else float("nan"),
+                "slowdown_ci_low": low,
+                "slowdown_ci_high": high,
+            }
+        )
+    out = out.join(pd.DataFrame(stats, index=out.index)).reset_index()
     order = {axis: i for i, axis in enumerate(["baseline", *SHAPING_AXES, "several"])}
     out = out.assign(_order=out["varied"].map(order)).sort_values(
         [*setup, "_order", *SHAPING_AXES.values()], na_position="last", kind="stable"

@@ -286,7 +286,8 @@ def slowdown_figure(slowdown: pd.DataFrame) -> Figure:
     A panel draws the setups that vary its axis alone (the other shaping axes unshaped), one
     line per setup coloured by strategy, from the unshaped point (slowdown 1 on average: "no
     cap" at the right of the cap panel, "0" at the left of the others; log x) through each
-    setting. Error bars are the 95 % interval over repeats where there are two or more. The
+    setting. Error bars are the 95 % interval of the slowdown where the setting and its baseline
+    both have two or more repeats (:func:`~commscope.metrics.study.ratio_ci`). The
     dashed line is 1× (as fast as unshaped); the y axis turns logarithmic when a panel spans
     more than 10×. Titles say what is held fixed (once, above the panels, when they share it).
     Jitter and settings that move several axes at once are in the table only. One legend for
