@@ -31,14 +31,21 @@ def _summary_row(strategy: str, nodes: int, step_s: float, inter: float) -> dict
 def test_delay_sensitivity_names_the_most_and_least_sensitive_at_the_largest_delay() -> None:
     slowdown = pd.DataFrame(
         [
-            {"strategy": s, "varied": "delay", "delay_ms": d, "slowdown_mean": v, "bw_bps": None}
-            for s, d, v in [("tp", 5, 2.0), ("tp", 20, 6.0), ("ddp", 20, 2.5), ("pp", 20, 3.0)]
+            {"strategy": s, "varied": "delay", "delay_ms": d, "slowdown_mean": v, "bw_bps": None,
+             "slowdown_ci_low": lo, "slowdown_ci_high": hi}
+            for s, d, v, lo, hi in [
+                ("tp", 5, 2.0, 1.9, 2.1), ("tp", 20, 6.0, 5.5, 6.6),
+                ("ddp", 20, 2.5, None, None), ("pp", 20, 3.0, 2.0, 4.0),
+            ]
         ]
-    )
+    )  # fmt: skip
     (finding,) = sensitivity_findings(slowdown)
     assert finding.anchor == SENSITIVITY
-    assert finding.text.startswith("Most sensitive to latency: tp, whose step takes 6.00x")
+    assert finding.text.startswith(
+        "Most sensitive to latency: tp, whose step takes 6.00x (95 % CI 5.50-6.60x)"
+    )
     assert "one-way delay of 20 ms (round trip +40 ms)" in finding.text
+    # Without an interval (one repeat on a side), the value alone.
     assert "ddp 2.50x, the least of 3 strategies" in finding.text
 
 
@@ -51,14 +58,16 @@ def test_placement_and_scale() -> None:
             _summary_row("ddp", 4, 0.3, 3e6),
             _summary_row("pp", 2, 0.1, 1e6),
             _summary_row("pp", 4, 0.12, 1e6),
+            _summary_row("ddp", 8, 0.5, 7e6),
         ]
     )
     (placed,) = placement_findings(summary)
     assert "dp-tp-across" in placed.text and "25.00 MB" in placed.text and "10.00 MB" in placed.text
     assert "(1.50x)" in placed.text
-    (scaled,) = scale_findings(summary)
-    assert "From 2 to 4 nodes" in scaled.text
-    assert "ddp's step grows the most, 3.00x; pp's the least, 1.20x" in scaled.text
+    # One sentence per larger node count, every strategy that ran both, largest growth first.
+    four, eight = scale_findings(summary)
+    assert four.text == "From 2 to 4 nodes (m, unshaped), the step grows by: ddp 3.00x, pp 1.20x."
+    assert eight.text == "From 2 to 8 nodes (m, unshaped), the step grows by: ddp 5.00x."
 
 
 def test_structure_findings_classify_and_compare_the_bubble() -> None:

@@ -146,7 +146,12 @@ def _sensitivity_at(slowdown: pd.DataFrame, varied: str, column: str, pick: str)
         return []
     value = rows[column].min() if pick == "min" else rows[column].max()
     at = rows[rows[column] == value]
-    at = at.groupby("strategy", as_index=False)["slowdown_mean"].mean()
+    at = at.groupby("strategy", as_index=False).agg(
+        slowdown_mean=("slowdown_mean", "mean"),
+        low=("slowdown_ci_low", "first"),
+        high=("slowdown_ci_high", "first"),
+        setups=("slowdown_mean", "size"),
+    )
     if len(at) < 2:
         return []
     at = at.sort_values(["slowdown_mean", "strategy"], ascending=[False, True])
@@ -160,12 +165,20 @@ def _sensitivity_at(slowdown: pd.DataFrame, varied: str, column: str, pick: str)
     return [
         Finding(
             f"Most sensitive to {noun}: {hi['strategy']}, whose step takes "
-            f"{hi['slowdown_mean']:.2f}x as long under {setting} as unshaped; "
-            f"{lo['strategy']} {lo['slowdown_mean']:.2f}x, the least of "
-            f"{len(at)} strategies.",
+            f"{_times(hi)} as long under {setting} as unshaped; "
+            f"{lo['strategy']} {_times(lo)}, the least of {len(at)} strategies.",
             SENSITIVITY,
         )
     ]
+
+
+def _times(row: Any) -> str:
+    """``2.31x`` and, where the slowdown has an interval (one setup, repeats on both sides), its
+    95 % bounds: ``2.31x (95 % CI 2.10-2.55x)``."""
+    text = f"{row['slowdown_mean']:.2f}x"
+    if row.get("setups", 1) == 1 and pd.notna(row.get("low")) and pd.notna(row.get("high")):
+        text += f" (95 % CI {row['low']:.2f}-{row['high']:.2f}x)"
+    return text
 
 
 def sensitivity_findings(slowdown: pd.DataFrame) -> list[Finding]:
@@ -278,31 +291,33 @@ def placement_findings(summary: pd.DataFrame) -> list[Finding]:
 
 
 def scale_findings(summary: pd.DataFrame) -> list[Finding]:
-    """How each strategy's unshaped step grows from its smallest to its largest node count
-    (same model and ranks per node), as the spread over strategies."""
+    """How each strategy's unshaped step grows from the smallest node count to each larger one
+    (same model and ranks per node): one sentence per larger count, every strategy that ran
+    both, largest growth first."""
     if summary.empty or "bw_bps" not in summary:
         return []
     base = unshaped_rows(summary)
     if base.empty:
         return []
-    grow = []
+    grow: dict[tuple[Any, int, int], list[tuple[float, str]]] = {}
     for (strategy, model, _rpn), g in base.groupby(["strategy", "model", "ranks_per_node"]):
         steps = g.groupby("nodes")["step_time_mean_s"].mean()
-        if len(steps) >= 2 and steps.iloc[0] > 0:
-            grow.append(
-                (steps.iloc[-1] / steps.iloc[0], strategy, model, steps.index[0], steps.index[-1])
+        n0 = steps.index[0]
+        if steps.iloc[0] <= 0:
+            continue
+        for n1, step in steps.iloc[1:].items():
+            grow.setdefault((model, int(n0), int(n1)), []).append((step / steps.iloc[0], strategy))
+    out = []
+    for (model, n0, n1), rows in sorted(grow.items(), key=lambda kv: (kv[0][1], kv[0][2])):
+        rows.sort(key=lambda r: (-r[0], r[1]))
+        listed = ", ".join(f"{strategy} {x:.2f}x" for x, strategy in rows)
+        out.append(
+            Finding(
+                f"From {n0} to {n1} nodes ({model}, unshaped), the step grows by: {listed}.",
+                RUN,
             )
-    if len(grow) < 2:
-        return []
-    grow.sort(key=lambda g: (-g[0], g[1]))
-    (hi, s_hi, m, n0, n1), (lo, s_lo, *_rest) = grow[0], grow[-1]
-    return [
-        Finding(
-            f"From {n0} to {n1} nodes ({m}, unshaped), {s_hi}'s step grows the most, "
-            f"{hi:.2f}x; {s_lo}'s the least, {lo:.2f}x.",
-            RUN,
         )
-    ]
+    return out
 
 
 def structure_findings(sync: pd.DataFrame, temporal: pd.DataFrame) -> list[Finding]:
