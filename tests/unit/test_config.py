@@ -102,7 +102,7 @@ def _expected_cells(config: dict[str, Any]) -> list[tuple]:
 
 
 def test_default_config_validates_and_expands(default_config: dict[str, Any]) -> None:
-    cells = check_study(default_config, max_nodes=4, engine_problem=lambda engine: "")
+    cells = check_study(default_config, max_nodes=8, engine_problem=lambda engine: "")
     expected = _expected_cells(default_config)
     assert len(cells) == len(expected) > 0
     assert [tuple(row) for row in cells.itertuples(index=False)] == expected
