@@ -210,6 +210,12 @@ def with_params(params: Mapping[str, Any], frame: pd.DataFrame) -> pd.DataFrame:
 SPLIT_COLUMN = "split_bytes"
 # Optional ops.parquet column naming the parallel dimension of an op's group (dp, tp, pp, ...).
 GROUP_KIND_COLUMN = "group_kind"
+# ops.parquet columns of the issuing (training) thread's wait on an op (docs/traces.md): the
+# blocked interval [start, end] (null when it never blocked on the op) and its length in ns
+# (0: never blocked; null: not observable, e.g. a CUDA op). Traces before them lack all three.
+WAIT_START_COLUMN = "t_wait_start_ns"
+WAIT_END_COLUMN = "t_wait_end_ns"
+WAIT_COLUMN = "wait_ns"
 # wire_flows.parquet: one row per 1 ms bin and node pair of the packet-header capture.
 WIRE_FLOW_COLUMNS: list[str] = ["t_ns", "src_node", "dst_node", "bytes", "packets"]
 # sockets.parquet as the socket sampler writes it (before the parse step adds ``node``): the

@@ -22,6 +22,25 @@ Completion time (``t_end_ns``), from the backend's own signal wherever there is 
   blocks on it; send/recv Works must be waited exactly once (a second ``wait()`` blocks forever),
   so a poller checks their ``is_completed()``, which turns true once the issuer has waited.
 
+Wait (``t_wait_start_ns``, ``t_wait_end_ns``, ``wait_ns``): how long the training thread (the one
+that called :func:`enable`) was blocked on the op, from the wait that found it incomplete:
+
+* A ``Work`` handed to Python: ``Work.wait`` is wrapped (the class attribute), so every Python
+  wait — ``work.wait()`` in user code, pipelining, FSDP2, and the synchronous ``torch.distributed``
+  calls, which wait inside ``distributed_c10d`` — is stamped. Works are tied to their rows by
+  identity (a weak-keyed map; a short ring keeps the Python object alive until the caller holds
+  it). A synchronous call's wait starts at the op's issue: the thread entered the blocking call.
+* Functional collectives: the Python ``wait_tensor`` (``AsyncCollectiveTensor``'s wait, also below
+  the autograd keys) is wrapped, and the ``wait_tensor`` kernel covers calls through the dispatcher.
+* The DDP reducer's bucket all-reduces, issued by C++ autograd hooks and waited on in C++ by its
+  final callback (``finalize_backward``): a final callback of ours, queued ahead of the reducer's,
+  stamps when the backward's compute ended and queues one behind it; a bucket's wait is from the
+  first stamp to its completion (clipped to the second), zero for a bucket done before.
+* Ops a C++ call waits on before returning to Python (DDP's ``_broadcast_coalesced`` of buffers,
+  its bucket-layout broadcast) and ops that return no ``Work``: blocking, the wait is
+  [issue, completion].
+* CUDA tensors: a wait only orders streams, so the thread's blocking says nothing; null (unknown).
+
 Per-op cost: rows are tuples appended to one list (no object per op), argument positions are
 resolved once per operator, group and dtype names are cached, and the completion callback only
 writes one list slot. See docs/overhead.md.
@@ -29,8 +48,10 @@ writes one list slot. See docs/overhead.md.
 
 from __future__ import annotations
 
+import collections
 import functools
 import queue
+import sys
 import threading
 import time
 import weakref
@@ -109,18 +130,32 @@ class OpRecord:
     phase: str
     t_issue_ns: int
     t_end_ns: int | None = None
+    # The training thread's wait on the op (module docstring): its start and end, null when it
+    # never blocked on the op (wait_ns 0) or when that cannot be told (wait_ns null: CUDA).
+    t_wait_start_ns: int | None = None
+    t_wait_end_ns: int | None = None
+    wait_ns: int | None = 0
 
 
 COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(OpRecord))
+# Markers in _Table.w_start for rows whose wait is not stamped by a wait call: the whole op is
+# the wait (a blocking call) / the wait cannot be observed (CUDA).
+_BLOCKING = -2
+_UNKNOWN = -1
+# The columns filled in after the op's row was appended (the table's parallel lists).
+_LATE = ("t_end_ns", "t_wait_start_ns", "t_wait_end_ns", "wait_ns")
 
 
 class _Table:
-    """Recorded ops, columnar enough to be cheap: one tuple per op (every field but the end
-    time) and a parallel list of end times that completion callbacks fill in by index."""
+    """Recorded ops, columnar enough to be cheap: one tuple per op (every field up to the issue
+    time) and parallel lists that completion callbacks and waits fill in by index: end times,
+    wait starts (None: not waited on while incomplete, or a marker) and wait ends."""
 
     def __init__(self) -> None:
         self.rows: list[tuple] = []
         self.t_end: list[int | None] = []
+        self.w_start: list[int | None] = []
+        self.w_end: list[int | None] = []
 
 
 class _State:
@@ -131,9 +166,18 @@ class _State:
         self.table = _Table()
         self.seq: dict[Any, int] = {}
         self.groups: dict[Any, tuple[str, str, int, Any]] = {}
-        # Functional rows not tied to a Work: id(output tensor) -> (weakref to it, row, table).
-        self.pending: dict[int, tuple[weakref.ref, int, _Table]] = {}
+        # Functional rows by their output's storage (the waited tensor may be a view of the
+        # output, as in DTensor): data pointer -> (row, table, whether the wait also stamps the
+        # end: no inner Work was seen). Popped by the first wait; a later output at the same
+        # address replaces an entry never waited on (the old storage was freed).
+        self.pending: dict[int, tuple[int, _Table, bool]] = {}
         self.lock = threading.Lock()
+        # The training thread (the one that called enable(True)): only its waits are stamped.
+        self.thread: int | None = None
+        # Rows issued by C++ autograd hooks (the DDP reducer) in the running backward, whose
+        # wait is the reducer's final callback; and the graph task our callback is queued for.
+        self.backward_rows: list[tuple[_Table, int]] = []
+        self.callback_task = -1
 
 
 _STATE = _State()
@@ -143,6 +187,18 @@ _TLS = threading.local()
 _DTYPES: dict[torch.dtype, str] = {}
 _BELOW_AUTOGRAD = torch._C._AutoDispatchBelowAutograd
 _BELOW_INPLACE_OR_VIEW = torch._C._AutoDispatchBelowADInplaceOrView
+_GRAPH_TASK_ID = torch._C._current_graph_task_id  # -1 outside a backward on this thread
+_ENGINE = torch.autograd.Variable._execution_engine  # queues the backward's final callbacks
+# Python Works -> (table, row). Weak keys: a Work the caller dropped leaves the map by itself.
+_WORK_ROWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# The last Works seen, kept alive until their Python caller holds them: pybind hands the caller
+# the same object only while one exists (and the map is keyed by that object).
+_KEEP: collections.deque = collections.deque(maxlen=32)
+# Calls from here return a Work to Python code that may wait on it (and waits itself when the
+# call is synchronous); a c10d op reached from any other Python frame is issued by C++.
+_C10D_FILE = dist.distributed_c10d.__file__
+_WORK_WAIT = dist.Work.wait  # the original, restored by uninstall()
+_FC_WAIT: Any = None  # the original _functional_collectives.wait_tensor, once wrapped
 
 
 def _set_end(t_end: list[int | None], row: int, _fut: object = None) -> None:
@@ -267,6 +323,9 @@ def _record(op: str, source: str, spec: _ArgSpec, args: tuple, kwargs: dict) -> 
             )
         )
         table.t_end.append(None)
+        # A CUDA op's wait only orders streams: the thread's blocking says nothing about it.
+        table.w_start.append(_UNKNOWN if ref is not None and ref.is_cuda else None)
+        table.w_end.append(None)
     return row, table
 
 
@@ -304,7 +363,8 @@ class _Poller:
                 for item in self.pending:
                     work, t_end, row, t0 = item
                     if work.is_completed():
-                        t_end[row] = now
+                        if t_end[row] is None:  # the issuer's wait may have stamped it first
+                            t_end[row] = now
                     elif now - t0 < self.give_up_ns:
                         still.append(item)
                     # else: never waited on by its issuer: leave t_end_ns null, stop polling.
@@ -345,7 +405,7 @@ class _Waiter:
                 return
             work, t_end, row = item
             try:
-                work.wait()
+                _WORK_WAIT(work)  # the original: this thread's waits are no one's wait time
                 t_end[row] = time.time_ns()
             except Exception:  # noqa: BLE001 - a failed op keeps a null end; its issuer raises
                 pass
@@ -364,13 +424,18 @@ _POLLER = _Poller()
 _WAITER = _Waiter()
 
 
-def _watch(out: Any, op: str, t_end: list, row: int) -> bool:
-    """Arrange for ``t_end[row]`` to be set when the op in ``out`` completes; False if ``out``
-    holds no Work (then the op completed inside the call)."""
+def _watch(out: Any, op: str, table: _Table, row: int, to_python: bool) -> bool:
+    """Arrange for the row's end time to be set when the op in ``out`` completes, and, when
+    ``to_python``, for a Python wait on its Work to be stamped; False if ``out`` holds no Work
+    (then the op completed inside the call)."""
     work = out[-1] if isinstance(out, tuple) else out
     if not isinstance(work, torch.ScriptObject):
         return False
     work = dist.Work.unbox(work)
+    t_end = table.t_end
+    if to_python:
+        _KEEP.append(work)
+        _WORK_ROWS[work] = (table, row)
     try:
         fut = work.get_future()
     except RuntimeError:  # "Work::getFuture not implemented" (gloo send/recv, reduce-scatter)
@@ -378,6 +443,117 @@ def _watch(out: Any, op: str, t_end: list, row: int) -> bool:
         return True
     fut.add_done_callback(functools.partial(_set_end, t_end, row))
     return True
+
+
+def _work_wait(self: dist.Work, *args: Any, **kwargs: Any) -> Any:
+    """``Work.wait`` that stamps the training thread's first wait on a recorded op."""
+    entry = _WORK_ROWS.get(self)
+    if entry is None or threading.get_ident() != _STATE.thread:
+        return _WORK_WAIT(self, *args, **kwargs)
+    table, row = entry
+    if table.w_start[row] is not None:  # waited on before (or not observable): not stamped
+        return _WORK_WAIT(self, *args, **kwargs)
+    # torch.distributed's synchronous calls wait on their own Work: the thread has been in the
+    # blocking call since the op's issue (but not in _CoalescingManager.wait, the caller's wait).
+    code = sys._getframe(1).f_code
+    sync = code.co_filename == _C10D_FILE and code.co_name != "wait"
+    table.w_start[row] = table.rows[row][-1] if sync else time.time_ns()
+    try:
+        return _WORK_WAIT(self, *args, **kwargs)
+    finally:
+        now = time.time_ns()
+        table.w_end[row] = now
+        # gloo send/recv complete only inside wait(): its return is the completion (the poller
+        # would see it up to its period later).
+        if table.t_end[row] is None and table.rows[row][0] in P2P_OPS:
+            table.t_end[row] = now
+
+
+def _claim(tensor: torch.Tensor) -> tuple[_Table, int, bool] | None:
+    """The functional row whose output (or a view of it) ``tensor`` is, if this is the training
+    thread's first wait on it: (table, row, whether the wait's end is also the op's end)."""
+    if not _STATE.pending:
+        return None
+    entry = _STATE.pending.pop(tensor.untyped_storage().data_ptr(), None)
+    if entry is None:
+        return None
+    row, table, sets_end = entry
+    if threading.get_ident() != _STATE.thread or table.w_start[row] is not None:
+        if sets_end and table.t_end[row] is None:
+            table.t_end[row] = time.time_ns()
+        return None
+    return table, row, sets_end
+
+
+def _timed_wait(claimed: tuple[_Table, int, bool], wait: Any, tensor: torch.Tensor) -> Any:
+    table, row, sets_end = claimed
+    table.w_start[row] = time.time_ns()
+    try:
+        return wait(tensor)
+    finally:
+        now = time.time_ns()
+        table.w_end[row] = now
+        if sets_end and table.t_end[row] is None:
+            table.t_end[row] = now
+
+
+def _wait_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """``_functional_collectives.wait_tensor``, stamping the wait (AsyncCollectiveTensor's
+    wait runs below the autograd keys, where the kernel below never sees it)."""
+    claimed = _claim(tensor)
+    if claimed is None:
+        return _FC_WAIT(tensor)
+    return _timed_wait(claimed, _FC_WAIT, tensor)
+
+
+def _backward_end(t_compute_end: int) -> None:
+    """Final callback queued behind the DDP reducer's: its buckets were waited on from
+    ``t_compute_end`` (the backward's compute ended) until each completed."""
+    now = time.time_ns()
+    rows, _STATE.backward_rows = _STATE.backward_rows, []
+    _STATE.callback_task = -1
+    for table, row in rows:
+        if table.w_start[row] is not None:
+            continue
+        end = table.t_end[row]
+        # The reducer returned only once every bucket completed: an end stamped later (the
+        # callback waiting for the GIL) or not yet is this moment.
+        end = now if end is None or end > now else end
+        if end > t_compute_end:
+            table.w_start[row] = t_compute_end
+            table.w_end[row] = end
+
+
+def _backward_compute_end() -> None:
+    """Final callback queued at the backward's first C++-issued op: it runs once the graph's
+    compute is done, ahead of the reducer's finalize (queued at its last bucket)."""
+    _ENGINE.queue_callback(functools.partial(_backward_end, time.time_ns()))
+
+
+def _issued_by(table: _Table, row: int) -> bool:
+    """Classify the op just recorded by who waits on it; True when its Work goes to Python.
+
+    From ``distributed_c10d``: the caller gets the Work (and its waits are stamped). From a C++
+    autograd hook in a backward on this thread (the DDP reducer): waited on in the reducer's
+    final callback. From any other C++ call: it waits before returning (DDP's broadcasts).
+    """
+    if sys._getframe(2).f_code.co_filename == _C10D_FILE:
+        return True
+    if table.w_start[row] is not None:  # CUDA: unknown either way
+        return False
+    task = _GRAPH_TASK_ID()
+    if task == -1 or threading.get_ident() != _STATE.thread:
+        table.w_start[row] = _BLOCKING
+        return False
+    try:
+        if _STATE.callback_task != task:
+            _ENGINE.queue_callback(_backward_compute_end)
+            _STATE.callback_task = task
+    except RuntimeError:  # no backward to queue on after all: the wait cannot be observed
+        table.w_start[row] = _UNKNOWN
+        return False
+    _STATE.backward_rows.append((table, row))
+    return False
 
 
 def _make_c10d_kernel(overload: Any, op: str):  # noqa: ANN202 - a torch.library kernel
@@ -388,14 +564,22 @@ def _make_c10d_kernel(overload: Any, op: str):  # noqa: ANN202 - a torch.library
             with _BELOW_AUTOGRAD(), _BELOW_INPLACE_OR_VIEW():
                 return overload(*args, **kwargs)
         row, table = _record(op, "c10d", spec, args, kwargs)
+        to_python = _issued_by(table, row)
         # Below ADInplaceOrView too: the inner kernel there is only for nested calls.
         with _BELOW_AUTOGRAD(), _BELOW_INPLACE_OR_VIEW():
             out = overload(*args, **kwargs)
-        if not _watch(out, op, table.t_end, row):
-            table.t_end[row] = time.time_ns()
+        if not _watch(out, op, table, row, to_python):
+            _completed_inside(table, row)
         return out
 
     return kernel
+
+
+def _completed_inside(table: _Table, row: int) -> None:
+    """The op returned no Work: it completed inside the call, which blocked throughout."""
+    table.t_end[row] = time.time_ns()
+    if table.w_start[row] is None:
+        table.w_start[row] = _BLOCKING
 
 
 def _make_nested_c10d_kernel(overload: Any, op: str):  # noqa: ANN202
@@ -409,14 +593,16 @@ def _make_nested_c10d_kernel(overload: Any, op: str):  # noqa: ANN202
         if parent is None and not _STATE.enabled:
             with _BELOW_INPLACE_OR_VIEW():
                 return overload(*args, **kwargs)
+        to_python = False
         if parent is None:
             row, table = _record(op, "c10d", spec, args, kwargs)
+            to_python = _issued_by(table, row)
         else:
             row, table = parent[0], parent[1]
         with _BELOW_INPLACE_OR_VIEW():
             out = overload(*args, **kwargs)
-        if not _watch(out, op, table.t_end, row):
-            table.t_end[row] = time.time_ns()  # no Work: it completed inside the call
+        if not _watch(out, op, table, row, to_python):
+            _completed_inside(table, row)
         if parent is not None:
             parent[2] = True
         return out
@@ -439,30 +625,40 @@ def _make_functional_kernel(overload: Any, op: str):  # noqa: ANN202
                 out = overload(*args, **kwargs)
         finally:
             _TLS.parent = None
-        if not parent[2]:  # no inner Work seen: fall back to the wait on the result
-            outs = out if isinstance(out, (list, tuple)) else [out]
-            for t in outs:
-                _STATE.pending[id(t)] = (weakref.ref(t), row, table)
+        # The wait on an output is the row's wait, and its end the op's end when no inner
+        # Work was seen (a backend whose functional kernel hides it).
+        sets_end = not parent[2]
+        pending = _STATE.pending
+        if len(pending) > _PENDING_MAX:  # outputs never waited on (dropped by their caller)
+            for key in list(pending)[: _PENDING_MAX // 2]:  # the oldest half
+                pending.pop(key, None)
+        for t in out if isinstance(out, (list, tuple)) else [out]:
+            ptr = t.untyped_storage().data_ptr()
+            if ptr:  # 0: an empty output, nothing to wait for
+                pending[ptr] = (row, table, sets_end)
         return out
 
     return kernel
 
 
+_PENDING_MAX = 4096
+
+
 def _wait_kernel(overload: Any):  # noqa: ANN202
     def kernel(tensor: torch.Tensor) -> torch.Tensor:
+        claimed = _claim(tensor)
         with _BELOW_AUTOGRAD():
-            out = overload(tensor)
-        if _STATE.pending:
-            entry = _STATE.pending.pop(id(tensor), None)
-            if entry is not None and entry[0]() is tensor and entry[2].t_end[entry[1]] is None:
-                entry[2].t_end[entry[1]] = time.time_ns()
-        return out
+            if claimed is None:
+                return overload(tensor)
+            return _timed_wait(claimed, overload, tensor)
 
     return kernel
 
 
 def install() -> None:
-    """Register the recording kernels (once per process). Recording starts with enable()."""
+    """Register the recording kernels and wrap the Python waits (once per process). Recording
+    starts with enable()."""
+    global _FC_WAIT
     if _LIBS:
         return
     for namespace, table, factory in (
@@ -484,17 +680,31 @@ def install() -> None:
             wait = ns_ops.wait_tensor.default
             for key in _AUTOGRAD_KEYS:
                 lib.impl("wait_tensor", _wait_kernel(wait), key)
+    # Every Python wait on a Work goes through the class attribute (pybind method).
+    dist.Work.wait = _work_wait
+    import torch.distributed._functional_collectives as funcol
+
+    _FC_WAIT = funcol.wait_tensor
+    funcol.wait_tensor = _wait_tensor  # looked up at call time by AsyncCollectiveTensor
 
 
 def uninstall() -> None:
-    """Remove the recording kernels again (the overhead benchmark's baseline runs without
-    them); install() registers them anew."""
+    """Remove the recording kernels and the wait wrappers again (the overhead benchmark's
+    baseline runs without them); install() registers them anew."""
+    global _FC_WAIT
     while _LIBS:
         _LIBS.pop()._destroy()
+    dist.Work.wait = _WORK_WAIT
+    if _FC_WAIT is not None:
+        sys.modules["torch.distributed._functional_collectives"].wait_tensor = _FC_WAIT
+        _FC_WAIT = None
 
 
 def enable(on: bool = True) -> None:
-    """Start (or stop) recording ops; the kernels stay installed either way."""
+    """Start (or stop) recording ops; the kernels stay installed either way. The thread that
+    enables recording is the training thread, whose waits are stamped."""
+    if on:
+        _STATE.thread = threading.get_ident()
     _STATE.enabled = on
 
 
@@ -508,25 +718,55 @@ def set_phase(phase: str) -> None:
     _STATE.phase = phase
 
 
+def _waits(table: _Table, n: int) -> tuple[list, list, list]:
+    """(t_wait_start_ns, t_wait_end_ns, wait_ns) of the first ``n`` rows of ``table``."""
+    starts: list[int | None] = []
+    ends: list[int | None] = []
+    waits: list[int | None] = []
+    for i in range(n):
+        w0 = table.w_start[i]
+        w1 = table.w_end[i]
+        if w0 == _BLOCKING:
+            w0, w1 = table.rows[i][-1], table.t_end[i]
+        if w0 is None:  # never blocked on
+            w0, w1, w = None, None, 0
+        elif w0 < 0 or w1 is None:  # unknown; or a blocking op that never completed
+            w0, w1, w = None, None, None
+        else:
+            w = w1 - w0
+        starts.append(w0)
+        ends.append(w1)
+        waits.append(w)
+    return starts, ends, waits
+
+
 def records() -> list[OpRecord]:
     """Everything recorded so far in this process (issue order), one OpRecord per op."""
     table = _STATE.table
-    return [OpRecord(*row, t_end) for row, t_end in zip(table.rows, table.t_end, strict=False)]
+    n = len(table.rows)
+    return [
+        OpRecord(*row, t_end, w0, w1, w)
+        for row, t_end, w0, w1, w in zip(
+            table.rows[:n], table.t_end[:n], *_waits(table, n), strict=True
+        )
+    ]
 
 
 def frame() -> pd.DataFrame:
     """The recorded ops as a table: the columns of :class:`OpRecord` in order, integers as
-    int64 and ``t_end_ns`` as nullable Int64 (built directly: via float64, epoch ns would
-    round to 256 ns)."""
+    int64 and the times that may be unknown (``t_end_ns``, the wait columns) as nullable Int64
+    (built directly: via float64, epoch ns would round to 256 ns)."""
     import pandas as pd  # only here: recording ranks import this module before pandas is needed
 
     table = _STATE.table
     n = len(table.rows)
-    ops = pd.DataFrame.from_records(table.rows[:n], columns=list(COLUMNS[:-1]))
+    ops = pd.DataFrame.from_records(table.rows[:n], columns=list(COLUMNS[: -len(_LATE)]))
     for col in ("group_size", "peer", "root", "numel", "bytes", "bytes_out", "seq", "step"):
         ops[col] = ops[col].astype("int64")
     ops["t_issue_ns"] = ops["t_issue_ns"].astype("int64")
     ops["t_end_ns"] = pd.array(table.t_end[:n], dtype="Int64")
+    for col, values in zip(_LATE[1:], _waits(table, n), strict=True):
+        ops[col] = pd.array(values, dtype="Int64")
     return ops
 
 
@@ -541,8 +781,10 @@ def finish() -> None:
     enable(False)
     _WAITER.drain()
     _POLLER.drop_all()
+    _KEEP.clear()
     _STATE.pending.clear()
     _STATE.groups.clear()
+    _STATE.backward_rows = []
 
 
 def reset() -> None:
@@ -552,3 +794,6 @@ def reset() -> None:
         _STATE.seq.clear()
         _STATE.pending.clear()
         _STATE.groups.clear()
+        _STATE.backward_rows = []
+        _STATE.callback_task = -1
+        _KEEP.clear()
