@@ -27,6 +27,8 @@ from commscope.contracts import (
     RUN_FILE,
     SOCKET_SAMPLE_COLUMNS,
     SWEEP_AXES,
+    WAIT_END_COLUMN,
+    WAIT_START_COLUMN,
     WIRE_FLOW_COLUMNS,
     rank_meta_file,
     rank_table_file,
@@ -35,9 +37,10 @@ from commscope.importers.nccl_log import load_nccl_log
 from commscope.spec.link import LinkShape
 from commscope.spec.settings import CellSettings
 
-# Per table, the columns that hold a node's own clock (ns) and get its offset removed.
+# Per table, the columns that hold a node's own clock (ns) and get its offset removed (those a
+# table has: traces from before the wait columns lack them).
 _TIME_COLUMNS = {
-    "ops": ("t_issue_ns", "t_end_ns"),
+    "ops": ("t_issue_ns", "t_end_ns", WAIT_START_COLUMN, WAIT_END_COLUMN),
     "steps": ("t_start_ns", "t_end_ns"),
     "counters": ("t_ns",),
     "sockets": ("t_ns",),
@@ -71,14 +74,16 @@ def to_orchestrator_clock(
 ) -> pd.DataFrame:
     """Map each node's timestamps (``frame.node``) onto the orchestrator's clock with the
     offsets the runner estimated (``run.json`` "clock", see commscope.cluster.clock). Nothing
-    changes when the clock is shared (netns) or was not measured. Integer ns stay exact."""
+    changes when the clock is shared (netns) or was not measured. Integer ns stay exact.
+    Columns of ``columns`` that ``frame`` lacks are skipped."""
     if not clock or not clock.get("applied") or frame.empty:
         return frame
     frame = frame.copy()
     by_index = clock["by_index"]
+    present = [c for c in columns if c in frame.columns]
     for node, rows in frame.groupby("node").groups.items():
         sample = by_index[int(node)]
-        for col in columns:
+        for col in present:
             values = frame.loc[rows, col]
             known = values.notna() & (values.astype("Int64") >= 0)  # -1 / null: no time
             t = values[known].astype(np.int64).to_numpy()

@@ -5,14 +5,14 @@ cell (its plan is one cell's) and returns a tidy DataFrame led by the cell's par
 (whichever ``ops`` carries), so the tables of many cells aggregate by concatenation.
 
 What the capture knows (:mod:`commscope.workload.capture`, docs/traces.md): per op its issue
-time (``t_issue_ns``) and its completion (``t_end_ns``: the Work's future, a waiter thread, or
-for gloo send/recv the moment the issuer's ``wait()`` let ``is_completed()`` turn true). It does
-**not** record whether, or from when, the issuing thread blocked on an op: an async op (DDP's
-bucket all-reduce under backward, a pipeline's isend) overlaps compute, a synchronous one does
-not, and the table cannot tell them apart. So a rank counts as blocked over every op's interval
-(an upper bound of the exposed communication) unless the ops table has a boolean
-:data:`BLOCKING_COLUMN`, True where the issuer waited on the op over its whole interval; then
-only those ops count. Compute is step time outside the (blocking) communication ops.
+time (``t_issue_ns``), its completion (``t_end_ns``) and the training thread's wait on it
+(``t_wait_start_ns``, ``t_wait_end_ns``, ``wait_ns``: when it blocked on the op, 0 if it never
+did). A rank is blocked in communication over the union of its wait intervals: that is its
+exposed communication, exact for ops with a recorded wait. An op whose wait is unknown (traces
+from before the wait columns, imported traces, CUDA ops) counts over its whole [issue, end], an
+upper bound, unless the ops table has a boolean :data:`BLOCKING_COLUMN` (True where the issuer
+waited on the op over its whole interval); ``exposed_source`` says which rule a rank's step
+took. Compute is step time outside the blocked intervals.
 
 Tables (:data:`SYNC_TABLES`, built together by :func:`sync_tables`):
 
@@ -36,7 +36,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from commscope.contracts import GROUP_KIND_COLUMN, P2P_OPS, parse_ranks, with_params
+from commscope.contracts import (
+    GROUP_KIND_COLUMN,
+    P2P_OPS,
+    WAIT_COLUMN,
+    WAIT_END_COLUMN,
+    WAIT_START_COLUMN,
+    parse_ranks,
+    with_params,
+)
 from commscope.contracts import SYNC_TABLES as SYNC_TABLES  # this module's tables, re-exported
 from commscope.metrics._common import _param_cols
 from commscope.spec.plan import DIMS, ParallelPlan
@@ -44,8 +52,11 @@ from commscope.units import NS_PER_S
 
 # Optional ops column: True where the issuing thread waited on the op over its whole
 # [t_issue_ns, t_end_ns] (synchronous op, or issue immediately followed by wait()). The capture
-# does not write it yet; without it every op counts as blocking (docs/sync.md).
+# records the waits themselves instead; this column applies to ops without a recorded wait
+# (hand-built or imported traces). Without either every op counts as blocking (docs/sync.md).
 BLOCKING_COLUMN = "blocking"
+# exposed_source: which rule gave a rank's exposed time (docs/sync.md).
+SOURCE_WAITS, SOURCE_BLOCKING, SOURCE_UPPER = "waits", "blocking", "upper_bound"
 
 
 SYNC_COUNT_COLUMNS = ["step", "group_kind", "op_class", "n_ops", "n_instances", "bytes"]
@@ -75,6 +86,7 @@ EXPOSED_COLUMNS = [
     "exposed_comm_s",
     "compute_s",
     "comm_ratio",
+    "exposed_source",
     "blocking_recorded",
     "warmup",
 ]
@@ -116,6 +128,7 @@ SYNC_SUMMARY_COLUMNS = [
     "sync_skew_max_s",
     "comm_ratio_median",
     "comm_ratio_max",
+    "exposed_source",
     "blocking_recorded",
     "critical_path_s",
     "critical_compute_s",
@@ -145,6 +158,9 @@ _LABEL_INPUTS = (
     "t_end_ns",
     GROUP_KIND_COLUMN,
     BLOCKING_COLUMN,
+    WAIT_START_COLUMN,
+    WAIT_END_COLUMN,
+    WAIT_COLUMN,
 )
 _COLLECTIVE_CLASSES = ("collective", "barrier")
 
@@ -234,17 +250,49 @@ def group_kinds(
 def _label(
     ops: pd.DataFrame, plan: ParallelPlan | Mapping[str, Any] | None, world: int
 ) -> pd.DataFrame:
-    """``ops`` with ``op_class``, ``group_kind``, ``blocking`` (bool) and the instance columns
-    of :func:`_instances`; a fresh frame (the input is never modified)."""
+    """``ops`` with ``op_class``, ``group_kind``, the blocked interval of :func:`_blocked` and
+    the instance columns of :func:`_instances`; a fresh frame (the input is never modified)."""
     keep = [c for c in _LABEL_INPUTS if c in ops.columns]
     out = ops[keep].copy()  # the columns used only: a cell's ops table can have 10**6 rows
     out["op_class"] = op_class(out["op"])
     out[GROUP_KIND_COLUMN] = group_kinds(out, plan, world)
-    if BLOCKING_COLUMN in out.columns:
-        out[BLOCKING_COLUMN] = out[BLOCKING_COLUMN].fillna(True).astype(bool)
+    return _instances(_blocked(out))
+
+
+def _blocked(ops: pd.DataFrame) -> pd.DataFrame:
+    """Add when the issuing rank was blocked on each op: ``wait_known`` (its wait was
+    recorded), ``blocking`` (it blocked at all) and ``t_block_start_ns``/``t_block_end_ns``
+    (Int64, the interval; null where it did not block or the op never completed).
+
+    A recorded wait (``wait_ns`` not null) gives the interval [t_wait_start_ns, t_wait_end_ns],
+    blocking where ``wait_ns`` > 0. Otherwise the op's whole [t_issue_ns, t_end_ns], blocking
+    unless :data:`BLOCKING_COLUMN` says False: the upper bound.
+    """
+    n = len(ops)
+    if WAIT_COLUMN in ops.columns:
+        known = ops[WAIT_COLUMN].notna().to_numpy(bool)
+        waited = known & (ops[WAIT_COLUMN].fillna(0).to_numpy("int64") > 0)
     else:
-        out[BLOCKING_COLUMN] = True
-    return _instances(out)
+        known = waited = np.zeros(n, dtype=bool)
+    if BLOCKING_COLUMN in ops.columns:
+        flagged = ops[BLOCKING_COLUMN].astype("boolean").fillna(True).to_numpy(bool)
+    else:
+        flagged = np.ones(n, dtype=bool)
+    blocking = np.where(known, waited, flagged)
+    issue = ops["t_issue_ns"].astype("Int64")
+    end = ops["t_end_ns"].astype("Int64")
+    if WAIT_COLUMN in ops.columns:
+        start = ops[WAIT_START_COLUMN].astype("Int64").where(known, issue)
+        stop = ops[WAIT_END_COLUMN].astype("Int64").where(known, end)
+    else:
+        start, stop = issue, end
+    blocked = blocking & stop.notna().to_numpy(bool) & start.notna().to_numpy(bool)
+    return ops.assign(
+        wait_known=known,
+        **{BLOCKING_COLUMN: blocking},
+        t_block_start_ns=start.where(blocked),
+        t_block_end_ns=stop.where(blocked),
+    )
 
 
 def _instances(ops: pd.DataFrame) -> pd.DataFrame:
@@ -396,11 +444,14 @@ def exposed_comm(
 ) -> pd.DataFrame:
     """Per rank and training step: time inside communication ops and the exposed part.
 
-    ``comm_s``: length of the union of every op's [t_issue_ns, t_end_ns], clipped to the rank's
-    step. ``exposed_comm_s``: the same over the blocking ops only (every op unless the ops table
-    has :data:`BLOCKING_COLUMN`; ``blocking_recorded`` says which). ``compute_s`` = step_s −
-    exposed_comm_s; ``comm_ratio`` = exposed_comm_s / step_s. Ops without an end are left out.
-    Columns: cell params, :data:`EXPOSED_COLUMNS`.
+    ``comm_s``: length of the union of every completed op's [t_issue_ns, t_end_ns], clipped to
+    the rank's step (time with communication in flight; the upper bound of the exposed time).
+    ``exposed_comm_s``: length of the union of the intervals the rank was blocked on its ops
+    (:func:`_blocked`: the recorded waits; an op without one over its whole interval), clipped
+    to the step. ``exposed_source`` is ``waits`` when every op of the rank's step had a recorded
+    wait, else ``blocking`` (the ops table's :data:`BLOCKING_COLUMN` decided for the others) or
+    ``upper_bound``. ``compute_s`` = step_s − exposed_comm_s; ``comm_ratio`` = exposed_comm_s /
+    step_s. Columns: cell params, :data:`EXPOSED_COLUMNS`.
     """
     lab = labelled if labelled is not None else _label(ops, None, _world(ops, steps))
     recorded = BLOCKING_COLUMN in ops.columns
@@ -408,24 +459,39 @@ def exposed_comm(
     if base.empty:
         return _with_params(ops, pd.DataFrame(), EXPOSED_COLUMNS)
     base = base.reset_index(drop=True)
-    done = lab[lab["t_end_ns"].notna() & (lab["step"] >= 0)]
-    iv = done[["rank", "step", "t_issue_ns", BLOCKING_COLUMN]].assign(
-        t_end=done["t_end_ns"].to_numpy("int64")
+    gid = base.reset_index(names="gid")
+    n = len(base)
+    mine = lab[lab["step"] >= 0].merge(gid, on=["rank", "step"], how="inner")
+    s0 = mine["t_start_ns"].to_numpy("int64")
+    s1 = mine["t_end_ns_y"].to_numpy("int64")
+    g = mine["gid"].to_numpy("int64")
+    done = mine["t_end_ns_x"].notna().to_numpy(bool)
+    issue = mine["t_issue_ns"].to_numpy("int64")
+    end = mine["t_end_ns_x"].fillna(0).to_numpy("int64")
+    comm = _union_lengths(
+        g[done], np.maximum(issue[done], s0[done]), np.minimum(end[done], s1[done]), n
     )
-    iv = iv.merge(base.reset_index(names="gid"), on=["rank", "step"], how="inner")
-    start = np.maximum(iv["t_issue_ns"].to_numpy("int64"), iv["t_start_ns"].to_numpy("int64"))
-    end = np.minimum(iv["t_end"].to_numpy("int64"), iv["t_end_ns"].to_numpy("int64"))
-    gid = iv["gid"].to_numpy("int64")
-    comm = _union_lengths(gid, start, end, len(base))
-    blocking = iv[BLOCKING_COLUMN].to_numpy(bool)
-    exposed = _union_lengths(gid[blocking], start[blocking], end[blocking], len(base))
+    blocked = mine["t_block_start_ns"].notna().to_numpy(bool)
+    b0 = mine["t_block_start_ns"].fillna(0).to_numpy("int64")[blocked]
+    b1 = mine["t_block_end_ns"].fillna(0).to_numpy("int64")[blocked]
+    exposed = _union_lengths(
+        g[blocked], np.maximum(b0, s0[blocked]), np.minimum(b1, s1[blocked]), n
+    )
+    # A step is exact when every op in it had its wait recorded (a step without ops too, when
+    # the table records waits at all).
+    unknown = np.zeros(n, dtype=bool)
+    unknown[g[~mine["wait_known"].to_numpy(bool)]] = True
+    if WAIT_COLUMN not in ops.columns:
+        unknown[:] = True
+    fallback = SOURCE_BLOCKING if recorded else SOURCE_UPPER
     step_ns = (base["t_end_ns"] - base["t_start_ns"]).to_numpy("int64")
     out = base[["rank", "step"]].assign(
         step_s=step_ns / NS_PER_S,
         comm_s=comm / NS_PER_S,
         exposed_comm_s=exposed / NS_PER_S,
         compute_s=(step_ns - exposed) / NS_PER_S,
-        comm_ratio=np.divide(exposed, step_ns, out=np.full(len(base), np.nan), where=step_ns > 0),
+        comm_ratio=np.divide(exposed, step_ns, out=np.full(n, np.nan), where=step_ns > 0),
+        exposed_source=np.where(unknown, fallback, SOURCE_WAITS),
         blocking_recorded=recorded,
         warmup=_warmup(base["step"], warmup_steps),
     )
@@ -579,18 +645,20 @@ def pipeline_bubble(
     recvs = lab[
         lab["op"].eq("recv")
         & lab[GROUP_KIND_COLUMN].eq("pp")
-        & lab["t_end_ns"].notna()
-        & lab[BLOCKING_COLUMN]
+        & lab["t_block_start_ns"].notna()
         & (lab["step"] >= 0)
     ]
-    recvs = recvs[["instance", "rank", "step", "t_issue_ns"]].assign(
-        t_end=recvs["t_end_ns"].to_numpy("int64")
+    # The rank blocked on the recv over [t_block_start, t_block_end] (its recorded wait, or the
+    # whole recv): waiting for the peer up to the send's issue.
+    recvs = recvs[["instance", "rank", "step"]].assign(
+        b0=recvs["t_block_start_ns"].to_numpy("int64"),
+        b1=recvs["t_block_end_ns"].to_numpy("int64"),
     )
     waits = recvs.merge(sends, on="instance", how="inner")
     waits = waits.merge(base.reset_index(names="gid"), on=["rank", "step"], how="inner")
-    start = np.maximum(waits["t_issue_ns"].to_numpy("int64"), waits["fb0"].to_numpy("int64"))
+    start = np.maximum(waits["b0"].to_numpy("int64"), waits["fb0"].to_numpy("int64"))
     stop = np.minimum(
-        np.minimum(waits["t_send_ns"].to_numpy("int64"), waits["t_end"].to_numpy("int64")),
+        np.minimum(waits["t_send_ns"].to_numpy("int64"), waits["b1"].to_numpy("int64")),
         waits["fb1"].to_numpy("int64"),
     )
     bubble = _union_lengths(waits["gid"].to_numpy("int64"), start, stop, len(base))
@@ -622,6 +690,13 @@ def _ops_on_path(path: pd.DataFrame) -> str:
     counts = (comm["op"] + "/" + comm[GROUP_KIND_COLUMN]).value_counts()
     counts = counts.sort_index().sort_values(ascending=False, kind="stable")
     return ", ".join(f"{name} x{n}" for name, n in counts.items())
+
+
+def _one_source(sources: pd.Series) -> str:
+    """The rule every rank's step took (:func:`exposed_comm`), ``mixed`` when they differ, ``''``
+    without steps."""
+    values = sorted(set(sources))
+    return values[0] if len(values) == 1 else ("mixed" if values else "")
 
 
 def sync_summary(
@@ -675,6 +750,7 @@ def sync_summary(
         "sync_skew_max_s": float(pts["skew_s"].max()) if len(pts) else math.nan,
         "comm_ratio_median": float(ex["comm_ratio"].median()) if len(ex) else math.nan,
         "comm_ratio_max": float(ex["comm_ratio"].max()) if len(ex) else math.nan,
+        "exposed_source": _one_source(ex["exposed_source"]),
         "blocking_recorded": BLOCKING_COLUMN in ops.columns,
         "critical_path_s": float(total) if len(path) else math.nan,
         "critical_compute_s": float(compute) if len(path) else math.nan,
