@@ -178,6 +178,121 @@ def test_without_the_blocking_column_every_op_counts_and_overlaps_merge() -> Non
     assert bool(row["blocking_recorded"]) is False
 
 
+def waited(t0_ms: float | None, t1_ms: float | None) -> dict:
+    """The capture's wait columns of one row: blocked over [t0, t1] ms after T0, or never
+    (``None, None``)."""
+    if t0_ms is None or t1_ms is None:
+        return {"t_wait_start_ns": None, "t_wait_end_ns": None, "wait_ns": 0}
+    a, b = T0 + round(t0_ms * MS), T0 + round(t1_ms * MS)
+    return {"t_wait_start_ns": a, "t_wait_end_ns": b, "wait_ns": b - a}
+
+
+def with_waits(rows: list[dict]) -> pd.DataFrame:
+    df = ops_frame(rows)
+    for col in ("t_wait_start_ns", "t_wait_end_ns", "wait_ns"):
+        df[col] = pd.array([r.get(col) for r in rows], dtype="Int64")
+    return df
+
+
+def ddp_step_with_waits() -> tuple[pd.DataFrame, pd.DataFrame]:
+    """One rank, one 20 ms step, as the capture records a DDP step and its neighbours:
+
+    * two bucket all-reduces issued under backward at 2 and 5 ms, done at 9 and 12 ms; the
+      reducer waited on them from 8 ms (backward's compute ended): waits [8, 9] and [8, 12];
+    * an all-reduce done at 4 ms, before the reducer waited: never blocked on (wait 0);
+    * a synchronous barrier [14, 15]: the wait is the whole call;
+    * an isend at 16 ms never waited on (no end, wait 0).
+    """
+    rows = [
+        op(0, "allreduce", 2, 9, seq=0, phase="bwd", **waited(8, 9)),
+        op(0, "allreduce", 5, 12, seq=1, phase="bwd", **waited(8, 12)),
+        op(0, "allreduce", 1, 4, seq=2, phase="bwd", **waited(None, None)),
+        op(0, "barrier", 14, 15, seq=3, phase="optim", **waited(14, 15)),
+        op(0, "send", 16, None, seq=0, peer=1, phase="optim", **waited(None, None)),
+    ]
+    return with_waits(rows), pd.DataFrame([phase(0, 0, "step", 0, 20)])
+
+
+def test_exposed_comm_is_the_union_of_the_recorded_waits() -> None:
+    ops, steps = ddp_step_with_waits()
+    row = sync.exposed_comm(ops, steps).iloc[0]
+    # In flight: [1, 12] and [14, 15] = 12 ms; blocked: [8, 12] and [14, 15] = 5 ms.
+    assert row["comm_s"] == 0.012
+    assert row["exposed_comm_s"] == 0.005
+    assert row["compute_s"] == 0.015
+    assert row["comm_ratio"] == 5 / 20
+    assert row["exposed_source"] == "waits"
+    assert bool(row["blocking_recorded"]) is False
+    # The same trace without its wait columns (a trace from before them): the upper bound.
+    old = ops.drop(columns=["t_wait_start_ns", "t_wait_end_ns", "wait_ns"])
+    row = sync.exposed_comm(old, steps).iloc[0]
+    assert row["exposed_comm_s"] == 0.012
+    assert row["exposed_source"] == "upper_bound"
+
+
+def test_an_op_with_an_unknown_wait_counts_whole_and_marks_the_step() -> None:
+    ops, steps = ddp_step_with_waits()
+    ops.loc[1, "wait_ns"] = pd.NA  # e.g. a CUDA op: its wait cannot be observed
+    ops.loc[1, ["t_wait_start_ns", "t_wait_end_ns"]] = pd.NA
+    row = sync.exposed_comm(ops, steps).iloc[0]
+    # [5, 12] whole, [8, 9] inside it, [14, 15]: 8 ms.
+    assert row["exposed_comm_s"] == 0.008
+    assert row["exposed_source"] == "upper_bound"
+    row = sync.exposed_comm(ops.assign(blocking=True), steps).iloc[0]
+    assert row["exposed_source"] == "blocking"  # the blocking column decided for that op
+
+
+def test_waits_decide_the_critical_path_and_the_summary() -> None:
+    ops, steps = ddp_step_with_waits()
+    path = sync.critical_path(ops, steps)
+    got = list(
+        zip(
+            path["segment"],
+            path["op"],
+            (path["t_start_ns"] - T0) // MS,
+            (path["t_end_ns"] - T0) // MS,
+            strict=True,
+        )
+    )
+    # The all-reduce done at 4 ms never held the rank up: not on the path (it was, as the
+    # upper bound counted every op).
+    assert got == [
+        ("compute", "", 0, 5),
+        ("comm", "allreduce", 5, 12),
+        ("compute", "", 12, 14),
+        ("comm", "barrier", 14, 15),
+        ("compute", "", 15, 20),
+    ]
+    old_path = sync.critical_path(ops.drop(columns=["wait_ns"]), steps)
+    comm = old_path[old_path["segment"] == "comm"]
+    assert list((comm["t_end_ns"] - T0) // MS) == [4, 12, 15]
+    summary = sync.sync_tables(ops, steps)["sync_summary"].iloc[0]
+    assert summary["exposed_source"] == "waits"
+    assert summary["comm_ratio_median"] == 5 / 20
+    old = ops.drop(columns=["t_wait_start_ns", "t_wait_end_ns", "wait_ns"])
+    summary = sync.sync_tables(old, steps)["sync_summary"].iloc[0]
+    assert summary["exposed_source"] == "upper_bound"
+    assert summary["comm_ratio_median"] == 12 / 20
+
+
+def test_a_recv_waited_on_after_the_send_is_no_bubble() -> None:
+    # 2-stage pipeline, one microbatch: rank 1 issues its recv at 0 ms, rank 0 sends at 6 ms,
+    # done at 7 ms. Waited on from 2 ms: 4 ms of bubble; waited on from 6.5 ms: none.
+    def trace(wait_from_ms: float) -> tuple[pd.DataFrame, pd.DataFrame]:
+        rows = [
+            op(0, "send", 6, 7, seq=0, peer=1, phase="fwd_bwd", **waited(6, 7)),
+            op(1, "recv", 0, 7, seq=0, peer=0, phase="fwd_bwd", **waited(wait_from_ms, 7)),
+        ]
+        steps = [phase(r, 0, p, 0, 10) for r in range(2) for p in ("step", "fwd_bwd")]
+        return with_waits(rows), pd.DataFrame(steps)
+
+    plan = {"pp": 2, "microbatches": 1}
+    bubble = sync.pipeline_bubble(*trace(2), plan)
+    assert bubble.set_index("rank")["bubble_s"].to_dict() == {0: 0.0, 1: 0.004}
+    bubble = sync.pipeline_bubble(*trace(6.5), plan)
+    assert bubble.set_index("rank")["bubble_s"].to_dict() == {0: 0.0, 1: 0.0}
+
+
 def test_union_lengths_matches_a_brute_force_sweep() -> None:
     import numpy as np
 
