@@ -83,7 +83,8 @@ def test_100us_rows_over_the_zoomed_step_alone_draw_the_same_figure(tmp_path: Pa
     before = _capped_cell(tmp_path / "window", fine_over_window=True)
     tp, tp_before = (pd.read_parquet(m / "throughput.parquet") for m in (metrics, before))
     fine = tp[tp["bin_ms"] == 0.1]
-    # The last measured step, 600-800 ms, both nodes; 1 ms and coarser rows as before.
+    # The typical (here: last, the steps are equal) measured step, 600-800 ms, both nodes; 1 ms
+    # and coarser rows as before.
     assert len(fine) == 2 * 2000
     assert fine["t_start_ns"].min() == T0_NS + 600 * MS
     assert fine["t_start_ns"].max() == T0_NS + 800 * MS - 100_000

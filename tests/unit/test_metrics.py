@@ -71,9 +71,16 @@ def test_training_window_covers_measured_steps(traces: m.CellTraces) -> None:
     assert m.training_window(st) == (T0_NS + 130 * MS, T0_NS + 530 * MS)
 
 
-def test_zoom_window_is_the_last_measured_step(traces: m.CellTraces) -> None:
+def test_zoom_window_is_the_typical_measured_step(traces: m.CellTraces) -> None:
     st = m.step_times(traces.steps, warmup_steps=1)
+    # Equal steps (100 ms each): the latest of the equally typical ones.
     assert m.zoom_window(st) == (T0_NS + 430 * MS, T0_NS + 530 * MS)
+    # Measured steps of 100, 100, 160 and 40 ms (a stall stretches one, the next catches up):
+    # median 100 ms, so the second 100 ms step, not the last (40 ms) one.
+    stalled = st.copy()
+    stalled.loc[stalled["step"] == 3, "t_end_ns"] += 60 * MS
+    stalled.loc[stalled["step"] == 4, "t_start_ns"] += 60 * MS
+    assert m.zoom_window(stalled) == (T0_NS + 230 * MS, T0_NS + 330 * MS)
     # Every step a warm-up step: the last step all the same.
     assert m.zoom_window(m.step_times(traces.steps, warmup_steps=9)) == m.zoom_window(st)
     # Found by start time, not by row order; a warm-up step after it is not measured.
@@ -376,7 +383,7 @@ def test_compute_and_aggregate_cells(tmp_path: Path) -> None:
     assert sorted(tp["bin_ms"].unique()) == [0.1, 1.0, 10.0, 100.0]
     # Epoch-aligned edges: every 100 ms bin edge is also a 10 ms, 1 ms and 100 µs edge.
     assert (tp["t_start_ns"] % (tp["bin_ms"] * MS).round().astype("int64") == 0).all()
-    # 100 µs bins only over the last measured step, the figure's zoom (10 ms, the 100 ms
+    # 100 µs bins only over the typical measured step, the figure's zoom (10 ms, the 100 ms
     # warm-up step, then 110-210 and 210-310 ms): 1,000 per node; 1 ms over the whole run.
     fine = tp[tp["bin_ms"] == 0.1]
     assert fine["t_start_ns"].min() == T0_NS + 210 * MS

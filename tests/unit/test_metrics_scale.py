@@ -466,7 +466,7 @@ def test_written_throughput_is_the_reference_cut_to_the_zoomed_step(cell_files: 
     reference = ref_throughput(traces.counters, ref_table_specs(window), 0)
     got = pd.read_parquet(written / table_file("throughput"))
     assert_reference_cut_to_the_zoom(got, reference, zoom)
-    # The last measured step, as the cell figure picks it.
+    # The typical measured step, as the cell figure picks it.
     measured = st[~st["warmup"]]
     assert zoom[1] == int(measured["t_end_ns"].max()) == window[1]
     assert zoom[0] == int(measured["t_start_ns"].max())

@@ -21,7 +21,7 @@ T0 = 1_700_000_000_000_000_000
 MS = 1_000_000
 STEP_MS = 100
 WARMUP = 1
-N_STEPS = 4  # steps 0..3, step 0 warm-up: the zoomed (last measured) step is 3
+N_STEPS = 4  # steps 0..3, step 0 warm-up: the zoomed (typical: the steps are equal, so the latest) step is 3
 # Rank 1 enters every step 5 ms after rank 0 and leaves with it; the op of each step runs from
 # 40 to 70 ms after rank 0's start on both ranks.
 RANK_LAG_MS = 5
@@ -165,7 +165,7 @@ def test_timeline_panels_show_the_zoomed_step_of_each_chosen_cell(study: dict) -
     assert [p.cell for p in panels] == _expected_cells(study)
     last = N_STEPS - 1
     for panel in panels:
-        assert panel.step == last  # the last measured step: the one with 100 µs wire bins
+        assert panel.step == last  # the typical measured step: the one with 100 µs wire bins
         assert panel.ranks == [(0, 0), (1, 1)]  # ranks as rows, top to bottom, with their node
         # First rank in (rank 0) to last rank out: 100 ms less the 2 ms both leave early.
         assert panel.step_ms == pytest.approx(STEP_MS - 2)

@@ -63,8 +63,10 @@ def training_window(step_table: pd.DataFrame) -> tuple[int, int]:
 
 
 def zoom_window(step_table: pd.DataFrame) -> tuple[int, int]:
-    """``(start_ns, end_ns)`` of the step the cell figure zooms into: the last measured step
-    (the last step when every step is a warm-up step), inside :func:`training_window`.
+    """``(start_ns, end_ns)`` of the step the cell figure and the op timeline zoom into: the
+    typical measured step, the one whose duration is closest to the median of the measured
+    steps (the latest of those equally close; every step when all are warm-up steps), inside
+    :func:`training_window`. Not the last step: it may be the one a stall stretched.
 
     The throughput table has its rows finer than 1 ms only around this step
     (:func:`~commscope.metrics.counters.throughput_specs`): at 100 µs the whole window is ten
@@ -75,5 +77,8 @@ def zoom_window(step_table: pd.DataFrame) -> tuple[int, int]:
     measured = step_table[~step_table["warmup"].astype(bool)]
     if measured.empty:
         measured = step_table
-    last = measured.sort_values("t_start_ns", kind="stable").iloc[-1]
-    return max(int(last["t_start_ns"]), window[0]), min(int(last["t_end_ns"]), window[1])
+    measured = measured.sort_values("t_start_ns", kind="stable")
+    duration = (measured["t_end_ns"] - measured["t_start_ns"]).astype("float64")
+    off = (duration - duration.median()).abs().to_numpy()
+    typical = measured.iloc[len(off) - 1 - int(off[::-1].argmin())]  # the latest of the closest
+    return max(int(typical["t_start_ns"]), window[0]), min(int(typical["t_end_ns"]), window[1])

@@ -61,7 +61,7 @@ def plot_cell_throughput(throughput: Path, step_times: Path, summary: Path, out_
     bandwidth cap). Small multiples share one time axis over the measured window (the steps
     after warm-up, :func:`~commscope.metrics.steps.training_window`; rendezvous, start-up and
     warm-up are left out): one row per width of :data:`OVERVIEW_BIN_MS`, every node in its own
-    colour. Below them, the last measured step (its busiest :data:`_ZOOM_MAX_NS` when longer)
+    colour. Below them, the typical measured step (its busiest :data:`_ZOOM_MAX_NS` when longer)
     at the finest width there is (100 µs), one row per node, where single bins can be told
     apart. tx is drawn upwards and rx downwards, so the two directions never hide each other;
     the cap is a dashed line either way, step boundaries dotted lines, the zoomed interval
@@ -281,7 +281,7 @@ def _fmt_width(width_ns: int) -> str:
 
 
 def _zoom_interval(tp: pd.DataFrame, st: pd.DataFrame, zoom_ns: int) -> tuple[int, int]:
-    """The last measured step of the step times ``st``
+    """The typical measured step of the step times ``st``
     (:func:`~commscope.metrics.steps.zoom_window`, the stretch the throughput table has its
     100 µs rows for), or its busiest stretch of :data:`_ZOOM_MAX_NS` when longer, snapped
     outwards to the zoom's bin grid."""
@@ -302,8 +302,13 @@ def _zoom_interval(tp: pd.DataFrame, st: pd.DataFrame, zoom_ns: int) -> tuple[in
 
 
 def _zoom_step(measured: pd.DataFrame, zoom: tuple[int, int]) -> str:
-    last = measured.sort_values("t_start_ns").iloc[-1]
-    step = f"last measured step ({int(last['step'])})" if "step" in last else "last step"
+    """Which step the zoom shows, in words: the measured step that holds it (the typical one,
+    :func:`~commscope.metrics.steps.zoom_window`), and whether only its busiest part."""
+    inside = measured[
+        (measured["t_start_ns"] <= zoom[1]) & (measured["t_end_ns"] >= zoom[0])
+    ].sort_values("t_start_ns")
+    last = (inside if not inside.empty else measured.sort_values("t_start_ns")).iloc[-1]
+    step = f"typical measured step ({int(last['step'])})" if "step" in last else "typical step"
     if zoom[0] > int(last["t_start_ns"]) or zoom[1] < int(last["t_end_ns"]):
         step += f", its busiest {_ZOOM_MAX_NS / NS_PER_MS:g} ms"
     return step

@@ -1,7 +1,7 @@
 """The op timeline: one step per strategy, ranks as rows, the wire under it on one time axis.
 
 For each strategy one representative cell (:func:`timeline_cells`) and in it the step whose
-100 µs wire bins the metrics keep (the last measured step,
+100 µs wire bins the metrics keep (the typical measured step, closest to the median,
 :func:`~commscope.metrics.steps.zoom_window`): on top every rank's communication ops as bars
 coloured by the parallel dimension of their group (:func:`~commscope.metrics.sync.group_kinds`,
 the labels of the sync tables), its compute as the light grey gaps between them; underneath
@@ -134,7 +134,7 @@ def timeline_cells(summary: pd.DataFrame) -> pd.DataFrame:
 
 def timeline_step(step_times: pd.DataFrame) -> dict[str, Any]:
     """The step one cell's timeline shows, from its ``step_times`` rows: the step that
-    :func:`~commscope.metrics.steps.zoom_window` covers (the last measured step, the one the
+    :func:`~commscope.metrics.steps.zoom_window` covers (the typical measured step, the one the
     throughput table keeps 100 µs bins for). Keys: ``step``, ``t_start_ns``, ``t_end_ns``,
     ``median_s`` (the median measured step duration, for comparison)."""
     rows = step_times.copy()
