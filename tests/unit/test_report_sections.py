@@ -9,10 +9,13 @@ from synthetic import make_ddp_cell
 
 from commscope import metrics
 from commscope.report.sections import (
+    _STRUCTURE_KEYS,
     busbw_factor_forms,
     busbw_text,
     crosscheck_cells,
     crosscheck_strategies,
+    sync_section,
+    temporal_section,
     wire_cells,
     wire_intro,
 )
@@ -109,3 +112,32 @@ def test_wire_table_says_where_each_cells_bytes_came_from(tmp_path: Path) -> Non
     assert "1 of 2 cells were measured in the kernel (tc BPF, 100 µs bins" in intro
     assert "1 fell back to the 1 kHz /proc sampler and tcpdump because: node1: not root" in intro
     assert wire_cells(tmp_path / "absent.parquet").empty
+
+
+def test_structure_tables_name_what_tells_their_cells_apart() -> None:
+    """Two DDP cells that differ only in congestion control, and a repeat of one: the sync and
+    temporal tables grow cc and repeat columns, so no two rows read the same; jitter, constant,
+    stays out."""
+    keys = {"strategy": "ddp", "model": "gpt-tiny", "nodes": 2, "ranks_per_node": 1,
+            "bw": "50mbit", "delay": "0ms", "loss": "0pct", "jitter": "0ms"}  # fmt: skip
+    cells = [{**keys, "cc": cc, "repeat": r} for cc, r in [("cubic", 0), ("bbr", 0), ("cubic", 1)]]
+    sync = pd.DataFrame(
+        [
+            {**c, "collectives_per_step": 2.0, "p2p_per_step": 0.0, "sync_skew_mean_s": 0.001,
+             "comm_ratio_median": 0.5, "critical_path_s": 0.1, "critical_comm_share": 0.4,
+             "bubble_measured_fwd_bwd": float("nan"), "bubble_analytic": float("nan")}
+            for c in cells
+        ]
+    )  # fmt: skip
+    table = sync_section(sync)
+    assert list(table.columns[:9]) == [*_STRUCTURE_KEYS, "cc", "repeat"]
+    assert not table[[*_STRUCTURE_KEYS, "cc", "repeat"]].duplicated().any()
+    onoff = pd.DataFrame(
+        [
+            {**c, "node": 0, "direction": "tx", "on_fraction": 0.5, "n_bursts": 3,
+             "burst_bytes_median": 1e5, "burst_ms_median": 2.0, "gap_ms_median": 8.0,
+             "pattern": "bursty"}
+            for c in cells[:2]
+        ]
+    )  # fmt: skip
+    assert list(temporal_section(onoff).columns[:8]) == [*_STRUCTURE_KEYS, "cc"]

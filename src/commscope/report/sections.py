@@ -703,15 +703,24 @@ _TEMPORAL_INTRO = (
 )
 
 
-# What tells the cells of the structure tables apart, leftmost in each row.
+# What tells the cells of the structure tables apart, leftmost in each row; the second group
+# only where the table's cells differ in it (a DDP cell under CUBIC and one under BBR, repeats).
 _STRUCTURE_KEYS = ("strategy", "model", "nodes", "ranks_per_node", "bw", "delay", "loss")
+_STRUCTURE_KEYS_IF_VARIED = ("jitter", "cc", "repeat")
+
+
+def _structure_keys(table: pd.DataFrame) -> list[str]:
+    """:data:`_STRUCTURE_KEYS`, then each of :data:`_STRUCTURE_KEYS_IF_VARIED` that takes more
+    than one value in ``table``."""
+    varied = [k for k in _STRUCTURE_KEYS_IF_VARIED if k in table and table[k].nunique() > 1]
+    return [*_STRUCTURE_KEYS, *varied]
 
 
 def sync_section(sync: pd.DataFrame) -> pd.DataFrame:
     """The synchronization table: one row per cell of the aggregated ``sync_summary``."""
     if sync.empty:
         return sync
-    keys = list(_STRUCTURE_KEYS)
+    keys = _structure_keys(sync)
     out = sync[keys].astype(str).copy()
     out["collectives / step"] = sync["collectives_per_step"].map(fmt_count)
     out["p2p / step"] = sync["p2p_per_step"].map(fmt_count)
@@ -729,7 +738,7 @@ def temporal_section(onoff: pd.DataFrame) -> pd.DataFrame:
     if onoff.empty:
         return onoff
     rows = onoff[(onoff["node"] == onoff["node"].min()) & (onoff["direction"] == "tx")]
-    keys = list(_STRUCTURE_KEYS)
+    keys = _structure_keys(rows)
     out = rows[keys].astype(str).copy()
     out["on share"] = rows["on_fraction"].map(_fmt_share)
     out["bursts"] = rows["n_bursts"].map(fmt_count)
