@@ -61,7 +61,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from commscope.contracts import P2P_OPS, ROOTED_OPS
+from commscope.contracts import (
+    P2P_OPS,
+    ROOTED_OPS,
+    WAIT_COLUMN,
+    WAIT_END_COLUMN,
+    WAIT_START_COLUMN,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -130,20 +136,18 @@ class OpRecord:
     phase: str
     t_issue_ns: int
     t_end_ns: int | None = None
-    # The training thread's wait on the op (module docstring): its start and end, null when it
-    # never blocked on the op (wait_ns 0) or when that cannot be told (wait_ns null: CUDA).
-    t_wait_start_ns: int | None = None
-    t_wait_end_ns: int | None = None
-    wait_ns: int | None = 0
 
 
 COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(OpRecord))
+# What frame() adds after them: the training thread's wait on the op (module docstring), its
+# start and end, null when it never blocked on the op (wait_ns 0) or when that cannot be told
+# (wait_ns null: CUDA). Not OpRecord fields: the importers' tables, which have no waits, keep
+# OpRecord's columns.
+WAIT_COLUMNS: tuple[str, ...] = (WAIT_START_COLUMN, WAIT_END_COLUMN, WAIT_COLUMN)
 # Markers in _Table.w_start for rows whose wait is not stamped by a wait call: the whole op is
 # the wait (a blocking call) / the wait cannot be observed (CUDA).
 _BLOCKING = -2
 _UNKNOWN = -1
-# The columns filled in after the op's row was appended (the table's parallel lists).
-_LATE = ("t_end_ns", "t_wait_start_ns", "t_wait_end_ns", "wait_ns")
 
 
 class _Table:
@@ -741,31 +745,27 @@ def _waits(table: _Table, n: int) -> tuple[list, list, list]:
 
 
 def records() -> list[OpRecord]:
-    """Everything recorded so far in this process (issue order), one OpRecord per op."""
+    """Everything recorded so far in this process (issue order), one OpRecord per op (their
+    waits: :func:`frame`)."""
     table = _STATE.table
-    n = len(table.rows)
-    return [
-        OpRecord(*row, t_end, w0, w1, w)
-        for row, t_end, w0, w1, w in zip(
-            table.rows[:n], table.t_end[:n], *_waits(table, n), strict=True
-        )
-    ]
+    return [OpRecord(*row, t_end) for row, t_end in zip(table.rows, table.t_end, strict=False)]
 
 
 def frame() -> pd.DataFrame:
-    """The recorded ops as a table: the columns of :class:`OpRecord` in order, integers as
-    int64 and the times that may be unknown (``t_end_ns``, the wait columns) as nullable Int64
-    (built directly: via float64, epoch ns would round to 256 ns)."""
+    """The recorded ops as a table: the columns of :class:`OpRecord` in order, then
+    :data:`WAIT_COLUMNS`; integers as int64 and the times that may be unknown (``t_end_ns``,
+    the wait columns) as nullable Int64 (built directly: via float64, epoch ns would round to
+    256 ns)."""
     import pandas as pd  # only here: recording ranks import this module before pandas is needed
 
     table = _STATE.table
     n = len(table.rows)
-    ops = pd.DataFrame.from_records(table.rows[:n], columns=list(COLUMNS[: -len(_LATE)]))
+    ops = pd.DataFrame.from_records(table.rows[:n], columns=list(COLUMNS[:-1]))
     for col in ("group_size", "peer", "root", "numel", "bytes", "bytes_out", "seq", "step"):
         ops[col] = ops[col].astype("int64")
     ops["t_issue_ns"] = ops["t_issue_ns"].astype("int64")
     ops["t_end_ns"] = pd.array(table.t_end[:n], dtype="Int64")
-    for col, values in zip(_LATE[1:], _waits(table, n), strict=True):
+    for col, values in zip(WAIT_COLUMNS, _waits(table, n), strict=True):
         ops[col] = pd.array(values, dtype="Int64")
     return ops
 
