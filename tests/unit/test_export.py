@@ -47,14 +47,10 @@ from commscope.export import (
     write_flows_csv,
 )
 from commscope.export import chakra as chakra_export
+from commscope.export.astrasim import TIMED
+from commscope.export.chakra_schema import attr_value, decode_et, node_attrs, pb
 from commscope.export.perfetto import COMM_TID_OFFSET
 from commscope.importers import load_chakra, normalize_dtype
-from commscope.importers.chakra import (
-    decode_attribute,
-    iter_messages,
-    read_chakra,
-    read_varint,
-)
 
 CELLS = Path(__file__).resolve().parents[1] / "data" / "cells"
 T0 = 1_700_000_000_000_000_000
@@ -170,12 +166,16 @@ def _in_issue_order(ops: pd.DataFrame, rank: int) -> pd.DataFrame:
 
 
 def _assert_round_trip(ops: pd.DataFrame, path: Path, rank: int) -> None:
-    """load_chakra on the export gives this rank's ops back in issue order: every ROUND_TRIP
-    column equal (group membership, step, seq, bytes_out and the pipeline's fwd_bwd phase
-    included), issue time to the µs, end times to the µs and null exactly where they were,
-    all-to-all splits where recorded."""
+    """load_chakra on the export gives this rank's ops of the training steps back in issue
+    order (set-up ops are not exported; ops ASTRA-sim cannot run are compute nodes, which the
+    importer does not read): every ROUND_TRIP column equal (group membership, step, seq,
+    bytes_out and the pipeline's fwd_bwd phase included; the group named by its ASTRA-sim id,
+    c10d's name + 1), issue time to the µs, end times to the µs and null exactly where they
+    were, all-to-all splits where recorded."""
     back = load_chakra(path)
-    want = _in_issue_order(ops, rank)
+    exported = ops[(ops["step"] >= 0) & ~ops["op"].isin(TIMED)]
+    want = _in_issue_order(exported, rank)
+    want = want.assign(group=[str(int(g) + 1) for g in want["group"]])
     assert len(back) == len(want)
     assert back[ROUND_TRIP].astype(str).to_dict("records") == want[ROUND_TRIP].astype(str).to_dict(
         "records"
@@ -190,150 +190,117 @@ def _assert_round_trip(ops: pd.DataFrame, path: Path, rank: int) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Protobuf encoder
+# Chakra (decoded through the vendored schema; the ASTRA-sim invariants: test_astrasim.py)
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("value", [0, 1, 127, 128, 300, 2**32, 2**63 - 1])
-def test_varint_round_trips_through_the_importer_decoder(value):
-    encoded = chakra_export.encode_varint(value)
-    assert read_varint(encoded, 0) == (value, len(encoded))
-
-
-def test_varint_known_bytes_and_negative_numbers():
-    assert chakra_export.encode_varint(300) == b"\xac\x02"
-    # int32/int64 -1 is ten bytes of two's complement; the importer reads it back signed.
-    assert len(chakra_export.encode_varint(-1)) == 10
-    name, value = decode_attribute(chakra_export.attribute("x", "int64", -1))
-    assert (name, value) == ("x", -1)
-
-
-@pytest.mark.parametrize(
-    "kind, value",
-    [
-        ("bool", False),
-        ("bool", True),
-        ("int64", 0),
-        ("int64", 4_254_720),
-        ("int32", -3),
-        ("uint64", 2**40),
-        ("string", "0"),
-        ("int64_list", [0, 1, 2]),
-        ("double", 1.5),
-    ],
-)
-def test_attributes_decode_to_what_was_written(kind, value):
-    # A oneof member equal to its default (0, false) must still be present.
-    assert decode_attribute(chakra_export.attribute("a", kind, value)) == ("a", value)
-
-
-def test_et_element_types_read_back_as_contract_dtypes():
+def test_element_types_read_back_as_contract_dtypes():
     for dtype, spelling in chakra_export._ET_TYPES.items():
         assert normalize_dtype(f"Tensor({spelling})") == dtype
-
-
-# --------------------------------------------------------------------------------------------
-# Chakra
-# --------------------------------------------------------------------------------------------
 
 
 def test_chakra_round_trip_synthetic(synthetic, tmp_path):
     ops, steps = synthetic
     paths = write_chakra(tmp_path, ops, steps)
-    assert [p.name for p in paths] == ["chakra.0.et", "chakra.1.et", "comm_group.json"]
-    assert json.loads(paths[-1].read_text()) == {"0": [0, 1]}
+    assert [p.name for p in paths] == [
+        "chakra.0.et",
+        "chakra.1.et",
+        "comm_group.json",
+        "network.yml",
+        "system.json",
+        "memory.json",
+        "run_astra.sh",
+        "export_summary.json",
+    ]
+    assert json.loads((tmp_path / "comm_group.json").read_text()) == {"1": [0, 1]}
     for rank in (0, 1):
         _assert_round_trip(ops, paths[rank], rank)
 
 
 def test_chakra_layout_follows_the_schema(synthetic):
     ops, steps = synthetic
-    data = to_chakra(ops, steps, 0, world_size=2)
-    first = next(iter_messages(data))
-    assert chakra_export.field_bytes(1, "0.0.4") == first[:7]  # GlobalMetadata.version
-    meta, nodes = read_chakra_bytes(data)
-    assert meta["version"] == "0.0.4" and meta["rank"] == 0 and meta["world_size"] == 2
-
-    chain = [n for n in nodes if n.type != chakra_export.METADATA_NODE]
-    spans = {n.id: n for n in nodes if n.type == chakra_export.METADATA_NODE}
+    meta, nodes = decode_et(to_chakra(ops, steps, 0, world_size=2))
+    assert meta.version == "0.0.4"
+    assert {a.name: attr_value(a) for a in meta.attr} == {
+        "source": "commscope",
+        "rank": 0,
+        "world_size": 2,
+        "backend": "nccl",
+    }
+    assert [n.id for n in nodes] == list(range(len(nodes)))
     # Issue order as data dependencies: every node waits for the one before it on the rank.
-    assert chain[0].data_deps == []
-    for before, node in zip(chain, chain[1:], strict=False):
-        assert node.data_deps == [before.id]
-    assert all(n.data_deps == [] for n in spans.values())
-    assert len(spans) == 6  # (step, phase) for 2 steps x fwd/bwd/optim
-    assert {n.name.split(" step")[0] for n in spans.values()} == {
+    assert list(nodes[0].data_deps) == []
+    for before, node in zip(nodes, nodes[1:], strict=False):
+        assert list(node.data_deps) == [before.id]
+
+    markers = {n.id: n for n in nodes if n.name.startswith("## ")}
+    assert len(markers) == 6  # (step, phase) for 2 steps x fwd/bwd/optim
+    assert all(n.type == pb.COMP_NODE and n.duration_micros == 0 for n in markers.values())
+    assert {n.name.split(" step")[0] for n in markers.values()} == {
         "## forward ##",
         "## backward ##",
         "## optimizer ##",
     }
+    others = [n for n in nodes if n.id not in markers]
+    assert all(markers[n.ctrl_deps[0]].name.startswith("## ") for n in others)
 
-    comm = [n for n in chain if n.type != chakra_export.COMP_NODE]
-    assert len(comm) == len(ops[ops["rank"] == 0])
+    comm = [n for n in others if not n.name.startswith("compute ")]
+    assert len(comm) == len(ops[(ops["rank"] == 0) & (ops["step"] >= 0)])  # set-up left out
     for node in comm:
-        assert node.attrs["is_cpu_op"] is False
-        assert node.attrs["pg_name"] == "0" and node.attrs["pg_ranks"] == [0, 1]
-    types = [(n.type, n.attrs.get("comm_type")) for n in comm[:6]]
+        attrs = node_attrs(node)
+        assert attrs["is_cpu_op"] is False and attrs["pg_ranks"] == [0, 1]
+        assert attrs["commscope_pg_name"] == "0"
+    types = [(n.type, node_attrs(n).get("comm_type")) for n in comm[:4]]
     assert types == [
-        (7, chakra_export.COMM_TYPES["broadcast"]),
-        (7, chakra_export.COMM_TYPES["barrier"]),
-        (7, 0),  # ALL_REDUCE = 0, written although it is the default
-        (chakra_export.COMM_SEND_NODE, None),
-        (7, 6),  # ALL_TO_ALL
-        (7, 2),  # ALL_GATHER
+        (pb.COMM_COLL_NODE, pb.ALL_REDUCE),  # written although 0 is the default
+        (pb.COMM_SEND_NODE, None),
+        (pb.COMM_COLL_NODE, pb.ALL_TO_ALL),
+        (pb.COMM_COLL_NODE, pb.ALL_GATHER),
     ]
-    send = comm[3]
-    assert (send.attrs["comm_src"], send.attrs["comm_dst"], send.attrs["comm_tag"]) == (0, 1, 0)
-    assert send.attrs["comm_size"] == 8192 and send.duration_micros == 5000
-    assert comm[0].attrs["comm_root"] == 0
-    no_end = [n for n in comm if n.attrs.get("t_end_unknown")]
+    send = node_attrs(comm[1])
+    assert (send["comm_src"], send["comm_dst"], send["comm_tag"]) == (0, 1, 0)
+    assert send["comm_size"] == 8192 and comm[1].duration_micros == 5000
+    assert node_attrs(comm[3])["comm_size"] == 1000  # all-gather: the per-rank input
+    no_end = [n for n in comm if node_attrs(n).get("t_end_unknown")]
     assert len(no_end) == 2 and all(n.duration_micros == 0 for n in no_end)
+    assert node_attrs(no_end[0])["comm_type"] == pb.REDUCE_SCATTER  # nccl: as recorded
 
     # Compute = phase time with no op in flight: per step fwd 9+8+5+8, bwd 10+7+0+1+4,
     # optim 10+4 ms (see the module docstring's table).
-    compute = [n for n in chain if n.type == chakra_export.COMP_NODE]
-    assert all(n.attrs["is_cpu_op"] is False for n in compute)
+    compute = [n for n in others if n.name.startswith("compute ")]
+    assert all(n.type == pb.COMP_NODE and node_attrs(n)["is_cpu_op"] is False for n in compute)
     assert sum(n.duration_micros for n in compute) == 2 * 66_000
-    for node in compute:
-        assert spans[node.ctrl_deps[0]].name.startswith("## ")
-
-
-def read_chakra_bytes(data: bytes):
-    """read_chakra on bytes (it reads files)."""
-    import tempfile
-
-    with tempfile.NamedTemporaryFile(suffix=".0.et") as f:
-        f.write(data)
-        f.flush()
-        return read_chakra(f.name)
 
 
 def test_chakra_recv_matches_send_tag(synthetic):
     ops, steps = synthetic
-    _, nodes = read_chakra_bytes(to_chakra(ops, steps, 1))
-    recvs = [n for n in nodes if n.type == chakra_export.COMM_RECV_NODE]
-    assert [(n.attrs["comm_src"], n.attrs["comm_dst"], n.attrs["comm_tag"]) for n in recvs] == [
-        (0, 1, 0),
-        (0, 1, 1),
+    _, nodes = decode_et(to_chakra(ops, steps, 1))
+    recvs = [node_attrs(n) for n in nodes if n.type == pb.COMM_RECV_NODE]
+    assert [(a["comm_src"], a["comm_dst"], a["comm_tag"], a["comm_size"]) for a in recvs] == [
+        (0, 1, 0, 8192),
+        (0, 1, 1, 8192),
     ]
 
 
-def test_chakra_astra_compatible_replays_unsupported_collectives(synthetic):
+def test_chakra_setup_ops_on_request(synthetic):
+    """With ``setup`` the ops before the first step are written too: the broadcast replayed
+    (BROADCAST), the barrier as compute of its measured 1 ms."""
     ops, steps = synthetic
-    _, nodes = read_chakra_bytes(to_chakra(ops, steps, 0, astra_compatible=True))
-    barrier = next(n for n in nodes if n.attrs.get("commscope_op") == "barrier")
-    assert barrier.attrs["comm_type"] == chakra_export.COMM_TYPES["broadcast"]
-    supported = {0, 2, 5, 6, 7}
-    assert {n.attrs["comm_type"] for n in nodes if "comm_type" in n.attrs} <= supported
+    _, nodes = decode_et(to_chakra(ops, steps, 0, setup=True))
+    bcast, barrier = nodes[0], nodes[1]
+    assert node_attrs(bcast)["comm_type"] == pb.BROADCAST
+    assert node_attrs(bcast)["comm_root"] == 0
+    assert barrier.type == pb.COMP_NODE and barrier.duration_micros == 1000
+    assert node_attrs(barrier)["commscope_op"] == "barrier"
 
 
 def test_uneven_all_to_all_splits_reach_chakra_and_flows(synthetic):
     ops, steps = synthetic
     ops["split_bytes"] = None
     ops.loc[ops["op"] == "alltoall", "split_bytes"] = "1000,3000"
-    _, nodes = read_chakra_bytes(to_chakra(ops, steps, 0))
-    a2a = [n for n in nodes if n.attrs.get("comm_type") == 6]
-    assert [n.attrs["split_bytes"] for n in a2a] == [[1000, 3000], [1000, 3000]]
+    _, nodes = decode_et(to_chakra(ops, steps, 0))
+    a2a = [node_attrs(n) for n in nodes if node_attrs(n).get("comm_type") == pb.ALL_TO_ALL]
+    assert [a["split_bytes"] for a in a2a] == [[1000, 3000], [1000, 3000]]
     flows = to_flows(ops)
     sent = flows[flows["op"] == "alltoall"].groupby("src_rank")["bytes"].first()
     assert sent.to_dict() == {0: 3000.0, 1: 1000.0}  # exact per-destination bytes
@@ -468,7 +435,7 @@ def test_astra_workload_synthetic(synthetic):
         AstraLayer("layer_1", 13000, "ALLTOALL", 4000, 0, "NONE", 0, 1000, "REDUCESCATTER", 2000),
         AstraLayer("layer_2", 4000, "NONE", 0, 0, "NONE", 0, 0, "ALLREDUCE", 400_000),
         AstraLayer(
-            "layer_3", 4000, "NONE", 0, 10000, "ALLGATHER", 2000, 7000, "ALLREDUCE", 600_000
+            "layer_3", 4000, "NONE", 0, 10000, "ALLGATHER", 1000, 7000, "ALLREDUCE", 600_000
         ),
     ]
     for layer in expected:
@@ -522,6 +489,11 @@ def test_export_real_cell(name, tmp_path):
         "chakra/chakra.0.et",
         "chakra/chakra.1.et",
         "chakra/comm_group.json",
+        "chakra/network.yml",
+        "chakra/system.json",
+        "chakra/memory.json",
+        "chakra/run_astra.sh",
+        "chakra/export_summary.json",
         "astra_workload.txt",
         "flows.csv",
     ]

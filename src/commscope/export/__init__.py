@@ -2,9 +2,13 @@
 
 * :mod:`~commscope.export.perfetto`: Chrome Trace Event JSON for Perfetto / ``chrome://tracing``
   (a compute track and a communication track per rank, ranks grouped by node);
-* :mod:`~commscope.export.chakra`: Chakra execution traces (``.et``, the protobuf layout of
-  mlcommons/chakra ``et_def.proto``), one file per rank, that ASTRA-sim 2.0 replays;
-* :mod:`~commscope.export.astra`: the ASTRA-sim 1.0 text workload (one layer per line);
+* :mod:`~commscope.export.chakra`: Chakra execution traces (``.et``, written through
+  mlcommons/chakra's ``et_def.proto``, vendored in :mod:`~commscope.export.chakra_schema`), one
+  file per rank, that ASTRA-sim 2.x runs as written, with the rest of ASTRA-sim's input set
+  beside them (:mod:`~commscope.export.astrasim`: what each op becomes, communicator groups,
+  network, system and memory configs, the command);
+* :mod:`~commscope.export.astra`: the ASTRA-sim 1.0 text workload (one layer per line), with
+  the Chakra export's comm types and sizes;
 * :mod:`~commscope.export.flows`: a flow list (src, dst, bytes, start, dependencies) from the
   traffic model :func:`commscope.collectives.traffic.op_destinations`;
 * :mod:`~commscope.export.cell`: :func:`export_cell` writes all of them for one cell.

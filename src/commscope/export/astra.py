@@ -35,8 +35,13 @@ median duration after ``warmup_steps``):
   (else added to layer 0's weight-gradient compute); pipelined ``fwd_bwd`` compute is split
   1/3 forward, 2/3 backward (the usual backward ≈ 2× forward), since the trace does not
   separate them;
-* sizes: all-reduce and all-to-all the op's ``bytes``; all-gather the gathered output
-  (``bytes_out``, else ``bytes`` x group size); reduce-scatter its full input (``bytes``);
+* comm types and sizes: those of the Chakra export (:func:`commscope.export.astrasim.plan_ops`,
+  so the two exports agree and Chakra's ``chakra_converter Text`` makes ``.et`` nodes of the same
+  sizes): the size convention ASTRA-sim's collectives read (all-reduce the buffer, all-gather the
+  per-rank input, reduce-scatter the full input, all-to-all the send buffer; an uneven
+  all-to-all the group's mean), and under gloo a reduce-scatter as the ALLREDUCE gloo runs; an
+  op the Chakra export turns into compute (barrier, scatter, a group of one, ...) or replays
+  (broadcast) is left out here;
 * ``update``: the optimizer phase's compute per KB of weight-gradient traffic (0 without
   weight-gradient collectives);
 * policy: ``DATA`` when only weight-gradient collectives occur (or none), ``MODEL`` when only
@@ -45,10 +50,11 @@ median duration after ``warmup_steps``):
 
 Lossy, by the format: P2P (pipeline send/recv), broadcast, scatter, gather, reduce and
 barrier have no comm type and are left out (listed in :attr:`AstraWorkload.dropped`, their
-time stays in the neighbouring compute); a layer holds one collective per slot, so the
-layer structure is the trace's op sequence, not the model's; compute overlapped by
-asynchronous ops is not counted; pipelined schedules become one rank's serial sequence;
-``update`` is rounded to an integer.
+time stays in the neighbouring compute); the format has no process groups, so a converter runs
+every collective over all ranks (the ``.et`` runs it over its group); a layer holds one
+collective per slot, so the layer structure is the trace's op sequence, not the model's;
+compute overlapped by asynchronous ops is not counted; pipelined schedules become one rank's
+serial sequence; ``update`` is rounded to an integer.
 """
 
 from __future__ import annotations
@@ -61,12 +67,14 @@ from pathlib import Path
 import pandas as pd
 
 from commscope.export import Interval, op_records, phase_intervals, rank_timeline
+from commscope.export.astrasim import plan_ops
 
+# Chakra CollectiveCommType (what the Chakra export writes) -> the text format's comm type.
 COMM_NAMES = {
-    "allreduce": "ALLREDUCE",
-    "allgather": "ALLGATHER",
-    "reduce_scatter": "REDUCESCATTER",
-    "alltoall": "ALLTOALL",
+    "ALL_REDUCE": "ALLREDUCE",
+    "ALL_GATHER": "ALLGATHER",
+    "REDUCE_SCATTER": "REDUCESCATTER",
+    "ALL_TO_ALL": "ALLTOALL",
 }
 COMM_TYPES = ("ALLREDUCE", "ALLGATHER", "REDUCESCATTER", "ALLTOALL", "NONE")
 POLICIES = ("DATA", "MODEL", "HYBRID_DATA_MODEL", "HYBRID_MODEL_DATA", "MICRO")
@@ -175,7 +183,7 @@ def _steady_step(steps: pd.DataFrame, rank: int, warmup_steps: int) -> int | Non
 def _slot(rec: dict) -> str | None:
     """``fwd``, ``ig`` or ``wg`` for an op the format can express, else None."""
     op, phase = rec["op"], rec["phase"]
-    if op not in COMM_NAMES:
+    if rec["astra"].kind != "coll":
         return None
     grad_reduction = op == "reduce_scatter" or (op == "allreduce" and rec["source"] != "functional")
     if phase in ("bwd", "optim"):
@@ -186,11 +194,11 @@ def _slot(rec: dict) -> str | None:
 
 
 def _size(rec: dict) -> int:
-    if rec["op"] == "allgather":
-        if rec["bytes_out"] > 0:
-            return rec["bytes_out"]
-        return rec["bytes"] * max(rec["group_size"], 1)
-    return rec["bytes"]
+    return rec["astra"].size
+
+
+def _comm(rec: dict) -> str:
+    return COMM_NAMES[rec["astra"].comm_type]
 
 
 def _spread(total: int, n: int) -> list[int]:
@@ -263,7 +271,7 @@ def _fill_forward(
     for i, (rec, before) in enumerate(fwd_ops):
         layer = layers[i]
         layer.fwd_compute += units(before)
-        layer.fwd_comm, layer.fwd_size = COMM_NAMES[rec["op"]], _size(rec)
+        layer.fwd_comm, layer.fwd_size = _comm(rec), _size(rec)
     after = layers[len(fwd_ops) :] or layers[-1:]
     for layer, share in zip(after, _spread(tail, len(after)), strict=True):
         layer.fwd_compute += share
@@ -284,10 +292,10 @@ def _fill_backward(
         layer = layers[n_layers - 1 - depth]
         if slot == "ig":
             layer.ig_compute += units(before)
-            layer.ig_comm, layer.ig_size = COMM_NAMES[rec["op"]], _size(rec)
+            layer.ig_comm, layer.ig_size = _comm(rec), _size(rec)
         else:
             layer.wg_compute += units(before)
-            layer.wg_comm, layer.wg_size = COMM_NAMES[rec["op"]], _size(rec)
+            layer.wg_comm, layer.wg_size = _comm(rec), _size(rec)
     lowest = n_layers - 1 - from_top[-1] if from_top else n_layers
     below = layers[:lowest] or layers[:1]
     for layer, share in zip(below, _spread(tail, len(below)), strict=True):
@@ -310,13 +318,18 @@ def astra_workload(
     warmup_steps: int = 0,
     parallelism: str | None = None,
     time_unit_ns: float = 1000.0,
+    backend: str = "nccl",
 ) -> AstraWorkload:
-    """The workload of one step of ``rank`` (see the module docstring for the mapping)."""
+    """The workload of one step of ``rank`` (see the module docstring for the mapping);
+    ``ops`` holds every rank's ops (collectives are matched across ranks, as in the Chakra
+    export)."""
     if step is None:
         step = _steady_step(steps, rank, warmup_steps)
     if step is None:
         raise ValueError(f"rank {rank} has no steps to export")
-    records = [r for r in op_records(ops).get(rank, []) if r["step"] == step]
+    every_rank = op_records(ops)
+    plan_ops(every_rank, backend)
+    records = [r for r in every_rank.get(rank, []) if r["step"] == step]
     intervals = [iv for iv in phase_intervals(steps, rank) if iv.step == step]
 
     def units(ns: float) -> int:

@@ -10,6 +10,7 @@ import pandas as pd
 
 from commscope.contracts import CELL_FILE, OPS_FILE, STEPS_FILE
 from commscope.export.astra import write_astra_text
+from commscope.export.astrasim import link_delay_ms, link_rate_bps
 from commscope.export.chakra import write_chakra
 from commscope.export.flows import write_flows_csv
 from commscope.export.perfetto import write_chrome_trace
@@ -26,7 +27,6 @@ def export_cell(
     out_dir: Path,
     *,
     astra_rank: int = 0,
-    astra_compatible: bool = False,
 ) -> list[Path]:
     """:func:`export_cell_files` for a cell's trace directory (``ops.parquet``,
     ``steps.parquet``, ``cell.json``), writing ``trace.json``, ``chakra/``,
@@ -41,7 +41,6 @@ def export_cell(
         astra=out_dir / ASTRA_TXT,
         flows=out_dir / FLOWS_CSV,
         astra_rank=astra_rank,
-        astra_compatible=astra_compatible,
     )
 
 
@@ -55,24 +54,26 @@ def export_cell_files(
     flows: Path,
     *,
     astra_rank: int = 0,
-    astra_compatible: bool = False,
 ) -> list[Path]:
     """Write one cell's exports to the given files and return their paths:
 
     * ``perfetto``: Perfetto / Chrome trace (:mod:`commscope.export.perfetto`);
-    * ``chakra``: a directory of Chakra execution traces ``chakra.<rank>.et`` and
-      ``comm_group.json`` (:mod:`commscope.export.chakra`; ASTRA-sim:
-      ``--workload-configuration=<chakra>/chakra``, ``astra_compatible`` replays the
-      collectives it cannot simulate);
+    * ``chakra``: a ready-to-run ASTRA-sim input set: Chakra execution traces
+      ``chakra.<rank>.et`` of the training steps, ``comm_group.json``, ``network.yml`` (the
+      cell's link), ``system.json``, ``memory.json``, ``run_astra.sh`` and
+      ``export_summary.json`` (what was approximated or left out; :mod:`commscope.export.chakra`,
+      :mod:`commscope.export.astrasim`);
     * ``astra``: ASTRA-sim text workload of rank ``astra_rank``'s median measured step
       (:mod:`commscope.export.astra`; left out when that rank ran no step);
     * ``flows``: flow list CSV (:mod:`commscope.export.flows`).
 
     ``ops``, ``steps`` and ``cell`` are the cell's trace files (cell.json may be missing:
     ``warmup_steps`` chooses the ASTRA-sim step, ``world_size`` goes into the metadata,
-    ``backend`` picks the flows' algorithms).
+    ``backend`` picks the flows' algorithms and what a reduce-scatter is written as, ``bw_bps``
+    and the ``delay`` parameter make the network config).
     """
     meta, op_table, step_table = _read_trace(ops, steps, cell)
+    backend = meta.get("backend") or "nccl"
     for path in (perfetto, astra, flows):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
 
@@ -83,16 +84,17 @@ def export_cell_files(
         step_table,
         prefix=CHAKRA_PREFIX,
         world_size=meta.get("world_size"),
-        astra_compatible=astra_compatible,
+        backend=backend,
+        link={"rate_bps": link_rate_bps(meta), "delay_ms": link_delay_ms(meta)},
     )
-    paths += _write_astra(Path(astra), op_table, step_table, meta, astra_rank)
+    paths += _write_astra(Path(astra), op_table, step_table, meta, astra_rank, backend)
     ranks_per_node = (meta.get("params") or {}).get("ranks_per_node")
     paths.append(
         write_flows_csv(
             Path(flows),
             op_table,
             int(ranks_per_node) if ranks_per_node is not None else None,
-            backend=meta.get("backend") or "nccl",
+            backend=backend,
         )
     )
     return paths
@@ -116,6 +118,7 @@ def _write_astra(
     step_table: pd.DataFrame,
     meta: dict[str, Any],
     astra_rank: int,
+    backend: str,
 ) -> list[Path]:
     """``[astra]`` written with rank ``astra_rank``'s workload, or ``[]`` when that rank ran
     no step."""
@@ -129,5 +132,6 @@ def _write_astra(
             step_table,
             rank=astra_rank,
             warmup_steps=int(meta.get("warmup_steps", 0) or 0),
+            backend=backend,
         )
     ]

@@ -1,86 +1,65 @@
-"""The ops table → Chakra execution traces (``.et``), one file per rank, for ASTRA-sim 2.0.
+"""The ops table → Chakra execution traces (``.et``), one file per rank, that ASTRA-sim 2.x runs.
 
-Layout (mlcommons/chakra ``schema/protobuf/et_def.proto``, written with the small protobuf
-encoder below rather than a protobuf dependency): a stream of messages, each prefixed by its
-length as a varint (Chakra's ``encodeMessage``): one ``GlobalMetadata`` (``version`` =
-``"0.0.4"``, attributes ``source``, ``rank``, ``world_size``), then ``Node`` messages in
-dependency order, ids from 0. Per rank, following :func:`commscope.export.rank_timeline`:
+Written through Chakra's own schema (mlcommons/chakra v1.0.0 ``et_def.proto``, vendored and
+compiled in :mod:`commscope.export.chakra_schema`): a stream of length-prefixed messages, one
+``GlobalMetadata`` (``version`` = ``"0.0.4"``, attributes ``source`` = ``commscope``, ``rank``,
+``world_size``, ``backend``), then ``Node`` messages in dependency order, ids from 0.
 
-* **phase spans**: one ``METADATA_NODE`` per (step, phase) the rank ran, named like PyTorch's
-  profiler annotations (``## forward ## step 3``, ``## backward ##``, ``## optimizer ##``,
-  ``## forward_backward ##``), zero duration, no data dependencies. Compute and comm nodes of
-  that phase name it in ``ctrl_deps`` (their enclosing span, as in traces converted from
-  PyTorch), which is how a reader recovers the phase. ASTRA-sim skips them (no runtime).
+What is exported: the training steps (ops with ``step`` >= 0; set-up ops before the first step,
+such as DDP's parameter broadcast, are left out and counted in the summary, so the simulated
+time is the steps' time). What every op becomes is decided once for all ranks by
+:func:`commscope.export.astrasim.plan_ops`, so that the traces run in ASTRA-sim as written
+(the module docstring there lists the rules and approximations). Per rank, following
+:func:`commscope.export.rank_timeline`:
+
+* **phase markers**: one zero-duration ``COMP_NODE`` per (step, phase) the rank ran, where the
+  phase starts, named like PyTorch's profiler annotations (``## forward ## step 3``,
+  ``## backward ##``, ``## optimizer ##``, ``## forward_backward ##``). Compute and comm nodes
+  of the phase name it in ``ctrl_deps`` (their enclosing span, as in traces converted from
+  PyTorch), which is how a reader recovers the phase. ASTRA-sim replays a marker for 1 ns
+  (METADATA nodes, which PyTorch-converted traces use, abort it).
 * **compute**: one ``COMP_NODE`` per compute span (phase time with no op in flight, see the
   package docstring), ``duration_micros`` its length; spans shorter than 1 µs are left out.
-* **communication**: one node per op: ``COMM_COLL_NODE`` for collectives, ``COMM_SEND_NODE`` /
-  ``COMM_RECV_NODE`` for P2P, ``start_time_micros`` = issue time, ``duration_micros`` = measured
-  duration (0 with attribute ``t_end_unknown`` when the trace has no completion time), and the
-  attributes ASTRA-sim's feeder reads, with the types it reads them as: ``is_cpu_op`` (bool,
-  false: the node is scheduled on the network), ``comm_type`` (int64, ``CollectiveCommType``),
-  ``comm_size`` (int64, bytes: the contract's ``bytes``, this rank's input payload, which is
-  what Chakra's PyTorch converter sums too; all-gather: the local shard), ``comm_src`` /
-  ``comm_dst`` / ``comm_tag`` (int32, P2P; the tag is the pair's sequence number, so the k-th
-  send from A to B matches B's k-th receive from A), plus ``pg_name`` (the process group),
-  ``comm_root`` (rooted collectives, when recorded) and, for tools that want them,
-  ``pg_ranks`` (int64 list), ``seq``, ``step``, ``bytes_out``, ``source`` and ``split_bytes``
-  (an all-to-all's bytes per destination, when recorded). ``inputs`` holds
-  the payload tensor in PyTorch-ET form (values/shapes/types) when dtype and element count
-  explain ``bytes``, so a reader recovers dtype and numel.
-* **dependencies**: every compute and comm node has a data dependency on the node before it
-  on the rank, so the graph reproduces the issue order (ASTRA-sim follows ``data_deps``).
-  Compute nodes are also marked ``is_cpu_op`` = false (device compute).
+* **communication**: ``COMM_COLL_NODE`` for a collective ASTRA-sim simulates or replays
+  (attributes ``comm_type``, ``comm_size`` in ASTRA-sim's size convention, ``pg_name`` = the
+  ASTRA-sim communicator-group id), ``COMM_SEND_NODE`` / ``COMM_RECV_NODE`` for P2P
+  (``comm_src``, ``comm_dst``, ``comm_tag``, ``comm_size``), and a ``COMP_NODE`` of the op's
+  measured duration for what ASTRA-sim cannot run (barrier, scatter, ...). Every one has
+  ``is_cpu_op`` = false, ``start_time_micros`` = issue time, ``duration_micros`` = measured
+  duration (0 with ``t_end_unknown`` when the trace has no completion time), and what the
+  measurement said, for readers that want it: ``commscope_op`` (the measured op),
+  ``commscope_pg_name`` (the process group's own name), ``pg_ranks``, ``seq``, ``step``,
+  ``bytes_out``, ``source``, ``split_bytes`` (an all-to-all's bytes per destination),
+  ``comm_root``, ``commscope_bytes`` (the measured size where ``comm_size`` differs) and
+  ``commscope_note`` (why, where the op was approximated). ``inputs`` holds the measured payload
+  tensor in PyTorch-ET form (values/shapes/types) when dtype and element count explain it.
+* **dependencies**: every node has a data dependency on the node before it on the rank, so
+  the graph replays the issue order (ASTRA-sim follows ``data_deps``).
 
-ASTRA-sim 2.0 simulates ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, send and recv, and
-replays BROADCAST from ``duration_micros``; it has no model for BARRIER, REDUCE, GATHER or
-SCATTER (depending on the version such a node is skipped or never completes). With
-``astra_compatible=True`` those four are written as BROADCAST (replayed for their measured
-duration), the original op kept in attribute ``commscope_op``; the default writes the
-recorded types. ASTRA-sim takes process-group membership from a separate communicator-group
-JSON (``--comm-group-configuration``), :func:`write_chakra` writes one (``comm_group.json``:
-``{pg_name: [ranks]}``); ASTRA-sim 2.0 gives each NPU a single group (the last listed that
-contains it), so cells with several groups per rank (hybrid plans) need per-op groups that
-it does not have.
+:func:`write_chakra` also writes the ASTRA-sim input set beside the traces
+(:func:`commscope.export.astrasim.write_astra_inputs`: communicator groups, network, system and
+memory configs, ``run_astra.sh``, ``export_summary.json``).
 """
 
 from __future__ import annotations
 
-import json
-import struct
-from collections.abc import Iterable
+from collections.abc import Mapping
 from os import PathLike
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from commscope.contracts import DTYPE_SIZES, P2P_OPS, parse_ranks
-from commscope.export import (
-    PHASES,
-    ComputeSpan,
-    op_records,
-    phase_intervals,
-    rank_timeline,
+from commscope.contracts import DTYPE_SIZES, parse_ranks
+from commscope.export import PHASES, ComputeSpan, op_records, phase_intervals, rank_timeline
+from commscope.export.astrasim import (
+    UNCAPPED_BPS,
+    AstraOp,
+    AstraSummary,
+    plan_ops,
+    write_astra_inputs,
 )
-
-SCHEMA_VERSION = "0.0.4"
-
-# NodeType in et_def.proto.
-METADATA_NODE, COMP_NODE, COMM_SEND_NODE, COMM_RECV_NODE, COMM_COLL_NODE = 1, 4, 5, 6, 7
-# CollectiveCommType in et_def.proto.
-COMM_TYPES: dict[str, int] = {
-    "allreduce": 0,  # ALL_REDUCE
-    "reduce": 1,  # REDUCE
-    "allgather": 2,  # ALL_GATHER
-    "gather": 3,  # GATHER
-    "scatter": 4,  # SCATTER
-    "broadcast": 5,  # BROADCAST
-    "alltoall": 6,  # ALL_TO_ALL
-    "reduce_scatter": 7,  # REDUCE_SCATTER (8 is REDUCE_SCATTER_BLOCK)
-    "barrier": 9,  # BARRIER
-}
-# What ASTRA-sim 2.0 does not simulate; astra_compatible replays them as BROADCAST.
-ASTRA_UNSUPPORTED = frozenset({"barrier", "reduce", "gather", "scatter"})
+from commscope.export.chakra_schema import SCHEMA_VERSION, encode_et, pb
 
 # Span names: the markers PyTorch's profiler writes and commscope.importers reads back.
 PHASE_SPAN_NAMES = {
@@ -108,153 +87,42 @@ _ET_TYPES = {
 # Bytes per element of the types above (the contract's dtype sizes, restricted to them).
 _ELEM_BYTES = {dtype: DTYPE_SIZES[dtype] for dtype in _ET_TYPES}
 
-# --------------------------------------------------------------------------------------------
-# Protobuf wire format (proto3): just what et_def.proto needs
-# --------------------------------------------------------------------------------------------
-
-_VARINT, _I64, _LEN = 0, 1, 2
-
-
-def encode_varint(value: int) -> bytes:
-    """Base-128 varint; negative values as their 64-bit two's complement (int32/int64)."""
-    value &= (1 << 64) - 1
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def _key(number: int, wire: int) -> bytes:
-    return encode_varint(number << 3 | wire)
-
-
-def field_varint(number: int, value: int) -> bytes:
-    """A varint field (int32/int64/uint64/bool/enum), written even when 0."""
-    return _key(number, _VARINT) + encode_varint(int(value))
-
-
-def field_bytes(number: int, data: bytes | str) -> bytes:
-    """A length-delimited field (string, bytes, embedded message, packed repeated)."""
-    raw = data.encode("utf-8") if isinstance(data, str) else data
-    return _key(number, _LEN) + encode_varint(len(raw)) + raw
-
-
-def field_double(number: int, value: float) -> bytes:
-    return _key(number, _I64) + struct.pack("<d", float(value))
-
-
-def field_packed(number: int, values: Iterable[int]) -> bytes:
-    """A packed repeated varint field (proto3's default for repeated scalars)."""
-    body = b"".join(encode_varint(int(v)) for v in values)
-    return field_bytes(number, body) if body else b""
-
-
-def length_prefixed(message: bytes) -> bytes:
-    """One message of a Chakra stream: its length as a varint, then the message."""
-    return encode_varint(len(message)) + message
-
-
-# AttributeProto's oneof field numbers by value kind.
-_ATTR_FIELDS = {
-    "double": 3,
-    "int32": 7,
-    "int64": 9,
-    "uint64": 13,
-    "bool": 27,
-    "string": 29,
-    "int64_list": 10,
-    "bool_list": 28,
-    "string_list": 30,
+_NODE_TYPES = {
+    "coll": pb.COMM_COLL_NODE,
+    "replay": pb.COMM_COLL_NODE,
+    "send": pb.COMM_SEND_NODE,
+    "recv": pb.COMM_RECV_NODE,
+    "comp": pb.COMP_NODE,
 }
 
 
-def attribute(name: str, kind: str, value: Any) -> bytes:
-    """An ``AttributeProto`` message: name (1) and the ``oneof`` value, always written (a
-    oneof member set to 0 or false is still present)."""
-    number = _ATTR_FIELDS[kind]
-    body = field_bytes(1, name)
-    if kind == "double":
-        body += field_double(number, value)
-    elif kind == "string":
-        body += field_bytes(number, str(value))
-    elif kind in ("int64_list", "bool_list"):
-        body += field_bytes(number, field_packed(1, (int(v) for v in value)))
-    elif kind == "string_list":
-        body += field_bytes(number, b"".join(field_bytes(1, str(v)) for v in value))
+def attribute(name: str, kind: str, value: Any) -> pb.AttributeProto:
+    """An ``AttributeProto`` with ``value`` in the ``oneof`` member ``kind`` (``int64``,
+    ``int32``, ``bool``, ``string``, ``double``, ``int64_list``, ...). A member set to 0 or
+    false is still present (a oneof records which member is set)."""
+    attr = pb.AttributeProto(name=name)
+    if kind.endswith("_list"):
+        getattr(attr, kind).values.extend(value)
     else:
-        body += field_varint(number, int(value))
-    return body
-
-
-def node_message(
-    node_id: int,
-    name: str,
-    node_type: int,
-    *,
-    ctrl_deps: Iterable[int] = (),
-    data_deps: Iterable[int] = (),
-    start_time_micros: int = 0,
-    duration_micros: int = 0,
-    inputs: dict[str, str] | None = None,
-    attrs: Iterable[bytes] = (),
-) -> bytes:
-    """A ``Node`` message. Plain scalars equal to their default are left out, as proto3
-    encoders do (a reader sees the default either way)."""
-    out = b""
-    if node_id:
-        out += field_varint(1, node_id)
-    if name:
-        out += field_bytes(2, name)
-    if node_type:
-        out += field_varint(3, node_type)
-    out += field_packed(4, ctrl_deps) + field_packed(5, data_deps)
-    if start_time_micros > 0:
-        out += field_varint(6, start_time_micros)
-    if duration_micros > 0:
-        out += field_varint(7, duration_micros)
-    if inputs:
-        io = b"".join(
-            field_bytes(number, inputs[key])
-            for number, key in ((1, "values"), (2, "shapes"), (3, "types"))
-            if inputs.get(key)
-        )
-        out += field_bytes(8, io)
-    for attr in attrs:
-        out += field_bytes(10, attr)
-    return out
-
-
-def metadata_message(attrs: Iterable[bytes], version: str = SCHEMA_VERSION) -> bytes:
-    """``GlobalMetadata``: version (1) and attributes (2)."""
-    return field_bytes(1, version) + b"".join(field_bytes(2, a) for a in attrs)
-
-
-# --------------------------------------------------------------------------------------------
-# Ops → nodes
-# --------------------------------------------------------------------------------------------
+        setattr(attr, f"{kind}_val", value)
+    return attr
 
 
 def _micros(ns: int) -> int:
     return max(int(round(ns / 1000)), 0)
 
 
-def _payload_inputs(rec: dict[str, Any], tensor_id: int) -> dict[str, str] | None:
+def _payload_inputs(rec: dict[str, Any], tensor_id: int) -> pb.IOInfo | None:
     """The op's payload as one PyTorch-ET tensor, when dtype and numel explain its bytes."""
     dtype, numel = rec["dtype"], rec["numel"]
     elem = _ELEM_BYTES.get(dtype)
     if elem is None or numel < 0 or numel * elem != rec["bytes"]:
         return None
-    type_name = _ET_TYPES.get(dtype, dtype)
-    return {
-        "values": repr([[tensor_id, tensor_id, 0, numel, elem, "cpu"]]),
-        "shapes": repr([[numel]]),
-        "types": repr([f"Tensor({type_name})"]),
-    }
+    return pb.IOInfo(
+        values=repr([[tensor_id, tensor_id, 0, numel, elem, "cpu"]]),
+        shapes=repr([[numel]]),
+        types=repr([f"Tensor({_ET_TYPES[dtype]})"]),
+    )
 
 
 def _splits(value: Any) -> list[int]:
@@ -266,79 +134,173 @@ def _splits(value: Any) -> list[int]:
     return [int(v) for v in value]
 
 
-def _comm_type_attrs(
-    rec: dict[str, Any], rank: int, astra_compatible: bool
-) -> tuple[int, list[bytes]]:
-    """The node type of an op and the attributes that say what kind of communication it is:
-    source, destination and tag of a send/recv, type (and root) of a collective."""
-    op = rec["op"]
-    attrs: list[bytes] = []
-    if op in P2P_OPS:
-        node_type = COMM_SEND_NODE if op == "send" else COMM_RECV_NODE
-        peer = rec["peer"]
-        src, dst = (rank, peer) if op == "send" else (peer, rank)
+def _comm_attrs(rec: dict[str, Any], rank: int, plan: AstraOp) -> list[pb.AttributeProto]:
+    """The attributes ASTRA-sim's feeder reads for the node ``plan`` says the op becomes."""
+    attrs = [attribute("is_cpu_op", "bool", False)]
+    if plan.kind in ("coll", "replay"):
+        attrs += [
+            attribute("comm_type", "int64", pb.CollectiveCommType.Value(plan.comm_type)),
+            attribute("comm_size", "int64", plan.size),
+            attribute("pg_name", "string", str(plan.group_id)),
+        ]
+    elif plan.kind in ("send", "recv"):
+        src, dst = (rank, rec["peer"]) if plan.kind == "send" else (rec["peer"], rank)
         attrs += [
             attribute("comm_src", "int32", src),
             attribute("comm_dst", "int32", dst),
-            attribute("comm_tag", "int32", max(rec["seq"], 0)),
+            attribute("comm_tag", "int32", plan.tag),
+            attribute("comm_size", "int64", plan.size),
         ]
-    else:
-        node_type = COMM_COLL_NODE
-        if op not in COMM_TYPES:
-            raise ValueError(f"no Chakra collective type for op {op!r}")
-        written = "broadcast" if astra_compatible and op in ASTRA_UNSUPPORTED else op
-        attrs.append(attribute("comm_type", "int64", COMM_TYPES[written]))
-        if written != op:
-            attrs.append(attribute("commscope_op", "string", op))
-        if rec["root"] >= 0:
-            attrs.append(attribute("comm_root", "int64", rec["root"]))
-    return node_type, attrs
+        if plan.group_id:  # not read by ASTRA-sim for P2P; names the group for other readers
+            attrs.append(attribute("pg_name", "string", str(plan.group_id)))
+    return attrs
 
 
-def _comm_node(
-    node_id: int,
-    rec: dict[str, Any],
-    rank: int,
-    ctrl: list[int],
-    data: list[int],
-    astra_compatible: bool,
-) -> bytes:
-    """The Chakra node of one op of ``rank`` with its control and data dependencies."""
-    op = rec["op"]
-    end = rec["t_end_ns"]
-    attrs = [attribute("is_cpu_op", "bool", False)]
-    node_type, kind_attrs = _comm_type_attrs(rec, rank, astra_compatible)
-    attrs += kind_attrs
-    attrs.append(attribute("comm_size", "int64", rec["bytes"]))
+def _measured_attrs(rec: dict[str, Any], plan: AstraOp) -> list[pb.AttributeProto]:
+    """What the measurement said about the op, kept for readers (see the module docstring)."""
+    attrs = [attribute("commscope_op", "string", rec["op"])]
     if rec["group"]:
-        attrs.append(attribute("pg_name", "string", rec["group"]))
+        attrs.append(attribute("commscope_pg_name", "string", rec["group"]))
     members = parse_ranks(rec["group_ranks"])
     if members:
         attrs.append(attribute("pg_ranks", "int64_list", members))
+    if rec["root"] >= 0:
+        attrs.append(attribute("comm_root", "int64", rec["root"]))
     attrs += [
         attribute("seq", "int64", rec["seq"]),
         attribute("step", "int64", rec["step"]),
         attribute("bytes_out", "int64", rec["bytes_out"]),
     ]
+    if plan.kind == "comp" or plan.size != rec["bytes"]:
+        attrs.append(attribute("commscope_bytes", "int64", rec["bytes"]))
     splits = _splits(rec["split_bytes"])
     if splits:
         attrs.append(attribute("split_bytes", "int64_list", splits))
     if rec["source"]:
         attrs.append(attribute("source", "string", rec["source"]))
-    if end is None:
+    if rec["t_end_ns"] is None:
         attrs.append(attribute("t_end_unknown", "bool", True))
-    return node_message(
-        node_id,
-        f"{op} ({rec['group'] or 'group ?'}, seq {rec['seq']})",
-        node_type,
+    if plan.note:
+        attrs.append(attribute("commscope_note", "string", plan.note))
+    return attrs
+
+
+def _op_node(
+    node_id: int, rec: dict[str, Any], rank: int, ctrl: list[int], data: list[int]
+) -> pb.Node:
+    """The node of one op of ``rank`` (its plan in ``rec["astra"]``)."""
+    plan: AstraOp = rec["astra"]
+    end = rec["t_end_ns"]
+    start_us = rec["t_issue_ns"] // 1000
+    node = pb.Node(
+        id=node_id,
+        name=f"{rec['op']} ({rec['group'] or 'group ?'}, seq {rec['seq']})",
+        type=_NODE_TYPES[plan.kind],
         ctrl_deps=ctrl,
         data_deps=data,
-        start_time_micros=rec["t_issue_ns"] // 1000,
+        start_time_micros=max(start_us, 0),
         # From the start as written (whole µs), so start + duration is the end to 0.5 µs.
-        duration_micros=_micros(end - rec["t_issue_ns"] // 1000 * 1000) if end is not None else 0,
-        inputs=_payload_inputs(rec, node_id),
-        attrs=attrs,
+        duration_micros=_micros(end - start_us * 1000) if end is not None else 0,
     )
+    inputs = _payload_inputs(rec, node_id)
+    if inputs is not None:
+        node.inputs.CopyFrom(inputs)
+    node.attr.extend(_comm_attrs(rec, rank, plan) + _measured_attrs(rec, plan))
+    return node
+
+
+def select_ops(ops: pd.DataFrame, setup: bool = False) -> tuple[pd.DataFrame, dict[str, int]]:
+    """The ops to export: the training steps (``step`` >= 0), or all with ``setup``; and the
+    ops left out, ``{"<op>: <reason>": count}``."""
+    if setup or ops.empty or "step" not in ops.columns:
+        return ops, {}
+    keep = ops["step"].fillna(-1).astype("int64") >= 0
+    left = ops.loc[~keep, "op"].value_counts()
+    reasons = {f"{op}: set-up op before the first step": int(n) for op, n in left.items()}
+    return ops[keep], reasons
+
+
+def plan_chakra(
+    ops: pd.DataFrame, backend: str = "nccl", setup: bool = False
+) -> tuple[dict[int, list[dict[str, Any]]], AstraSummary]:
+    """The records of the ops to export, every one planned (``rec["astra"]``), and the summary
+    (ops left out included)."""
+    chosen, left_out = select_ops(ops, setup)
+    records = op_records(chosen)
+    summary = plan_ops(records, backend)
+    summary.left_out.update(left_out)
+    return records, summary
+
+
+def rank_nodes(
+    records: list[dict[str, Any]], steps: pd.DataFrame | None, rank: int
+) -> list[pb.Node]:
+    """The nodes of one rank's planned records (see the module docstring for the layout)."""
+    intervals = phase_intervals(steps, rank) if steps is not None else []
+    nodes: list[pb.Node] = []
+    prev: list[int] = []
+    markers: dict[tuple[int, str], int] = {}
+
+    def append(node: pb.Node) -> None:
+        nonlocal prev
+        nodes.append(node)
+        prev = [node.id]
+
+    def marker(step: int, phase: str, start_ns: int) -> list[int]:
+        if phase not in PHASES:
+            return []
+        if (step, phase) not in markers:
+            markers[(step, phase)] = len(nodes)
+            node = pb.Node(
+                id=len(nodes),
+                name=f"{PHASE_SPAN_NAMES[phase]} step {step}",
+                type=pb.COMP_NODE,
+                data_deps=prev,
+                start_time_micros=max(start_ns // 1000, 0),
+            )
+            node.attr.extend(
+                [attribute("is_cpu_op", "bool", False), attribute("step", "int64", step)]
+            )
+            append(node)
+        return [markers[(step, phase)]]
+
+    for kind, item in rank_timeline(records, intervals):
+        if kind == "compute":
+            span: ComputeSpan = item
+            micros = _micros(span.duration_ns)
+            if micros < 1:
+                continue
+            ctrl = marker(span.step, span.phase, span.start_ns)
+            node = pb.Node(
+                id=len(nodes),
+                name=f"compute {span.phase} step {span.step}",
+                type=pb.COMP_NODE,
+                ctrl_deps=ctrl,
+                data_deps=prev,
+                start_time_micros=span.start_ns // 1000,
+                duration_micros=micros,
+            )
+            node.attr.append(attribute("is_cpu_op", "bool", False))
+        else:
+            ctrl = marker(item["step"], item["phase"], item["t_issue_ns"])
+            node = _op_node(len(nodes), item, rank, ctrl, prev)
+        append(node)
+    return nodes
+
+
+def metadata(rank: int, world_size: int | None, backend: str) -> pb.GlobalMetadata:
+    """The trace's ``GlobalMetadata``."""
+    meta = pb.GlobalMetadata(version=SCHEMA_VERSION)
+    meta.attr.extend(
+        [
+            attribute("source", "string", "commscope"),
+            attribute("rank", "int64", rank),
+            attribute("backend", "string", backend),
+        ]
+    )
+    if world_size is not None:
+        meta.attr.append(attribute("world_size", "int64", world_size))
+    return meta
 
 
 def to_chakra(
@@ -347,72 +309,14 @@ def to_chakra(
     rank: int,
     *,
     world_size: int | None = None,
-    astra_compatible: bool = False,
+    backend: str = "nccl",
+    setup: bool = False,
 ) -> bytes:
-    """One rank's Chakra ``.et`` stream (see the module docstring for the node layout)."""
-    records = op_records(ops[ops["rank"] == rank] if not ops.empty else ops).get(rank, [])
-    intervals = phase_intervals(steps, rank) if steps is not None else []
-    meta = [attribute("source", "string", "commscope"), attribute("rank", "int64", rank)]
-    if world_size is not None:
-        meta.append(attribute("world_size", "int64", world_size))
-    out = [length_prefixed(metadata_message(meta))]
-
-    next_id = 0
-    prev: int | None = None
-    spans: dict[tuple[int, str], int] = {}
-
-    def span_of(step: int, phase: str) -> list[int]:
-        nonlocal next_id
-        if phase not in PHASES:
-            return []
-        key = (step, phase)
-        if key not in spans:
-            spans[key] = next_id
-            name = f"{PHASE_SPAN_NAMES[phase]} step {step}"
-            attrs = [attribute("is_cpu_op", "bool", True), attribute("step", "int64", step)]
-            out.append(length_prefixed(node_message(next_id, name, METADATA_NODE, attrs=attrs)))
-            next_id += 1
-        return [spans[key]]
-
-    for kind, item in rank_timeline(records, intervals):
-        if kind == "compute":
-            span: ComputeSpan = item
-            micros = _micros(span.duration_ns)
-            if micros < 1:
-                continue
-            ctrl = span_of(span.step, span.phase)
-            message = node_message(
-                next_id,
-                f"compute {span.phase} step {span.step}",
-                COMP_NODE,
-                ctrl_deps=ctrl,
-                data_deps=[prev] if prev is not None else [],
-                start_time_micros=span.start_ns // 1000,
-                duration_micros=micros,
-                attrs=[attribute("is_cpu_op", "bool", False)],
-            )
-        else:
-            ctrl = span_of(item["step"], item["phase"])
-            data = [prev] if prev is not None else []
-            message = _comm_node(next_id, item, rank, ctrl, data, astra_compatible)
-        out.append(length_prefixed(message))
-        prev = next_id
-        next_id += 1
-    return b"".join(out)
-
-
-def comm_groups(ops: pd.DataFrame) -> dict[str, list[int]]:
-    """``{pg_name: [global ranks]}`` of every group in ``ops`` (ASTRA-sim's communicator-group
-    JSON)."""
-    groups: dict[str, list[int]] = {}
-    if ops.empty:
-        return groups
-    for rec_list in op_records(ops).values():
-        for rec in rec_list:
-            members = parse_ranks(rec["group_ranks"])
-            if rec["group"] and members:
-                groups.setdefault(rec["group"], members)
-    return dict(sorted(groups.items(), key=lambda kv: (len(kv[0]), kv[0])))
+    """One rank's Chakra ``.et`` stream. ``ops`` holds every rank's ops (collectives and P2P
+    pairs are matched across ranks); ``setup`` keeps the ops before the first step."""
+    records, _ = plan_chakra(ops, backend, setup)
+    nodes = rank_nodes(records.get(rank, []), steps, rank)
+    return encode_et(metadata(rank, world_size, backend), nodes)
 
 
 def write_chakra(
@@ -422,27 +326,50 @@ def write_chakra(
     *,
     prefix: str = "chakra",
     world_size: int | None = None,
-    astra_compatible: bool = False,
+    backend: str = "nccl",
+    setup: bool = False,
+    link: Mapping[str, Any] | None = None,
 ) -> list[Path]:
     """Write ``{prefix}.{rank}.et`` for every rank in ``ops`` or ``steps`` (the names ASTRA-sim's
-    ``--workload-configuration={directory}/{prefix}`` expects, from which
-    :func:`commscope.importers.load_chakra` reads the rank) and ``comm_group.json``; returns
-    the paths written."""
+    ``--workload-configuration={directory}/{prefix}`` reads) and the ASTRA-sim input set beside
+    them (``link``: ``rate_bps`` and ``delay_ms`` of the network config; uncapped by default);
+    returns the paths written, traces first."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     ranks = set(int(r) for r in ops["rank"].unique()) if not ops.empty else set()
     if steps is not None and not steps.empty:
         ranks |= set(int(r) for r in steps["rank"].unique())
-    if world_size is None and ranks:
-        world_size = max(ranks) + 1
+    if world_size is None:
+        world_size = max(ranks) + 1 if ranks else 0
+    records, summary = plan_chakra(ops, backend, setup)
     paths = []
     for rank in sorted(ranks):
         path = directory / f"{prefix}.{rank}.et"
-        path.write_bytes(
-            to_chakra(ops, steps, rank, world_size=world_size, astra_compatible=astra_compatible)
-        )
+        nodes = rank_nodes(records.get(rank, []), steps, rank)
+        path.write_bytes(encode_et(metadata(rank, world_size, backend), nodes))
         paths.append(path)
-    groups = directory / "comm_group.json"
-    groups.write_text(json.dumps(comm_groups(ops), indent=1) + "\n")
-    paths.append(groups)
+    link = link or {}
+    paths += write_astra_inputs(
+        directory,
+        world_size=world_size,
+        rate_bps=int(link.get("rate_bps") or UNCAPPED_BPS),
+        delay_ms=float(link.get("delay_ms") or 0.0),
+        summary=summary,
+        prefix=prefix,
+        extra={"backend": backend, "measured": measured_span(steps)},
+    )
     return paths
+
+
+def measured_span(steps: pd.DataFrame | None) -> dict[str, Any]:
+    """The measured time of the exported steps: from the first step's start to the last one's
+    end on the slowest rank, in seconds, with the step count (what a simulation of the traces
+    is compared with)."""
+    if steps is None or steps.empty:
+        return {}
+    rows = steps[(steps["phase"] == "step") & (steps["step"] >= 0)]
+    if rows.empty:
+        return {}
+    per_rank = rows.groupby("rank").agg(start=("t_start_ns", "min"), end=("t_end_ns", "max"))
+    span = (per_rank["end"] - per_rank["start"]).max()
+    return {"steps": int(rows["step"].nunique()), "time_s": float(span) / 1e9}
