@@ -1,4 +1,6 @@
-# Simulator-ready exports per cell: Perfetto/Chrome trace, Chakra ET, ASTRA-sim text, flow list.
+# Simulator-ready exports per cell: Perfetto/Chrome trace, flow list, ASTRA-sim text workload, and
+# in chakra/ a ready-to-run ASTRA-sim input set (Chakra ET per rank, comm groups, network, system
+# and memory configs, run_astra.sh, export_summary.json; docs/export.md).
 
 
 rule export_cell:

@@ -1,4 +1,6 @@
-"""Rule export_cell: one cell's traces for simulators and trace viewers."""
+"""Rule export_cell: one cell's traces for simulators and trace viewers; ``chakra/`` is the
+ASTRA-sim input set (``sh chakra/run_astra.sh`` with ``ASTRA_SIM`` naming the analytical
+backend's binary simulates the cell; docs/export.md)."""
 
 from pathlib import Path
 
