@@ -8,6 +8,7 @@ inputs (a stage turned off) give empty frames, which the report shows as "no row
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import pandas as pd
 from commscope.collectives.ring import busbw_factors
 from commscope.collectives.traffic import DEFAULT_BACKEND, GLOO
 from commscope.contracts import PARAM_COLUMNS
+from commscope.export.astrasim import ASTRA_BINARY, RUN_SCRIPT, SUMMARY_FILE
 from commscope.metrics import crosscheck_by_strategy
 from commscope.metrics.learning import learning_table
 from commscope.metrics.study import CI_LEVEL, SETUP_AXES, SHAPING_AXES, crosscheck_per_cell
@@ -751,3 +753,56 @@ def temporal_section(onoff: pd.DataFrame) -> pd.DataFrame:
 
 def _fmt_share(value: Any) -> str:
     return "n/a" if is_missing(value) else f"{100 * float(value):.1f} %"
+
+
+# ------------------------------------------------------------------------ exports for simulators
+
+EXPORT_TITLE = "Exports for simulators: ASTRA-sim"
+
+
+def export_section(chakra_dirs: Sequence[Path]) -> dict[str, Any]:
+    """The export section: the one-line command that simulates a cell with ASTRA-sim (its intro)
+    and, per cell, what its ready-to-run input set holds (``export/chakra/``, read from its
+    ``export_summary.json``): ranks, exported steps and their measured time, the ops ASTRA-sim
+    runs as approximations (by reason) and the set-up ops left out. A directory without a
+    summary (an export from before the input set existed) is skipped."""
+    rows = []
+    for directory in chakra_dirs:
+        path = Path(directory) / SUMMARY_FILE
+        if not path.exists():
+            continue
+        summary = json.loads(path.read_text())
+        measured = summary.get("measured") or {}
+        approximated = summary.get("approximated") or {}
+        rows.append(
+            {
+                "cell": _cell_of(Path(directory)),
+                "ranks": fmt_count(summary.get("world_size")),
+                "steps": fmt_count(measured.get("steps")),
+                "measured time": fmt_ms(measured.get("time_s")),
+                "approximated": "; ".join(f"{k} (x{v})" for k, v in approximated.items()) or "none",
+                "set-up ops left out": fmt_count(sum((summary.get("left_out") or {}).values())),
+            }
+        )
+    frame = pd.DataFrame(rows)
+    if not frame.empty:
+        frame = frame.sort_values("cell").reset_index(drop=True)
+    intro = (
+        "Every cell's export/chakra/ is a ready-to-run ASTRA-sim input set: Chakra execution "
+        "traces of the training steps (written through Chakra's own schema), communicator "
+        "groups, the network (one switch at the cell's cap, ASTRA-sim's GB = 2^30 B), system "
+        "and memory configs. One line simulates a cell with ASTRA-sim's analytical backend: "
+        f"ASTRA_SIM=/path/to/{ASTRA_BINARY} sh results/runs/<cell>/export/chakra/{RUN_SCRIPT} . "
+        "Ops ASTRA-sim has no model of are timed compute, uneven all-to-alls run at the "
+        "group's mean size; per cell below, with the measured time of the exported steps to "
+        "compare the simulated time with (docs/export.md)."
+    )
+    return _section(EXPORT_TITLE, intro, frame)
+
+
+def _cell_of(directory: Path) -> str:
+    """The cell path of ``results/runs/<cell>/export/chakra`` (the path itself elsewhere)."""
+    parts = directory.parts
+    if "runs" in parts and len(parts) >= 2 and parts[-2:] == ("export", "chakra"):
+        return "/".join(parts[parts.index("runs") + 1 : -2])
+    return directory.as_posix()
