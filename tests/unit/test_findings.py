@@ -6,10 +6,13 @@ import pandas as pd
 
 from commscope.metrics.study import unshaped_rows
 from commscope.report.findings import (
+    PREDICTIONS,
     SENSITIVITY,
     SYNC,
     TEMPORAL,
+    congestion_findings,
     link_findings,
+    mapping_findings,
     placement_findings,
     scale_findings,
     sensitivity_findings,
@@ -146,3 +149,42 @@ def test_a_jittered_cell_is_not_unshaped() -> None:
         ]
     )
     assert list(unshaped_rows(table)["strategy"]) == ["a", "c"]
+
+
+def test_congestion_control_compares_cells_that_differ_in_nothing_else() -> None:
+    rows = [
+        {**_summary_row("ddp", 2, step, 1e6), "bw": "50mbit", "cc": cc, "jitter": "0ms"}
+        for cc, step in [("cubic", 0.8), ("cubic", 0.9), ("bbr", 1.02)]
+    ]
+    # A TP cell under CUBIC only: nothing to compare it with.
+    rows.append({**_summary_row("tp", 2, 0.5, 1e6), "bw": "50mbit", "jitter": "0ms"})
+    (finding,) = congestion_findings(pd.DataFrame(rows))
+    assert finding.text == (
+        "Congestion control under a cap of 50 Mbit/s: ddp's step takes 850.0 ms with cubic, "
+        "1020.0 ms with bbr (bbr's 1.20x cubic's; m on 2x1)."
+    )
+
+
+def test_mapping_findings_compare_predicted_jobs_that_differ_only_in_mapping() -> None:
+    job = {"model": "gpt", "pp": 4, "tp": 2, "dp": 2, "ep": 1, "world_size": 16,
+           "gpus_per_node": 8}  # fmt: skip
+    rows = []
+    for scenario, mapping, kinds in [
+        ("default", "pp-dp-tp", {"pp": 6e9, "emb": 1e9, "dp": 0.0}),
+        ("custom", "dp-pp-tp", {"pp": 0.0, "emb": 0.0, "dp": 3.5e9}),
+    ]:
+        for kind, inter in kinds.items():
+            rows.append({**job, "scenario": scenario, "mapping": mapping, "traffic": kind,
+                         "inter_node_bytes": inter})  # fmt: skip
+        rows.append({**job, "scenario": scenario, "mapping": mapping, "traffic": "all",
+                     "inter_node_bytes": sum(kinds.values())})  # fmt: skip
+    # A job with one mapping only: no finding.
+    rows.append({**job, "tp": 8, "scenario": "alone", "mapping": "pp-dp-tp", "traffic": "all",
+                 "inter_node_bytes": 1e9})  # fmt: skip
+    (finding,) = mapping_findings(pd.DataFrame(rows))
+    assert finding.anchor == PREDICTIONS
+    assert finding.text == (
+        "The mapping decides what crosses nodes (predicted, gpt on 16 GPUs, 8 per node, "
+        "(p, t, d) = (4, 2, 2)): dp-pp-tp sends 3.50 GB across nodes (dp crossing); pp-dp-tp "
+        "sends 7.00 GB across nodes (emb, pp crossing) per step; the difference is 2.0x."
+    )

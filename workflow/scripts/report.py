@@ -30,6 +30,7 @@ with log_to(snakemake.log[0]):
             timing=list(map(Path, snakemake.input.timing)),
             sync_summary=Path(snakemake.input.sync_summary),
             temporal_onoff=Path(snakemake.input.temporal_onoff),
+            predictions=Path(snakemake.input.predictions[0]),
         ),
         tables=study_tables(
             crosscheck=Path(snakemake.input.crosscheck),

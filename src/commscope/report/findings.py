@@ -12,6 +12,8 @@ What is compared with what:
   of the study, compared at the same setting;
 - *placement*: a strategy ``X`` and ``X-across`` run in the same setup (the same degrees, the
   tensor-parallel groups inside vs across nodes);
+- *congestion control*: cells that differ in nothing else;
+- *mapping*: predicted jobs (the scenario table) that differ only in their rank mapping;
 - *scale*: a strategy's unshaped step on 2 vs 4 (or more) nodes;
 - *checks*: the wire against the recorded ops, the prediction against the trace.
 """
@@ -43,6 +45,7 @@ SYNC = anchor("Synchronization structure per cell")
 TEMPORAL = anchor("Temporal structure on the wire")
 COMPARE = anchor("Predicted vs measured traffic")
 TIMING = anchor("Predicted vs measured step time")
+PREDICTIONS = anchor("Beyond the cluster: predicted traffic of large GPT jobs")
 
 
 @dataclass(frozen=True)
@@ -255,6 +258,84 @@ def _cap_words(cap: float) -> str:
     return "unshaped" if cap == float("inf") else f"at {cap / 1e6:g} Mbit/s"
 
 
+def congestion_findings(summary: pd.DataFrame) -> list[Finding]:
+    """Cells that differ only in TCP congestion control: each one's step against the same
+    setting under the other control(s), mean over repeats."""
+    keys = ["strategy", "model", "nodes", "ranks_per_node", "bw", "delay", "jitter", "loss"]
+    if summary.empty or "cc" not in summary or any(k not in summary for k in keys):
+        return []
+    steps = summary.groupby([*keys, "cc"], dropna=False)["step_time_mean_s"].mean()
+    out = []
+    for key, by_cc in steps.groupby(level=keys, dropna=False, sort=True):
+        if len(by_cc) < 2:
+            continue
+        by_cc = by_cc.droplevel(keys).sort_values()
+        row = dict(zip(keys, key, strict=True))
+        link = _link_words(row)
+        fast, slow = by_cc.index[0], by_cc.index[-1]
+        listed = ", ".join(f"{fmt_ms(t)} with {cc}" for cc, t in by_cc.items())
+        out.append(
+            Finding(
+                f"Congestion control{link}: {row['strategy']}'s step takes {listed} "
+                f"({slow}'s {by_cc.iloc[-1] / by_cc.iloc[0]:.2f}x {fast}'s; {row['model']} on "
+                f"{int(row['nodes'])}x{int(row['ranks_per_node'])}).",
+                SENSITIVITY,
+            )
+        )
+    return out
+
+
+def _link_words(row: dict[str, Any]) -> str:
+    """`` under a cap of 50 Mbit/s, delay 5ms`` from a row's link axes (only those set)."""
+    parts = []
+    bw = str(row.get("bw", "none"))
+    if bw != "none":
+        rate = re.fullmatch(r"([0-9.]+)([kmg])bit", bw)
+        unit = {"k": "kbit/s", "m": "Mbit/s", "g": "Gbit/s"}
+        parts.append(f"a cap of {rate[1]} {unit[rate[2]]}" if rate else f"a cap of {bw}")
+    for axis in ("delay", "jitter", "loss"):
+        value = str(row.get(axis, "0"))
+        if re.sub(r"[a-z]+$", "", value) not in ("0", "0.0", ""):
+            parts.append(f"{axis} {value}")
+    return f" under {', '.join(parts)}" if parts else " on the unshaped link"
+
+
+def mapping_findings(predictions: pd.DataFrame) -> list[Finding]:
+    """Predicted jobs that differ only in their rank mapping: the bytes each sends across
+    nodes per step and which traffic kinds cross (the scenario table's ``all`` row and its
+    per-kind rows)."""
+    keys = ["model", "pp", "tp", "dp", "ep", "world_size", "gpus_per_node"]
+    if predictions.empty or any(k not in predictions for k in [*keys, "mapping", "traffic"]):
+        return []
+    total = predictions[predictions["traffic"] == "all"]
+    kinds = predictions[(predictions["traffic"] != "all") & (predictions["inter_node_bytes"] > 0)]
+    out = []
+    for key, group in total.groupby(keys, sort=True):
+        if group["mapping"].nunique() < 2:
+            continue
+        group = group.sort_values(["inter_node_bytes", "mapping"])
+        row = dict(zip(keys, key, strict=True))
+        said = []
+        for rec in group.to_dict("records"):
+            crossing = sorted(set(kinds[kinds["scenario"] == rec["scenario"]]["traffic"]))
+            said.append(
+                f"{rec['mapping']} sends {fmt_bytes(rec['inter_node_bytes'])} across nodes "
+                f"({', '.join(crossing) or 'nothing'} crossing)"
+            )
+        low, high = group["inter_node_bytes"].iloc[0], group["inter_node_bytes"].iloc[-1]
+        ratio = f"{high / low:.1f}x" if low > 0 else "all of it"
+        out.append(
+            Finding(
+                f"The mapping decides what crosses nodes (predicted, {row['model']} on "
+                f"{int(row['world_size'])} GPUs, {int(row['gpus_per_node'])} per node, "
+                f"(p, t, d) = ({int(row['pp'])}, {int(row['tp'])}, {int(row['dp'])})): "
+                f"{'; '.join(said)} per step; the difference is {ratio}.",
+                PREDICTIONS,
+            )
+        )
+    return out
+
+
 def placement_findings(summary: pd.DataFrame) -> list[Finding]:
     """What placing a strategy's groups across nodes (``X-across``) changes against ``X``."""
     out: list[Finding] = []
@@ -432,6 +513,7 @@ def study_findings(
     timing: pd.DataFrame | None = None,
     sync: pd.DataFrame | None = None,
     temporal: pd.DataFrame | None = None,
+    predictions: pd.DataFrame | None = None,
 ) -> list[Finding]:
     """Every finding the study's tables support, in the report's order: what the strategies
     put on the network and how (burstiness, synchronization), how sensitive they are,
@@ -444,7 +526,9 @@ def study_findings(
         ),
         *sensitivity_findings(slowdown),
         *link_findings(summary),
+        *congestion_findings(summary),
         *placement_findings(summary),
+        *mapping_findings(empty if predictions is None else predictions),
         *scale_findings(summary),
         *check_findings(
             empty if crosscheck is None else crosscheck,

@@ -496,8 +496,9 @@ SENSITIVITY_INTRO = (
     "the same setup (model, strategy, nodes, ranks per node, congestion control, steps) on the "
     "unshaped link: no cap, no delay, no jitter, no loss. Delay and loss act on each node's "
     "ingress, so a node pair's round trip grows by twice the delay. In brackets, the "
-    f"{CI_LEVEL:.0%} interval of the mean over repeats (Student's t), where there are two or more; "
-    "it covers the setting's spread, not the unshaped run's."
+    f"{CI_LEVEL:.0%} interval of the slowdown where the setting and its unshaped run both have "
+    "two or more repeats; both spreads count (delta method on the log of the ratio of mean step "
+    "times, Welch's degrees of freedom)."
 )
 
 
@@ -667,10 +668,12 @@ def findings(
     timing: Sequence[Path] = (),
     sync_summary: Path | None = None,
     temporal_onoff: Path | None = None,
+    predictions: Path | None = None,
 ) -> list[Finding]:
     """The report's findings (:func:`~commscope.report.findings.study_findings`) from the
-    study's result files: the aggregated summary, slowdown and cross-validation tables, and
-    every cell's ``predict/compare.parquet`` and ``predict/timing.parquet``."""
+    study's result files: the aggregated summary, slowdown and cross-validation tables, every
+    cell's ``predict/compare.parquet`` and ``predict/timing.parquet``, and the scenario table
+    of the predictions beyond the cluster."""
     return study_findings(
         _read(summary),
         _read(slowdown),
@@ -680,6 +683,7 @@ def findings(
         timing_section(list(timing)),
         sync=_read(sync_summary) if sync_summary else None,
         temporal=_read(temporal_onoff) if temporal_onoff else None,
+        predictions=_read(predictions) if predictions else None,
     )
 
 
