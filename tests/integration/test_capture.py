@@ -122,8 +122,12 @@ def _load(root: Path, name: str, world: int) -> dict[str, Any]:
     }
 
 
+# DDP with 10 kB buckets: the GPT's gradients (~70 kB) go out in several all-reduces, the
+# first ones while the backward still computes (the wait tests).
+DDP_BUCKETS = {"dp": -1, "bucket_cap_mb": 0.01}
 JOBS2: dict[str, dict[str, Any]] = {
     **{s: {"plan": PLANS[s], "model": MODEL, "steps": STEPS} for s in STRATEGIES if s != "fsdp"},
+    "ddp-buckets": {"plan": DDP_BUCKETS, "model": MODEL, "steps": STEPS},
     "resnet50": {"plan": BUILTIN_STRATEGIES["ddp"], "model": RESNET, "steps": RESNET_STEPS},
     "fsdp": {"plan": PLANS["fsdp"], "model": MODEL, "steps": STEPS},
 }
@@ -230,6 +234,109 @@ def test_every_op_has_a_completion_time(traces: dict, strategy: str) -> None:
     assert missing.empty, missing[["op", "source", "phase"]].value_counts().to_dict()
     assert (ops["t_end_ns"] >= ops["t_issue_ns"]).all()
     assert str(ops["t_end_ns"].dtype) == "Int64"
+
+
+# ─────────────────────────────────────────────────────────── waits
+
+
+@pytest.mark.parametrize("strategy", [*STRATEGIES, "ddp-buckets", "resnet50"])
+def test_every_op_records_the_training_threads_wait(traces: dict, strategy: str) -> None:
+    ops = traces[strategy]["ops"]
+    for col in ("t_wait_start_ns", "t_wait_end_ns", "wait_ns"):
+        assert str(ops[col].dtype) == "Int64", col
+    assert ops["wait_ns"].notna().all()  # CPU ops: every wait is observable
+    waited = ops[ops["wait_ns"] > 0]
+    never = ops[ops["wait_ns"] == 0]
+    assert never["t_wait_start_ns"].isna().all() and never["t_wait_end_ns"].isna().all()
+    assert (waited["t_wait_end_ns"] - waited["t_wait_start_ns"] == waited["wait_ns"]).all()
+    # A wait starts no earlier than the op's issue and, once it returns, the op is complete.
+    assert (waited["t_wait_start_ns"] >= waited["t_issue_ns"]).all()
+    late = waited["t_end_ns"] - waited["t_wait_end_ns"]
+    assert (late <= GIL_SLACK_NS).all(), late.max()
+
+
+def test_ddp_waits_on_its_buckets_once_the_backward_is_computed(traces: dict) -> None:
+    from commscope.metrics import sync
+
+    t = traces["ddp-buckets"]
+    ops = _in_steps(t["ops"])
+    buckets = ops[(ops["op"] == "allreduce") & (ops["step"] >= 1)]
+    # A rank whose last bucket completes before its backward's compute ends never waits: the
+    # other rank was the late one. Some rank waits in every step.
+    assert set(buckets[buckets["wait_ns"] > 0]["step"]) == set(range(1, STEPS))
+    for (rank, step), rows in buckets.groupby(["rank", "step"]):
+        assert len(rows) >= 3, (rank, step)
+        waited = rows[rows["wait_ns"] > 0]
+        if waited.empty:
+            continue
+        # The reducer waits in its final callback, after the last bucket went out: one start
+        # for every bucket of the step, and each wait ends with its bucket (or with the
+        # reducer's return, when the bucket's completion callback was still waiting for the GIL).
+        assert waited["t_wait_start_ns"].nunique() == 1
+        assert waited["t_wait_start_ns"].iloc[0] >= rows["t_issue_ns"].max()
+        late = waited["t_end_ns"] - waited["t_wait_end_ns"]
+        assert ((late >= 0) & (late <= GIL_SLACK_NS)).all(), late.max()
+        # Shorter than issue -> completion for every bucket; the first by at least the time
+        # the backward computed after issuing it.
+        duration = rows["t_end_ns"] - rows["t_issue_ns"]
+        assert (rows["wait_ns"] < duration).all()
+        first = rows.iloc[0]
+        overlap = rows["t_issue_ns"].max() - first["t_issue_ns"]
+        assert overlap > 0
+        assert first["wait_ns"] <= max(0, first["t_end_ns"] - first["t_issue_ns"] - overlap)
+    exposed = sync.exposed_comm(t["ops"], t["steps"])
+    assert set(exposed["exposed_source"]) == {"waits"}
+    assert (exposed["exposed_comm_s"] <= exposed["comm_s"]).all()
+    assert (exposed["exposed_comm_s"] < exposed["comm_s"]).any()
+
+
+def test_a_blocking_op_waits_over_its_whole_interval(traces: dict) -> None:
+    ops = traces["ddp"]["ops"]
+    # Step 1's bucket-layout broadcasts: the reducer issues and waits on them in C++.
+    bcast = ops[(ops["op"] == "broadcast") & (ops["step"] == 1)]
+    assert len(bcast) > 0
+    assert (bcast["t_wait_start_ns"] == bcast["t_issue_ns"]).all()
+    assert (bcast["t_wait_end_ns"] == bcast["t_end_ns"]).all()
+    assert (bcast["wait_ns"] == bcast["t_end_ns"] - bcast["t_issue_ns"]).all()
+    # The final barrier: torch.distributed's synchronous call waits from the op's issue until
+    # it returns, with the completion (stamped on gloo's thread) inside the GIL's slack.
+    barrier = ops[(ops["op"] == "barrier") & (ops["step"] == -1)].groupby("rank").tail(1)
+    assert len(barrier) == WORLD
+    assert (barrier["t_wait_start_ns"] == barrier["t_issue_ns"]).all()
+    gap = (barrier["t_wait_end_ns"] - barrier["t_end_ns"]).abs()
+    assert (gap <= GIL_SLACK_NS).all(), gap.max()
+
+
+def test_pp_waits_on_its_sends_and_recvs_in_the_schedule(traces: dict) -> None:
+    ops = _in_steps(traces["pp"]["ops"])
+    p2p = ops[ops["op"].isin(["send", "recv"]) & (ops["step"] >= 1)]
+    # The schedule waits on every recv before using it, and on its sends at the end: each
+    # gloo send/recv completes inside that wait, whose return stamps its completion (unless the
+    # poller saw it first, between the completion and the waiting thread's next bytecode).
+    assert (p2p["wait_ns"] > 0).all()
+    gap = p2p["t_wait_end_ns"] - p2p["t_end_ns"]
+    assert ((gap >= 0) & (gap <= GIL_SLACK_NS)).all(), gap.describe()
+    assert (p2p["wait_ns"] <= p2p["t_end_ns"] - p2p["t_issue_ns"]).all()
+    # The sends are waited on only at the end of the schedule, long after their issue.
+    sends = p2p[p2p["op"] == "send"]
+    assert (sends["wait_ns"] < sends["t_end_ns"] - sends["t_issue_ns"]).any()
+
+
+def test_tp_waits_on_every_functional_all_reduce_at_first_use(traces: dict) -> None:
+    ops = _in_steps(traces["tp"]["ops"])
+    functional = ops[ops["source"] == "functional"]
+    assert len(functional) > 0
+    # Forward and backward alike: AsyncCollectiveTensor's wait (on a view of the output, below
+    # the autograd keys) is stamped.
+    assert set(functional["phase"]) == {"fwd", "bwd"}
+    assert functional["t_wait_start_ns"].notna().all()
+
+
+def test_fsdp_waits_on_its_synchronous_collectives_from_their_issue(traces: dict) -> None:
+    ops = _in_steps(traces["fsdp"]["ops"])
+    coll = ops[ops["op"].isin(["allgather", "reduce_scatter"])]
+    assert len(coll) > 0
+    assert (coll["t_wait_start_ns"] == coll["t_issue_ns"]).all()
 
 
 # ─────────────────────────────────────────────────────────── DDP
@@ -430,7 +537,8 @@ RESNET_BN_LAYERS = 1 + 3 * (3 + 4 + 6 + 3) + 4
 # downsample's 4p.
 RESNET_BN_CHANNELS = 64 + sum(n * 6 * p + 4 * p for p, n in ((64, 3), (128, 4), (256, 6), (512, 3)))
 RESNET_TENSORS = 161  # parameter tensors (vision.py: torchvision's order and count)
-BUCKET_CAP_BYTES = 25 * 2**20  # the plan's bucket_cap_mb default, in MiB
+BUCKET_CAP_BYTES = 25 * 2**20  # PyTorch's bucket cap without bucket_cap_mb (the plan's default)
+FIRST_BUCKET_CAP_BYTES = 2**20  # and its first bucket's (dist._DEFAULT_FIRST_BUCKET_BYTES)
 LARGEST_RESNET_PARAM_BYTES = 512 * 512 * 3 * 3 * FP32  # a layer4 3x3 convolution
 
 
@@ -448,16 +556,20 @@ def test_resnet50_allreduces_every_parameter_each_step(traces: dict) -> None:
     expected = {(r, s): RESNET_PARAMS * FP32 for r in range(WORLD) for s in range(RESNET_STEPS)}
     assert per_step.to_dict() == expected
     # Until DDP has seen one backward (no find_unused_parameters) it keeps every gradient in one
-    # bucket; from step 1 it uses 25 MiB buckets filled in gradient-ready order, each closing
-    # once it reaches the cap (so at most one parameter past it), the last one holding the rest.
+    # bucket; from step 1 it fills buckets in gradient-ready order (the order it issues them),
+    # each closing once it reaches its cap (so at most one parameter past it): the plan leaves
+    # bucket_cap_mb unset, so PyTorch's 1 MiB for the first and 25 MiB for the others; the last
+    # holds the rest.
     for (_rank, step), rows in ar.groupby(["rank", "step"]):
-        sizes = sorted(rows["bytes"])
+        sizes = rows["bytes"].tolist()
         if step == 0:
             assert sizes == [RESNET_PARAMS * FP32]
             continue
-        assert len(sizes) >= 4  # ~102 MB in buckets of at least 25 MiB but the last
+        assert len(sizes) >= 4  # ~102 MB in buckets of at least 25 MiB but the first and last
         assert all(b < BUCKET_CAP_BYTES + LARGEST_RESNET_PARAM_BYTES for b in sizes)
-        assert all(b >= BUCKET_CAP_BYTES for b in sizes[1:])
+        assert sizes[0] >= FIRST_BUCKET_CAP_BYTES
+        assert sizes[0] < FIRST_BUCKET_CAP_BYTES + LARGEST_RESNET_PARAM_BYTES
+        assert all(b >= BUCKET_CAP_BYTES for b in sizes[1:-1])
 
 
 def test_resnet50_broadcasts_the_batchnorm_buffers_every_forward(traces: dict) -> None:
@@ -667,6 +779,19 @@ def test_hybrid_every_op_has_a_completion_time(traces4: dict, name: str) -> None
     missing = ops[ops["t_end_ns"].isna()]
     assert missing.empty, missing[["op", "source", "phase"]].value_counts().to_dict()
     assert (ops["t_end_ns"] >= ops["t_issue_ns"]).all()
+
+
+@pytest.mark.parametrize("name", list(HYBRIDS))
+def test_hybrid_every_op_records_the_training_threads_wait(traces4: dict, name: str) -> None:
+    ops = traces4[name]["ops"]
+    assert ops["wait_ns"].notna().all()
+    waited = ops[ops["wait_ns"] > 0]
+    assert (waited["t_wait_end_ns"] - waited["t_wait_start_ns"] == waited["wait_ns"]).all()
+    assert (waited["t_wait_start_ns"] >= waited["t_issue_ns"]).all()
+    assert ((waited["t_end_ns"] - waited["t_wait_end_ns"]) <= GIL_SLACK_NS).all()
+    # Every functional collective is waited on before its result is used.
+    functional = _in_steps(ops)[lambda o: o["source"] == "functional"]
+    assert functional["t_wait_start_ns"].notna().all()
 
 
 def _tp_counts(ops: pd.DataFrame) -> dict:
