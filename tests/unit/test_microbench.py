@@ -14,6 +14,7 @@ import pytest
 from commscope.bench.analysis import (
     busbw_factor,
     cap_bytes_per_s,
+    delay_scaled,
     fit_alpha_beta,
     fit_links,
     fit_table,
@@ -236,3 +237,35 @@ def test_fit_links_only_benchmarked_ones() -> None:
     assert fit_links(delayed, benched, enabled=True) == [UNSHAPED.id]
     assert fit_links(delayed, [own.id], enabled=True) == []
     assert fit_links(own, benched, enabled=False) == []
+
+
+def test_a_delay_not_benchmarked_is_scaled_from_one_that_was() -> None:
+    """Delays 1 and 20 ms benchmarked at 5 ms only: both read the 5 ms fit and the unshaped
+    one, and their alpha and 1/beta are linear in the delay through those two."""
+    five = LinkSetting(bw="none", delay="5ms")
+    benched = [UNSHAPED.id, five.id, LinkSetting(bw="50mbit").id]
+    twenty = LinkSetting(bw="none", delay="20ms")
+    assert fit_links(twenty, benched, enabled=True) == [UNSHAPED.id, five.id]
+    assert fit_links(five, benched, enabled=True) == [five.id, UNSHAPED.id]
+    # Another loss or cap is another link: no reference.
+    assert fit_links(LinkSetting(bw="none", delay="20ms", loss="1pct"), benched, True) == [
+        UNSHAPED.id
+    ]
+    # alpha 0.1 ms unshaped and 10.1 ms at 5 ms (two round trips of 2 x 5 ms); beta 1 GB/s
+    # unshaped and 0.5 GB/s at 5 ms.
+    fit = pd.DataFrame(
+        [
+            {"link": UNSHAPED.id, "op": "allreduce", "alpha_step_s": 1e-4, "beta_Bps": 1e9},
+            {"link": five.id, "op": "allreduce", "alpha_step_s": 10.1e-3, "beta_Bps": 0.5e9},
+        ]
+    )
+    scaled, ref = delay_scaled(fit, twenty)
+    assert ref == five.id
+    alpha, beta = scaled["allreduce"]
+    assert alpha == pytest.approx(1e-4 + 4 * 10e-3)  # 4x the 5 ms increment
+    assert 1 / beta == pytest.approx(1e-9 + 4 * 1e-9)  # 1/beta grows by 4 x (2 - 1) ns/B
+    one, _ = delay_scaled(fit, LinkSetting(bw="none", delay="1ms"))
+    assert one["allreduce"][0] == pytest.approx(1e-4 + 0.2 * 10e-3)
+    # The benchmarked delay itself, or a fit without the unshaped side: nothing to scale.
+    assert delay_scaled(fit, five) == ({}, "")
+    assert delay_scaled(fit[fit["link"] == five.id], twenty) == ({}, "")

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -257,17 +258,70 @@ def combine(link_dirs: Sequence[Path], out_dir: Path) -> dict[str, pd.DataFrame]
     )
 
 
+def link_from_id(link_id: str) -> LinkSetting:
+    """The :class:`LinkSetting` a :attr:`LinkSetting.id` names (``bw~none/delay~5ms/…``)."""
+    return LinkSetting.from_wildcards(dict(part.split("~", 1) for part in link_id.split("/")))
+
+
+def delay_reference(link: LinkSetting, bench_links: Iterable[str]) -> LinkSetting | None:
+    """For a delayed link without a benchmark of its own: the benchmarked link that differs from
+    it only in a non-zero delay (the nearest such delay), whose fit :func:`delay_scaled` scales;
+    None when there is none, when ``link`` has no delay, or when it is benchmarked itself."""
+    benched = list(bench_links)
+    ms = link.shape().delay_ms
+    if ms <= 0 or link.id in benched:
+        return None
+    same = [
+        other
+        for other in map(link_from_id, benched)
+        if replace(other, delay=link.delay) == link and other.shape().delay_ms > 0
+    ]
+    return min(same, key=lambda o: (abs(o.shape().delay_ms - ms), o.id), default=None)
+
+
 def fit_links(link: LinkSetting, bench_links: Iterable[str], enabled: bool) -> list[str]:
     """The link settings (their ids) whose fits a cell on ``link`` reads for its timing
     prediction: its own and the unshaped one (for intra-node ops), each only when benchmarked
     (``bench_links``: a config that lists its links benchmarks only those, and a cell on
     another link is predicted from the trace's effective bandwidth, see
-    :func:`commscope.predict.cell.cell_links`); none when the microbenchmark is disabled. The
-    workflow turns them into file paths."""
+    :func:`commscope.predict.cell.cell_links`); for a delayed link without its own, also the
+    :func:`delay_reference` and its zero-delay twin, which :func:`delay_scaled` interpolates
+    between; none when the microbenchmark is disabled. The workflow turns them into file
+    paths."""
     if not enabled:
         return []
-    benched = set(bench_links)
-    return [lid for lid in dict.fromkeys((link.id, UNSHAPED.id)) if lid in benched]
+    benched = list(bench_links)
+    wanted = [link.id, UNSHAPED.id]
+    ref = delay_reference(link, benched)
+    if ref is not None:
+        wanted += [ref.id, replace(link, delay="0ms").id]
+    return [lid for lid in dict.fromkeys(wanted) if lid in set(benched)]
+
+
+def delay_scaled(
+    fit: pd.DataFrame, link: LinkSetting
+) -> tuple[dict[str, tuple[float, float]], str]:
+    """Per-op alpha and beta for a delayed ``link`` that was not benchmarked, from the fits of
+    the same link at another delay d1 and at none, linear in the one-way delay d: alpha(d) =
+    alpha0 + (alpha1 - alpha0) d / d1, and the same for 1 / beta. The microbenchmark at d1
+    measures how many delays each op of each size waits (its round trips, and the slow start
+    that a longer path prolongs); the model assumes that count does not depend on d. Returns
+    ``({op: (alpha_s, beta_Bps)}, reference link id)``; empty and ``""`` when the fit lacks
+    either side or ``link`` has its own fit."""
+    have = [str(x) for x in fit["link"].unique()] if "link" in fit else []
+    ref = delay_reference(link, have)
+    zero = replace(link, delay="0ms")
+    if ref is None or zero.id not in have:
+        return {}, ""
+    at0, at1 = link_alpha_beta(fit, zero), link_alpha_beta(fit, ref)
+    k = link.shape().delay_ms / ref.shape().delay_ms
+    out = {}
+    for op in at0.keys() & at1.keys():
+        (a0, b0), (a1, b1) = at0[op], at1[op]
+        inv = 1 / b0 + (1 / b1 - 1 / b0) * k
+        if inv > 0:
+            out[op] = (max(0.0, a0 + (a1 - a0) * k), 1 / inv)
+    return out, ref.id
 
 
 def link_alpha_beta(fit: pd.DataFrame, link: LinkSetting) -> dict[str, tuple[float, float]]:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from commscope.bench.analysis import cap_bytes_per_s, link_alpha_beta
+from commscope.bench.analysis import cap_bytes_per_s, delay_scaled, link_alpha_beta
 from commscope.collectives.traffic import DEFAULT_BACKEND
 from commscope.contracts import SWEEP_AXES
 from commscope.metrics import step_times
@@ -158,14 +158,20 @@ def cell_links(
     backend: str = DEFAULT_BACKEND,
 ) -> CellLinks:
     """The cell's link model (see :func:`predict_timing`): the microbenchmark fits of its link
-    setting and of the unshaped one when ``fits`` has rows, else the trace's effective
-    bandwidth (wire bytes of ``backend``'s algorithms), else the configured cap."""
+    setting and of the unshaped one when ``fits`` has rows (for a delay that was not
+    benchmarked, the fit at another delay scaled linearly in the delay,
+    :func:`~commscope.bench.analysis.delay_scaled`), else the trace's effective bandwidth (wire
+    bytes of ``backend``'s algorithms), else the configured cap."""
     link = cell.link
     inter = intra = None
     if fits is not None and not fits.empty:
         inter = link_alpha_beta(fits, link)
         intra = link_alpha_beta(fits, UNSHAPED)
         bw_source = f"microbench {link.id}" if inter else "microbench (no fit for link)"
+        if not inter:  # a delay that was not benchmarked: scale the one that was
+            inter, ref = delay_scaled(fits, link)
+            if inter:
+                bw_source = f"microbench {ref}, scaled to delay {link.delay}"
         intra_source = f"microbench {UNSHAPED.id}" if intra else "same as internode"
         intra = intra or inter
     else:
