@@ -19,6 +19,9 @@ from commscope.export.astrasim import (
     ASTRA_GB,
     UNCAPPED_BPS,
     group_ids,
+    link_delay_ms,
+    link_not_modeled,
+    link_rate_bps,
     network_config,
     plan_ops,
     run_command,
@@ -180,6 +183,15 @@ def test_recv_takes_its_sends_size_and_tag():
     assert summary.notes == {"recv: recv size differs from its send's: the send's": 1}
 
 
+def test_the_links_delay_and_what_the_network_leaves_out():
+    params = {"bw": "none", "delay": "20ms", "jitter": "1ms", "loss": "1pct", "cc": "cubic"}
+    meta = {"params": {"strategy": "tp", **params}}
+    assert link_rate_bps(meta) == UNCAPPED_BPS and link_rate_bps({"bw_bps": 5}) == 5
+    assert link_delay_ms(meta) == 20.0
+    assert link_not_modeled(meta) == ["jitter 1ms", "loss 1pct"]
+    assert link_not_modeled({}) == [] and link_delay_ms({}) == 0.0
+
+
 def test_network_config_in_astra_units():
     text = network_config(4, 50_000_000, delay_ms=5)
     values = {
@@ -202,7 +214,7 @@ def test_real_cells_export_astra_ready(name, tmp_path):
     per_rank = check_astra_ready(directory, meta["world_size"])
     summary = json.loads((directory / "export_summary.json").read_text())
     assert summary["command"] == run_command()
-    assert summary["link"] == {"rate_bps": meta["bw_bps"], "delay_ms": 0.0}
+    assert summary["link"] == {"rate_bps": meta["bw_bps"], "delay_ms": 0.0, "not_modeled": []}
     assert summary["backend"] == "gloo" and summary["measured"]["steps"] == 6
     assert summary["left_out"]  # the set-up ops before step 0
     script = (directory / "run_astra.sh").read_text()

@@ -292,6 +292,22 @@ def link_delay_ms(meta: Mapping[str, Any]) -> float:
         return 0.0
 
 
+def link_not_modeled(meta: Mapping[str, Any]) -> list[str]:
+    """What of the cell's link the analytical network does not model: jitter and loss (it has
+    a fixed latency per link and no transport), as ``["jitter 1ms", "loss 1pct"]``."""
+    params = meta.get("params") or {}
+    try:
+        shape = LinkSetting.from_wildcards(params).shape()
+    except (KeyError, TypeError, ValueError):
+        return []
+    out = []
+    if shape.jitter_ms:
+        out.append(f"jitter {params['jitter']}")
+    if shape.loss_pct:
+        out.append(f"loss {params['loss']}")
+    return out
+
+
 def network_config(npus: int, rate_bps: int, delay_ms: float = 0.0) -> str:
     """The analytical backend's network YAML: one Switch of ``npus``; bandwidth per link in
     GB/s of 2^30 bytes; latency per link in ns, half the one-way delay (a switch path is two
@@ -370,10 +386,12 @@ def write_astra_inputs(
     delay_ms: float,
     summary: AstraSummary,
     prefix: str = "chakra",
+    not_modeled: Iterable[str] = (),
     extra: Mapping[str, Any] | None = None,
 ) -> list[Path]:
     """Write the input set beside the traces in ``directory`` (see the module docstring) and
-    ``export_summary.json`` (the summary, the link, the command); returns the paths."""
+    ``export_summary.json`` (the summary, the link with what of it the network config leaves
+    out, the command); returns the paths."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     files = {
@@ -388,7 +406,11 @@ def write_astra_inputs(
         SUMMARY_FILE: json.dumps(
             {
                 "world_size": world_size,
-                "link": {"rate_bps": rate_bps, "delay_ms": delay_ms},
+                "link": {
+                    "rate_bps": rate_bps,
+                    "delay_ms": delay_ms,
+                    "not_modeled": list(not_modeled),
+                },
                 "command": run_command(prefix),
                 **summary.as_dict(),
                 **(extra or {}),

@@ -10,7 +10,7 @@ import pandas as pd
 
 from commscope.contracts import CELL_FILE, OPS_FILE, STEPS_FILE
 from commscope.export.astra import write_astra_text
-from commscope.export.astrasim import link_delay_ms, link_rate_bps
+from commscope.export.astrasim import link_delay_ms, link_not_modeled, link_rate_bps
 from commscope.export.chakra import write_chakra
 from commscope.export.flows import write_flows_csv
 from commscope.export.perfetto import write_chrome_trace
@@ -85,7 +85,11 @@ def export_cell_files(
         prefix=CHAKRA_PREFIX,
         world_size=meta.get("world_size"),
         backend=backend,
-        link={"rate_bps": link_rate_bps(meta), "delay_ms": link_delay_ms(meta)},
+        link={
+            "rate_bps": link_rate_bps(meta),
+            "delay_ms": link_delay_ms(meta),
+            "not_modeled": link_not_modeled(meta),
+        },
     )
     paths += _write_astra(Path(astra), op_table, step_table, meta, astra_rank, backend)
     ranks_per_node = (meta.get("params") or {}).get("ranks_per_node")

@@ -332,7 +332,8 @@ def write_chakra(
 ) -> list[Path]:
     """Write ``{prefix}.{rank}.et`` for every rank in ``ops`` or ``steps`` (the names ASTRA-sim's
     ``--workload-configuration={directory}/{prefix}`` reads) and the ASTRA-sim input set beside
-    them (``link``: ``rate_bps`` and ``delay_ms`` of the network config; uncapped by default);
+    them (``link``: ``rate_bps`` and ``delay_ms`` of the network config, uncapped by default,
+    and ``not_modeled``, what of the link it leaves out);
     returns the paths written, traces first."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -354,6 +355,7 @@ def write_chakra(
         world_size=world_size,
         rate_bps=int(link.get("rate_bps") or UNCAPPED_BPS),
         delay_ms=float(link.get("delay_ms") or 0.0),
+        not_modeled=link.get("not_modeled") or (),
         summary=summary,
         prefix=prefix,
         extra={"backend": backend, "measured": measured_span(steps)},
