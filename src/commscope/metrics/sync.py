@@ -261,8 +261,9 @@ def _label(
 
 def _blocked(ops: pd.DataFrame) -> pd.DataFrame:
     """Add when the issuing rank was blocked on each op: ``wait_known`` (its wait was
-    recorded), ``blocking`` (it blocked at all) and ``t_block_start_ns``/``t_block_end_ns``
-    (Int64, the interval; null where it did not block or the op never completed).
+    recorded), ``blocking`` (it blocked at all), ``t_block_start_ns``/``t_block_end_ns``
+    (Int64, the interval; null where it did not block or the op never completed) and
+    ``flagged`` (:data:`BLOCKING_COLUMN` where given, else True: the rule before waits).
 
     A recorded wait (``wait_ns`` not null) gives the interval [t_wait_start_ns, t_wait_end_ns],
     blocking where ``wait_ns`` > 0. Otherwise the op's whole [t_issue_ns, t_end_ns], blocking
@@ -288,6 +289,7 @@ def _blocked(ops: pd.DataFrame) -> pd.DataFrame:
         start, stop = issue, end
     blocked = blocking & stop.notna().to_numpy(bool) & start.notna().to_numpy(bool)
     return ops.assign(
+        flagged=flagged,
         wait_known=known,
         **{BLOCKING_COLUMN: blocking},
         t_block_start_ns=start.where(blocked),
@@ -642,23 +644,24 @@ def pipeline_bubble(
     sends = lab[lab["op"].eq("send")][["instance", "t_issue_ns"]].rename(
         columns={"t_issue_ns": "t_send_ns"}
     )
+    # Every completed recv from its issue, as before the waits were recorded: the pipelining
+    # schedule posts recvs early and gloo's sends block too, so the recv waits alone are not
+    # the bubble (docs/sync.md).
     recvs = lab[
         lab["op"].eq("recv")
         & lab[GROUP_KIND_COLUMN].eq("pp")
-        & lab["t_block_start_ns"].notna()
+        & lab["t_end_ns"].notna()
+        & lab["flagged"]
         & (lab["step"] >= 0)
     ]
-    # The rank blocked on the recv over [t_block_start, t_block_end] (its recorded wait, or the
-    # whole recv): waiting for the peer up to the send's issue.
-    recvs = recvs[["instance", "rank", "step"]].assign(
-        b0=recvs["t_block_start_ns"].to_numpy("int64"),
-        b1=recvs["t_block_end_ns"].to_numpy("int64"),
+    recvs = recvs[["instance", "rank", "step", "t_issue_ns"]].assign(
+        t_end=recvs["t_end_ns"].to_numpy("int64")
     )
     waits = recvs.merge(sends, on="instance", how="inner")
     waits = waits.merge(base.reset_index(names="gid"), on=["rank", "step"], how="inner")
-    start = np.maximum(waits["b0"].to_numpy("int64"), waits["fb0"].to_numpy("int64"))
+    start = np.maximum(waits["t_issue_ns"].to_numpy("int64"), waits["fb0"].to_numpy("int64"))
     stop = np.minimum(
-        np.minimum(waits["t_send_ns"].to_numpy("int64"), waits["b1"].to_numpy("int64")),
+        np.minimum(waits["t_send_ns"].to_numpy("int64"), waits["t_end"].to_numpy("int64")),
         waits["fb1"].to_numpy("int64"),
     )
     bubble = _union_lengths(waits["gid"].to_numpy("int64"), start, stop, len(base))
