@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from commscope.chakra_schema import node_attrs, pb, read_et
 from commscope.export import op_records
 from commscope.export.astrasim import (
     ASTRA_GB,
@@ -28,7 +29,6 @@ from commscope.export.astrasim import (
 )
 from commscope.export.cell import export_cell
 from commscope.export.chakra import write_chakra
-from commscope.export.chakra_schema import node_attrs, pb, read_et
 
 CELLS = Path(__file__).resolve().parents[1] / "data" / "cells"
 T0 = 1_700_000_000_000_000_000

@@ -1,4 +1,4 @@
-"""The vendored Chakra schema (commscope.export.chakra_schema): the generated module matches
+"""The vendored Chakra schema (commscope.chakra_schema): the generated module matches
 ``et_def.proto`` field for field, and the ``.et`` framing reads back what it wrote."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from commscope.export import chakra_schema
-from commscope.export.chakra_schema import attr_value, decode_et, encode_et, node_attrs, pb, read_et
+from commscope import chakra_schema
+from commscope.chakra_schema import attr_value, decode_et, encode_et, node_attrs, pb, read_et
 
 SCHEMA_DIR = Path(chakra_schema.__file__).parent
 

@@ -32,6 +32,7 @@ import pandas as pd
 import pytest
 
 from commscope import metrics
+from commscope.chakra_schema import attr_value, decode_et, node_attrs, pb
 from commscope.export import (
     PHASES,
     AstraLayer,
@@ -48,7 +49,6 @@ from commscope.export import (
 )
 from commscope.export import chakra as chakra_export
 from commscope.export.astrasim import TIMED
-from commscope.export.chakra_schema import attr_value, decode_et, node_attrs, pb
 from commscope.export.perfetto import COMM_TID_OFFSET
 from commscope.importers import load_chakra, normalize_dtype
 from commscope.report.sections import EXPORT_TITLE, export_section

@@ -35,7 +35,7 @@ from commscope.importers import (
     normalize_op,
     sniff_format,
 )
-from commscope.importers.chakra import decode_attribute, read_chakra
+from commscope.importers.chakra import read_chakra
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "external"
 HTA_NCCL = DATA / "hta" / "nccl_parser_config__nccl_data.json.gz"
@@ -443,14 +443,16 @@ def _attr(name: str, number: int, wire: int, payload: bytes | int) -> bytes:
 
 
 def test_chakra_wire_decoding(tmp_path: Path) -> None:
+    """A stream encoded by hand, field numbers as et_def.proto lays them out (not by the
+    exporter), read through the vendored schema: node fields, attribute oneofs of every
+    encoding (two's complement, zigzag, fixed 64, packed and repeated lists), metadata."""
     packed = b"".join(_varint(v) for v in (1, 0, 1))
-    assert decode_attribute(_attr("a", 9, 0, -5)) == ("a", -5)  # int64, two's complement
-    assert decode_attribute(_attr("b", 17, 0, 5)) == ("b", -3)  # sint64, zigzag
-    assert decode_attribute(_attr("c", 3, 1, struct.pack("<d", 2.5))) == ("c", 2.5)
-    assert decode_attribute(_attr("d", 28, 2, _field(1, 2, packed))) == ("d", [True, False, True])
-    assert decode_attribute(_attr("e", 30, 2, _field(1, 2, b"x") + _field(1, 2, b"yz"))) == (
-        "e",
-        ["x", "yz"],
+    odd_attrs = (
+        _field(10, 2, _attr("a", 9, 0, -5))  # int64, two's complement
+        + _field(10, 2, _attr("b", 17, 0, 5))  # sint64, zigzag: -3
+        + _field(10, 2, _attr("c", 3, 1, struct.pack("<d", 2.5)))  # double
+        + _field(10, 2, _attr("d", 28, 2, _field(1, 2, packed)))  # bool_list, packed
+        + _field(10, 2, _attr("e", 30, 2, _field(1, 2, b"x") + _field(1, 2, b"yz")))
     )
 
     io_info = (
@@ -469,6 +471,7 @@ def test_chakra_wire_decoding(tmp_path: Path) -> None:
         + _field(10, 2, _attr("comm_size", 9, 0, 512))
         + _field(10, 2, _attr("comm_dst", 7, 0, 3))
         + _field(10, 2, _attr("pg_name", 29, 2, b"1"))
+        + odd_attrs
     )
     launcher = _field(1, 0, 4) + _field(2, 2, b"c10d::send") + _field(3, 0, 7)
     meta = _field(1, 2, b"0.0.4") + _field(2, 2, _attr("schema", 29, 2, b"test"))
@@ -479,6 +482,8 @@ def test_chakra_wire_decoding(tmp_path: Path) -> None:
     meta_out, nodes = read_chakra(path)
     assert meta_out == {"version": "0.0.4", "schema": "test"}
     assert [n.id for n in nodes] == [4, 5] and nodes[1].ctrl_deps == [4]
+    odd = {k: nodes[1].attrs[k] for k in "abcde"}
+    assert odd == {"a": -5, "b": -3, "c": 2.5, "d": [True, False, True], "e": ["x", "yz"]}
     ops = load_chakra(path)
     assert_contract(ops, "chakra")
     row = ops.iloc[0]

@@ -21,7 +21,7 @@ T0 = 1_700_000_000_000_000_000
 MS = 1_000_000
 STEP_MS = 100
 WARMUP = 1
-N_STEPS = 4  # steps 0..3, step 0 warm-up: the zoomed (typical: the steps are equal, so the latest) step is 3
+N_STEPS = 4  # steps 0..3, step 0 warm-up; the steps are equal, so the zoomed (typical) step is 3
 # Rank 1 enters every step 5 ms after rank 0 and leaves with it; the op of each step runs from
 # 40 to 70 ms after rank 0's start on both ranks.
 RANK_LAG_MS = 5

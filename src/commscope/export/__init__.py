@@ -3,7 +3,7 @@
 * :mod:`~commscope.export.perfetto`: Chrome Trace Event JSON for Perfetto / ``chrome://tracing``
   (a compute track and a communication track per rank, ranks grouped by node);
 * :mod:`~commscope.export.chakra`: Chakra execution traces (``.et``, written through
-  mlcommons/chakra's ``et_def.proto``, vendored in :mod:`~commscope.export.chakra_schema`), one
+  mlcommons/chakra's ``et_def.proto``, vendored in :mod:`~commscope.chakra_schema`), one
   file per rank, that ASTRA-sim 2.x runs as written, with the rest of ASTRA-sim's input set
   beside them (:mod:`~commscope.export.astrasim`: what each op becomes, communicator groups,
   network, system and memory configs, the command);

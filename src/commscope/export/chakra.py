@@ -1,7 +1,7 @@
 """The ops table → Chakra execution traces (``.et``), one file per rank, that ASTRA-sim 2.x runs.
 
 Written through Chakra's own schema (mlcommons/chakra v1.0.0 ``et_def.proto``, vendored and
-compiled in :mod:`commscope.export.chakra_schema`): a stream of length-prefixed messages, one
+compiled in :mod:`commscope.chakra_schema`): a stream of length-prefixed messages, one
 ``GlobalMetadata`` (``version`` = ``"0.0.4"``, attributes ``source`` = ``commscope``, ``rank``,
 ``world_size``, ``backend``), then ``Node`` messages in dependency order, ids from 0.
 
@@ -50,6 +50,7 @@ from typing import Any
 
 import pandas as pd
 
+from commscope.chakra_schema import SCHEMA_VERSION, encode_et, pb
 from commscope.contracts import DTYPE_SIZES, parse_ranks
 from commscope.export import PHASES, ComputeSpan, op_records, phase_intervals, rank_timeline
 from commscope.export.astrasim import (
@@ -59,7 +60,6 @@ from commscope.export.astrasim import (
     plan_ops,
     write_astra_inputs,
 )
-from commscope.export.chakra_schema import SCHEMA_VERSION, encode_et, pb
 
 # Span names: the markers PyTorch's profiler writes and commscope.importers reads back.
 PHASE_SPAN_NAMES = {

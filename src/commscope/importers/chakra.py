@@ -1,17 +1,15 @@
 """Chakra protobuf execution traces (``.et``) → the ops table (``source="chakra"``).
 
 A Chakra ``.et`` file is a stream of protobuf messages, each prefixed by its length as a
-varint (Chakra's ``protolib.encodeMessage``): one ``GlobalMetadata``, then ``Node`` messages
-(schema: mlcommons/chakra ``schema/protobuf/et_def.proto``). The file may be gzipped, as
-Chakra's own reader allows. Rather than add protobuf as a dependency for one schema, this
-module decodes the wire format directly (varints, length-delimited and fixed-width fields)
-for the fields it needs:
+varint (Chakra's ``protolib.encodeMessage``): one ``GlobalMetadata``, then ``Node`` messages.
+They are parsed by Chakra's own schema (``et_def.proto`` of mlcommons/chakra v1.0.0, vendored
+and compiled in :mod:`commscope.chakra_schema`, which the exporter writes with too). The file
+may be gzipped, as Chakra's own reader allows. The fields used:
 
-* ``Node``: ``id`` (1), ``name`` (2), ``type`` (3: ``COMM_SEND_NODE`` = 5,
-  ``COMM_RECV_NODE`` = 6, ``COMM_COLL_NODE`` = 7), ``ctrl_deps`` (4), ``data_deps`` (5),
-  ``start_time_micros`` (6), ``duration_micros`` (7), ``inputs``/``outputs`` (8/9: ``IOInfo``
-  with the PyTorch ET's ``values``/``shapes``/``types`` as Python-literal strings), ``attr``
-  (10: ``AttributeProto``, name plus a ``oneof`` value).
+* ``Node``: ``id``, ``name``, ``type`` (``COMM_SEND_NODE``, ``COMM_RECV_NODE``,
+  ``COMM_COLL_NODE``), ``ctrl_deps``, ``start_time_micros``, ``duration_micros``, ``inputs``
+  (``IOInfo`` with the PyTorch ET's ``values``/``shapes``/``types`` as Python-literal strings)
+  and ``attr`` (name plus a ``oneof`` value).
 * comm attributes: ``comm_type`` (``CollectiveCommType``), ``comm_size`` (bytes), ``pg_name``,
   ``comm_src``/``comm_dst`` for send/recv.
 
@@ -39,15 +37,15 @@ its start plus a zero duration). The enclosing phase span's exact name (``## for
 from __future__ import annotations
 
 import ast
-import struct
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from os import PathLike
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from google.protobuf.message import DecodeError
 
+from commscope.chakra_schema import decode_et, node_attrs, pb
 from commscope.contracts import P2P_OPS, ROOTED_OPS
 from commscope.importers import (
     ops_frame,
@@ -68,163 +66,24 @@ _COMMSCOPE_SPANS = {
     "## optimizer ##": "optim",
 }
 
-COMM_SEND_NODE, COMM_RECV_NODE, COMM_COLL_NODE = 5, 6, 7
-# CollectiveCommType in et_def.proto.
+COMM_SEND_NODE, COMM_RECV_NODE, COMM_COLL_NODE = (
+    pb.COMM_SEND_NODE,
+    pb.COMM_RECV_NODE,
+    pb.COMM_COLL_NODE,
+)
+# CollectiveCommType of et_def.proto -> the ops table's op names.
 COMM_TYPES = {
-    0: "allreduce",  # ALL_REDUCE
-    1: "reduce",  # REDUCE
-    2: "allgather",  # ALL_GATHER
-    3: "gather",  # GATHER
-    4: "scatter",  # SCATTER
-    5: "broadcast",  # BROADCAST
-    6: "alltoall",  # ALL_TO_ALL
-    7: "reduce_scatter",  # REDUCE_SCATTER
-    8: "reduce_scatter",  # REDUCE_SCATTER_BLOCK
-    9: "barrier",  # BARRIER
+    pb.ALL_REDUCE: "allreduce",
+    pb.REDUCE: "reduce",
+    pb.ALL_GATHER: "allgather",
+    pb.GATHER: "gather",
+    pb.SCATTER: "scatter",
+    pb.BROADCAST: "broadcast",
+    pb.ALL_TO_ALL: "alltoall",
+    pb.REDUCE_SCATTER: "reduce_scatter",
+    pb.REDUCE_SCATTER_BLOCK: "reduce_scatter",
+    pb.BARRIER: "barrier",
 }
-
-# Protobuf wire types.
-_VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
-
-
-def read_varint(buf: bytes, pos: int) -> tuple[int, int]:
-    """Decode an unsigned base-128 varint at ``pos``; returns (value, position after it)."""
-    result = shift = 0
-    while True:
-        if pos >= len(buf):
-            raise ValueError("truncated varint")
-        byte = buf[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return result, pos
-        shift += 7
-        if shift >= 64:
-            raise ValueError("varint longer than 10 bytes")
-
-
-def iter_fields(buf: bytes) -> Iterator[tuple[int, int, Any]]:
-    """(field number, wire type, raw value) of each field of one message: an int for varints,
-    bytes for the rest (8 or 4 bytes for fixed-width fields)."""
-    pos = 0
-    while pos < len(buf):
-        key, pos = read_varint(buf, pos)
-        number, wire = key >> 3, key & 7
-        value: Any
-        if wire == _VARINT:
-            value, pos = read_varint(buf, pos)
-        elif wire == _I64:
-            value, pos = buf[pos : pos + 8], pos + 8
-        elif wire == _LEN:
-            length, pos = read_varint(buf, pos)
-            value, pos = buf[pos : pos + length], pos + length
-        elif wire == _I32:
-            value, pos = buf[pos : pos + 4], pos + 4
-        else:  # groups (3, 4) are not used by proto3 schemas
-            raise ValueError(f"unsupported wire type {wire}")
-        if pos > len(buf):
-            raise ValueError(f"field {number} runs past the end of its message")
-        yield number, wire, value
-
-
-def iter_messages(data: bytes) -> Iterator[bytes]:
-    """The length-prefixed messages of a Chakra stream."""
-    pos = 0
-    while pos < len(data):
-        length, pos = read_varint(data, pos)
-        if pos + length > len(data):
-            raise ValueError("truncated Chakra message")
-        yield data[pos : pos + length]
-        pos += length
-
-
-def _signed(value: int) -> int:
-    """int32/int64 fields are varints of the two's-complement 64-bit value."""
-    return value - (1 << 64) if value >= 1 << 63 else value
-
-
-def _zigzag(value: int) -> int:
-    return (value >> 1) ^ -(value & 1)
-
-
-def _scalar(number: int, wire: int, raw: Any) -> Any:
-    """One AttributeProto scalar by its oneof field number (see et_def.proto)."""
-    if number == 3:
-        return struct.unpack("<d", raw)[0]
-    if number == 5:
-        return struct.unpack("<f", raw)[0]
-    if number in (7, 9):
-        return _signed(raw)
-    if number in (11, 13):
-        return raw
-    if number in (15, 17):
-        return _zigzag(raw)
-    if number in (19, 21):
-        return int.from_bytes(raw, "little")
-    if number in (23, 25):
-        return int.from_bytes(raw, "little", signed=True)
-    if number == 27:
-        return bool(raw)
-    if number == 29:
-        return raw.decode("utf-8", errors="replace")
-    if number == 31:
-        return bytes(raw)
-    return raw
-
-
-_FIXED_WIDTH = {3: 8, 5: 4, 19: 4, 21: 8, 23: 4, 25: 8}
-
-
-def _list(number: int, raw: bytes) -> list[Any]:
-    """An ``XxxList`` attribute value: field 1 repeated, packed or not."""
-    element = number - 1  # each list's field number follows its scalar's
-    out: list[Any] = []
-    for field_number, wire, value in iter_fields(raw):
-        if field_number != 1:
-            continue
-        if wire == _LEN and element not in (29, 31):
-            # Packed numeric elements.
-            width = _FIXED_WIDTH.get(element)
-            pos = 0
-            while pos < len(value):
-                if width:
-                    out.append(_scalar(element, wire, value[pos : pos + width]))
-                    pos += width
-                else:
-                    item, pos = read_varint(value, pos)
-                    out.append(_scalar(element, _VARINT, item))
-        else:
-            out.append(_scalar(element, wire, value))
-    return out
-
-
-def decode_attribute(buf: bytes) -> tuple[str, Any]:
-    """(name, value) of an AttributeProto."""
-    name, value = "", None
-    for number, wire, raw in iter_fields(buf):
-        if number == 1:
-            name = raw.decode("utf-8", errors="replace")
-        elif number == 2:
-            continue  # doc_string
-        elif number % 2 == 0 and number >= 4:
-            if wire != _LEN:
-                raise ValueError(f"attribute list field {number} is not length-delimited")
-            value = _list(number, raw)
-        else:
-            if (number in (29, 31)) != (wire == _LEN):
-                raise ValueError(f"attribute field {number} has wire type {wire}")
-            value = _scalar(number, wire, raw)
-    return name, value
-
-
-def _packed_ints(wire: int, raw: Any) -> list[int]:
-    if wire == _VARINT:
-        return [raw]
-    out, pos = [], 0
-    while pos < len(raw):
-        item, pos = read_varint(raw, pos)
-        out.append(item)
-    return out
 
 
 @dataclass
@@ -243,71 +102,37 @@ class ChakraNode:
     attrs: dict[str, Any] = field(default_factory=dict)
 
 
-def decode_node(buf: bytes) -> ChakraNode:
-    node = ChakraNode()
-    for number, wire, raw in iter_fields(buf):
-        if number == 1:
-            node.id = raw
-        elif number == 2:
-            node.name = raw.decode("utf-8", errors="replace")
-        elif number == 3:
-            node.type = raw
-        elif number == 4:
-            node.ctrl_deps.extend(_packed_ints(wire, raw))
-        elif number == 5:
-            node.data_deps.extend(_packed_ints(wire, raw))
-        elif number == 6:
-            node.start_time_micros = raw
-        elif number == 7:
-            node.duration_micros = raw
-        elif number in (8, 9):
-            io = {
-                {1: "values", 2: "shapes", 3: "types"}.get(n, str(n)): v.decode(
-                    "utf-8", errors="replace"
-                )
-                for n, _, v in iter_fields(raw)
-            }
-            if number == 8:
-                node.inputs = io
-            else:
-                node.outputs = io
-        elif number == 10:
-            name, value = decode_attribute(raw)
-            node.attrs[name] = value
-    return node
+def _io(info: pb.IOInfo) -> dict[str, str]:
+    return {"values": info.values, "shapes": info.shapes, "types": info.types}
 
 
-def decode_metadata(buf: bytes) -> dict[str, Any]:
-    """GlobalMetadata attributes by name (field 1 in old schemas, 2 since ``version`` = 1)."""
-    meta: dict[str, Any] = {}
-    for number, wire, raw in iter_fields(buf):
-        if wire != _LEN:
-            continue
-        if number == 2:
-            name, value = decode_attribute(raw)
-            meta[name] = value
-        elif number == 1:
-            # Old schemas: repeated AttributeProto attr = 1 (starts with its name, tag 0x0a);
-            # newer ones: string version = 1.
-            name, value = "", None
-            if raw[:1] == b"\x0a":
-                try:
-                    name, value = decode_attribute(raw)
-                except (ValueError, IndexError, struct.error):
-                    name, value = "", None
-            if name and value is not None:
-                meta[name] = value
-            else:
-                meta["version"] = raw.decode("utf-8", errors="replace")
-    return meta
+def _node(message: pb.Node) -> ChakraNode:
+    return ChakraNode(
+        id=message.id,
+        name=message.name,
+        type=int(message.type),
+        ctrl_deps=list(message.ctrl_deps),
+        data_deps=list(message.data_deps),
+        start_time_micros=message.start_time_micros,
+        duration_micros=message.duration_micros,
+        inputs=_io(message.inputs),
+        outputs=_io(message.outputs),
+        attrs=node_attrs(message),
+    )
 
 
 def read_chakra(path: str | PathLike[str]) -> tuple[dict[str, Any], list[ChakraNode]]:
-    """(global metadata, nodes) of a Chakra ``.et`` file (gzipped or not)."""
-    messages = iter_messages(read_bytes(path))
-    first = next(messages, None)
-    meta = decode_metadata(first) if first is not None else {}
-    return meta, [decode_node(m) for m in messages]
+    """(global metadata, nodes) of a Chakra ``.et`` file (gzipped or not), parsed by Chakra's
+    own schema (:mod:`commscope.chakra_schema`). The metadata are its attributes by name plus
+    ``version`` when set."""
+    try:
+        meta, nodes = decode_et(read_bytes(path))
+    except DecodeError as err:
+        raise ValueError(f"{path}: not a Chakra execution trace ({err})") from err
+    info = node_attrs(meta)
+    if meta.version:
+        info["version"] = meta.version
+    return info, [_node(n) for n in nodes]
 
 
 def _literal(text: str | None) -> Any:

@@ -21,7 +21,7 @@ from os import PathLike
 from pathlib import Path
 from typing import Any
 
-from commscope.export.chakra_schema import et_def_pb2 as pb
+from commscope.chakra_schema import et_def_pb2 as pb
 
 # The schema version Chakra v1.0.0's converters write into GlobalMetadata.version.
 SCHEMA_VERSION = "0.0.4"
