@@ -217,6 +217,12 @@ def test_exports_exist_for_every_cell(study: Path) -> None:
         assert json.loads((export / "trace.json").read_text())["traceEvents"]
         assert (export / "flows.csv").stat().st_size > 0
         assert sorted(p.name for p in (export / "chakra").glob("*.et"))
+        # The ready-to-run ASTRA-sim input set beside the traces.
+        for name in ("comm_group.json", "network.yml", "system.json", "run_astra.sh"):
+            assert (export / "chakra" / name).stat().st_size > 0, name
+    # The report's export section gives the command and a row per cell.
+    html = (study / "results" / "report" / "index.html").read_text()
+    assert "Exports for simulators: ASTRA-sim" in html and "run_astra.sh" in html
 
 
 def test_prediction_matches_every_dense_cell_exactly(study: Path) -> None:

@@ -18,9 +18,13 @@ rule report:
         imports=expand(
             "results/imports/{name}/summary.parquet", name=sorted(config["imports"])
         ),
-        # Exports are part of a study's results: `report` makes them too.
+        # Exports are part of a study's results: `report` makes them too; its export section
+        # reads each cell's ASTRA-sim input set (export/chakra/export_summary.json).
         exports=expand(
             f"{RUNS}/{{cell}}/export/trace.json", cell=cellspace.instance_patterns
+        ),
+        chakra=expand(
+            f"{RUNS}/{{cell}}/export/chakra", cell=cellspace.instance_patterns
         ),
         compare=expand(
             f"{RUNS}/{{cell}}/predict/compare.parquet",

@@ -44,5 +44,6 @@ with log_to(snakemake.log[0]):
             summary=Path(snakemake.input.summary),
             sync_summary=Path(snakemake.input.sync_summary),
             temporal_onoff=Path(snakemake.input.temporal_onoff),
+            exports=list(map(Path, snakemake.input.chakra)),
         ),
     )

@@ -434,6 +434,7 @@ def study_tables(
     summary: Path | None = None,
     sync_summary: Path | None = None,
     temporal_onoff: Path | None = None,
+    exports: Sequence[Path] = (),
 ) -> list[dict[str, Any]]:
     """The report's table sections in order: title, intro (how to read it), frame.
 
@@ -442,7 +443,8 @@ def study_tables(
     ``predict/timing.parquet``, ``learning`` the (loss, routing) tables of the learning runs,
     ``imports`` the imported traces' summaries. ``microbench`` is the (summary, fit) pair of
     the microbenchmark stage, ``predictions`` the scenario table; either may be absent (stage
-    turned off). ``summary`` (the aggregated cell summary) gives the wire table first."""
+    turned off). ``summary`` (the aggregated cell summary) gives the wire table first;
+    ``exports``, the cells' ``export/chakra/`` input sets, the export section last."""
     imported = pd.concat(map(pd.read_parquet, imports)) if imports else pd.DataFrame()
     wire = (
         [_section("The wire at four time scales", wire_intro(summary), wire_cells(summary))]
@@ -480,6 +482,7 @@ def study_tables(
         ),
         _section("Learning runs", _LEARNING_INTRO, learning_table(*learning)),
         _section("Imported traces", _IMPORTS_INTRO, imported),
+        *([export_section(list(exports))] if exports else []),
     ]
 
 
