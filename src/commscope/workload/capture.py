@@ -14,24 +14,26 @@ Completion time (``t_end_ns``), from the backend's own signal wherever there is 
 * Functional collectives (DTensor, FSDP): their C++ kernel issues the matching c10d op through
   the dispatcher with the autograd keys excluded, so it reaches a second kernel of ours on the
   ``ADInplaceOrView`` key, which hooks that inner ``Work``'s future to the functional op's row.
-  Waiting on ``wait_tensor`` instead missed DTensor's forward all-reduces: their
-  ``AsyncCollectiveTensor`` waits inside ``__torch_dispatch__``, below the autograd keys.
-  ``wait_tensor`` remains the fallback for a backend whose functional kernel hides its Work.
+  The wait on the result (below) remains the fallback for a backend whose functional kernel
+  hides its Work.
 * Works without a future (gloo reduce-scatter, send, recv): gloo's reduce-scatter Work never
   reports ``is_completed()`` but its ``wait()`` may be called from any thread, so a waiter thread
   blocks on it; send/recv Works must be waited exactly once (a second ``wait()`` blocks forever),
   so a poller checks their ``is_completed()``, which turns true once the issuer has waited.
 
-Wait (``t_wait_start_ns``, ``t_wait_end_ns``, ``wait_ns``): how long the training thread (the one
-that called :func:`enable`) was blocked on the op, from the wait that found it incomplete:
+Wait (``t_wait_start_ns``, ``t_wait_end_ns``, ``wait_ns``; frame()'s :data:`WAIT_COLUMNS`): how
+long the training thread (the one that called :func:`enable`) was blocked on the op, from its
+first wait there (a second wait on the same op is not stamped):
 
 * A ``Work`` handed to Python: ``Work.wait`` is wrapped (the class attribute), so every Python
   wait — ``work.wait()`` in user code, pipelining, FSDP2, and the synchronous ``torch.distributed``
   calls, which wait inside ``distributed_c10d`` — is stamped. Works are tied to their rows by
   identity (a weak-keyed map; a short ring keeps the Python object alive until the caller holds
   it). A synchronous call's wait starts at the op's issue: the thread entered the blocking call.
-* Functional collectives: the Python ``wait_tensor`` (``AsyncCollectiveTensor``'s wait, also below
-  the autograd keys) is wrapped, and the ``wait_tensor`` kernel covers calls through the dispatcher.
+* Functional collectives: the Python ``wait_tensor`` (``AsyncCollectiveTensor``'s wait, which runs
+  inside ``__torch_dispatch__``, below the autograd keys) is wrapped, and the ``wait_tensor``
+  kernel covers calls through the dispatcher. The waited tensor is found by its storage: DTensor
+  waits on a view of the op's output, not on the output itself.
 * The DDP reducer's bucket all-reduces, issued by C++ autograd hooks and waited on in C++ by its
   final callback (``finalize_backward``): a final callback of ours, queued ahead of the reducer's,
   stamps when the backward's compute ended and queues one behind it; a bucket's wait is from the
@@ -196,8 +198,10 @@ _ENGINE = torch.autograd.Variable._execution_engine  # queues the backward's fin
 # Python Works -> (table, row). Weak keys: a Work the caller dropped leaves the map by itself.
 _WORK_ROWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # The last Works seen, kept alive until their Python caller holds them: pybind hands the caller
-# the same object only while one exists (and the map is keyed by that object).
-_KEEP: collections.deque = collections.deque(maxlen=32)
+# the same object only while one exists (and the map is keyed by that object). The caller gets
+# its Work as soon as our kernel returns, so a few suffice; more would keep the tensors of
+# finished ops (FSDP's gathered parameters) alive longer.
+_KEEP: collections.deque = collections.deque(maxlen=4)
 # Calls from here return a Work to Python code that may wait on it (and waits itself when the
 # call is synchronous); a c10d op reached from any other Python frame is issued by C++.
 _C10D_FILE = dist.distributed_c10d.__file__
@@ -437,7 +441,7 @@ def _watch(out: Any, op: str, table: _Table, row: int, to_python: bool) -> bool:
         return False
     work = dist.Work.unbox(work)
     t_end = table.t_end
-    if to_python:
+    if to_python and table.w_start[row] is None:  # not for CUDA ops: their waits are unknown
         _KEEP.append(work)
         _WORK_ROWS[work] = (table, row)
     try:
