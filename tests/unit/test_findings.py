@@ -96,8 +96,17 @@ def test_structure_findings_classify_and_compare_the_bubble() -> None:
     assert classes.anchor == TEMPORAL
     assert classes.text.endswith("bursty: ddp, tp; streaming: fsdp.")
     assert comm.anchor == SYNC
-    assert comm.text.startswith("Communication is 25 % of pp's critical path and 15 % of ddp's")
+    assert comm.text == (
+        "Communication is 25 % of pp's critical path and 15 % of ddp's (steady step, unshaped "
+        "link)."
+    )
     assert "pp 23 % (analytic 20 %)" in bubble.text
+    # Cells recorded before the capture kept waits: their exposed time is an upper bound.
+    old = sync.assign(exposed_source=["waits", "upper_bound"])
+    (_, comm, _) = structure_findings(old, temporal)
+    assert comm.text.endswith("(steady step, unshaped link; upper bound: traces without waits).")
+    exact = sync.assign(exposed_source="waits")
+    assert structure_findings(exact, temporal)[1].text.endswith("(steady step, unshaped link).")
 
 
 def test_no_data_no_findings() -> None:

@@ -430,10 +430,15 @@ def structure_findings(sync: pd.DataFrame, temporal: pd.DataFrame) -> list[Findi
         share = base.groupby("strategy")["critical_comm_share"].mean().dropna()
         if len(share) >= 2:
             hi, lo = share.idxmax(), share.idxmin()
+            # A cell recorded before the capture kept waits walks every op: an upper bound.
+            exact = "exposed_source" not in base or set(
+                base[base["strategy"].isin([hi, lo])]["exposed_source"].astype(str)
+            ) <= {"waits"}
             out.append(
                 Finding(
                     f"Communication is {100 * share[hi]:.0f} % of {hi}'s critical path and "
-                    f"{100 * share[lo]:.0f} % of {lo}'s (steady step, unshaped link).",
+                    f"{100 * share[lo]:.0f} % of {lo}'s (steady step, unshaped link"
+                    f"{'' if exact else '; upper bound: traces without waits'}).",
                     SYNC,
                 )
             )

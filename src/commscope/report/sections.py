@@ -696,8 +696,9 @@ SYNC_TITLE = "Synchronization structure per cell"
 _SYNC_INTRO = (
     "Per cell, its steady (median measured) step: collectives, point-to-point ops and barriers "
     "per step, the skew of world-wide collectives (last rank's issue minus the first's), the "
-    "communication ratio (time in communication not overlapped by compute, over the step; an "
-    "upper bound, since the capture does not record when a rank waited), the critical path "
+    "communication ratio (time a rank is blocked waiting on communication, from the capture's "
+    "recorded waits, over the step; for traces recorded before the waits, each op's whole "
+    "interval, an upper bound, marked in the 'exposed from' column), the critical path "
     "(compute vs communication on the chain of ranks that sets the step's end) and, for "
     "pipeline cells, the measured bubble next to (p-1)/(p-1+m) and the predictor's. "
     "Definitions: docs/sync.md."
@@ -735,6 +736,8 @@ def sync_section(sync: pd.DataFrame) -> pd.DataFrame:
     out["p2p / step"] = sync["p2p_per_step"].map(fmt_count)
     out["world skew (mean)"] = sync["sync_skew_mean_s"].map(fmt_ms)
     out["comm ratio (median rank)"] = sync["comm_ratio_median"].map(_fmt_share)
+    if "exposed_source" in sync:
+        out["exposed from"] = sync["exposed_source"].astype(str)
     out["critical path"] = sync["critical_path_s"].map(fmt_ms)
     out["of it communication"] = sync["critical_comm_share"].map(_fmt_share)
     out["bubble measured"] = sync["bubble_measured_fwd_bwd"].map(_fmt_share)
