@@ -49,7 +49,14 @@ def test_delay_sensitivity_names_the_most_and_least_sensitive_at_the_largest_del
     )
     assert "one-way delay of 20 ms (round trip +40 ms)" in finding.text
     # Without an interval (one repeat on a side), the value alone.
-    assert "ddp 2.50x, the least of 3 strategies" in finding.text
+    assert finding.text.endswith("ddp 2.50x, the least of 3 strategies.")
+    # Intervals on both ends that overlap: the order is not established, and it says so.
+    close = slowdown.assign(slowdown_ci_low=[1.9, 2.0, 2.2, 2.0], slowdown_ci_high=[2.1, 7, 3, 4])
+    (finding,) = sensitivity_findings(close)
+    assert finding.text.endswith(
+        "ddp 2.50x (95 % CI 2.20-3.00x), the least of 3 strategies; their 95 % intervals "
+        "overlap, so this order is not established."
+    )
 
 
 def test_placement_and_scale() -> None:
@@ -90,6 +97,9 @@ def test_structure_findings_classify_and_compare_the_bubble() -> None:
              "bubble_analytic": None, **LINK},
             {"strategy": "pp", "critical_comm_share": 0.25, "bubble_measured_fwd_bwd": 0.227,
              "bubble_analytic": 0.2, **LINK},
+            # A repeat of the same cell: one entry, the mean (22.7 and 23.3: 23 %).
+            {"strategy": "pp", "critical_comm_share": 0.25, "bubble_measured_fwd_bwd": 0.233,
+             "bubble_analytic": 0.2, **LINK},
         ]
     )  # fmt: skip
     classes, comm, bubble = structure_findings(sync, temporal)
@@ -100,9 +110,9 @@ def test_structure_findings_classify_and_compare_the_bubble() -> None:
         "Communication is 25 % of pp's critical path and 15 % of ddp's (steady step, unshaped "
         "link)."
     )
-    assert "pp 23 % (analytic 20 %)" in bubble.text
+    assert bubble.text.endswith("forward/backward phase): pp 23 % (analytic 20 %).")
     # Cells recorded before the capture kept waits: their exposed time is an upper bound.
-    old = sync.assign(exposed_source=["waits", "upper_bound"])
+    old = sync.assign(exposed_source=["waits", "upper_bound", "upper_bound"])
     (_, comm, _) = structure_findings(old, temporal)
     assert comm.text.endswith("(steady step, unshaped link; upper bound: traces without waits).")
     exact = sync.assign(exposed_source="waits")

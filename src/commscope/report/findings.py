@@ -165,11 +165,19 @@ def _sensitivity_at(slowdown: pd.DataFrame, varied: str, column: str, pick: str)
         "loss": f"{value:g} % random loss",
     }[varied]
     noun = {"bw": "bandwidth", "delay": "latency", "loss": "loss"}[varied]
+    # With intervals on both ends, say when they overlap: the order is then not established.
+    overlap = (
+        pd.notna(hi["low"])
+        and pd.notna(lo["high"])
+        and hi["setups"] == lo["setups"] == 1
+        and hi["low"] <= lo["high"]
+    )
+    caveat = "; their 95 % intervals overlap, so this order is not established" if overlap else ""
     return [
         Finding(
             f"Most sensitive to {noun}: {hi['strategy']}, whose step takes "
             f"{_times(hi)} as long under {setting} as unshaped; "
-            f"{lo['strategy']} {_times(lo)}, the least of {len(at)} strategies.",
+            f"{lo['strategy']} {_times(lo)}, the least of {len(at)} strategies{caveat}.",
             SENSITIVITY,
         )
     ]
@@ -445,6 +453,11 @@ def structure_findings(sync: pd.DataFrame, temporal: pd.DataFrame) -> list[Findi
         pp = sync[sync["bubble_measured_fwd_bwd"].notna() & sync["bubble_analytic"].notna()]
         pp = unshaped_rows(pp)
         if not pp.empty:
+            # One entry per setup: repeats (and congestion controls) averaged.
+            keys = [c for c in ("strategy", "model", "nodes", "ranks_per_node") if c in pp]
+            pp = pp.groupby(keys, as_index=False)[
+                ["bubble_measured_fwd_bwd", "bubble_analytic"]
+            ].mean()
             parts = [
                 f"{r['strategy']}{_where(r)} {100 * r['bubble_measured_fwd_bwd']:.0f} % "
                 f"(analytic {100 * r['bubble_analytic']:.0f} %)"
