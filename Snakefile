@@ -5,12 +5,19 @@ from pathlib import Path
 
 from snakemake.utils import min_version
 
-from commscope.config import validate_config
+from commscope.config import read_yaml, validate_config
 
 min_version("9.0")
 
 
 configfile: "config/config.yaml"
+
+
+# Snakemake's YAML loader keeps the last of two equal keys and expands aliases (a 5 kB alias
+# bomb runs for minutes): read every config file again, strictly, so those are errors that name
+# the file and line.
+for _configfile in workflow.configfiles:
+    read_yaml(_configfile)
 
 
 # Snakemake's schema validation (defaults filled in), with errors that name the key and value.

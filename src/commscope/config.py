@@ -28,6 +28,7 @@ __all__ = [
     "cells_frame",
     "check_study",
     "load_config",
+    "read_yaml",
     "strategy_names",
     "strategy_spec",
     "sweep_blocks",
@@ -82,9 +83,79 @@ def validate_config(
     return config
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """YAML as a config should be: no anchors or aliases (a 5 kB alias bomb expands to
+    gigabytes), no duplicate keys (PyYAML keeps the last one silently)."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                "anchors and aliases (&name, *name) are not allowed in a study config: write "
+                "the values out",
+                event.start_mark,
+            )
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"duplicate key {key!r} (first at line {seen[key].line + 1}): YAML would "
+                    "keep only the last; remove one",
+                    key_node.start_mark,
+                )
+            seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """A config file's YAML, strictly: UTF-8, no anchors, aliases, duplicate keys or Python
+    tags, a mapping at the top. Any problem is a :class:`ConfigError` that names the file, line
+    and column and says what to change (never a traceback)."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read the config ({err.strerror})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{path}, line {line}: byte 0x{raw[err.start]:02x} is not UTF-8; save the file as UTF-8"
+        ) from None
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader: no Python objects
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = err.problem or err.context or "not valid YAML"
+        if "'\\t'" in problem:  # PyYAML names the character, not the habit
+            problem += " (indent with spaces, not tabs)"
+        raise ConfigError(f"{path}{where}: {problem}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({err})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{path}: a config is a mapping of keys (cluster:, sweep:, ...), got a "
+            f"{type(data).__name__}"
+        )
+    return data
+
+
 def load_config(path: Path, schema_path: str | Path = SCHEMA_PATH) -> dict[str, Any]:
-    """Read a YAML config and validate it; semantic checks are separate (:func:`check_study`)."""
-    return validate_config(yaml.safe_load(Path(path).read_text()) or {}, schema_path)
+    """Read a YAML config strictly (:func:`read_yaml`) and validate it; semantic checks are
+    separate (:func:`check_study`)."""
+    return validate_config(read_yaml(path), schema_path)
 
 
 # Axes a sweep block may leave out (the schema's defaults, also inside a list of blocks).

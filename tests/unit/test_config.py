@@ -18,6 +18,7 @@ from commscope.config import (
     cells_frame,
     check_study,
     load_config,
+    read_yaml,
     strategy_names,
     strategy_spec,
     sweep_blocks,
@@ -746,3 +747,48 @@ def test_one_stage_schedules_refuse_stages_per_rank() -> None:
         "pg", strategies={"pg": {"pp": -1, "pp_schedule": "gpipe", "stages_per_rank": 2}}
     )
     assert "gpipe runs one stage per rank: set stages_per_rank 1" in config_error(config)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            b"run:\n  timeout_s: 10\nrun:\n  sample_hz: 5\n",
+            "line 3, column 1: duplicate key 'run' (first at line 1)",
+        ),
+        (b"a: &x [1, 2]\nb: *x\n", "line 1, column 4: anchors and aliases"),
+        (
+            b"run:\n\ttimeout_s: 10\n",
+            "line 2, column 1: found character '\\t' that cannot start "
+            "any token (indent with spaces, not tabs)",
+        ),
+        (b"run:\n  name: \xff\n", "line 2: byte 0xff is not UTF-8; save the file as UTF-8"),
+        (
+            b"run: !!python/object/apply:os.system [true]\n",
+            "line 1, column 6: could not determine a constructor for the tag",
+        ),
+        (b"- a\n- b\n", "a config is a mapping of keys (cluster:, sweep:, ...), got a list"),
+        (b"run: [1, 2\n", "line 2, column 1:"),
+    ],
+    ids=["duplicate", "alias", "tab", "not-utf8", "python-tag", "not-a-mapping", "unclosed"],
+)
+def test_bad_yaml_is_a_config_error_naming_the_line(
+    tmp_path: Path, text: bytes, message: str
+) -> None:
+    """No traceback and no silent merge: each is a ConfigError with the file and the line."""
+    path = tmp_path / "study.yaml"
+    path.write_bytes(text)
+    with pytest.raises(ConfigError) as caught:
+        read_yaml(path)
+    assert str(caught.value).startswith(f"{path}")
+    assert message in str(caught.value)
+
+
+def test_an_alias_bomb_is_refused_at_once(tmp_path: Path) -> None:
+    """Nine levels of nine aliases would expand to 387 M items; the first alias stops it."""
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 10)]
+    path = tmp_path / "bomb.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ConfigError, match="anchors and aliases"):
+        read_yaml(path)

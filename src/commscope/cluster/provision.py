@@ -16,11 +16,10 @@ import shlex
 import sys
 from pathlib import Path
 
-import yaml
-
 from commscope.cluster.hosts import Cluster, Host, NodeSpec
 from commscope.cluster.netns import provision_netns, teardown_netns
 from commscope.cluster.shaping import link_facts
+from commscope.config import read_yaml
 from commscope.spec.settings import ClusterSettings
 
 log = logging.getLogger(__name__)
@@ -43,7 +42,7 @@ def load_inventory(path: Path) -> list[NodeSpec]:
             f"cluster.inventory: {path} does not exist; copy config/cluster.example.yaml "
             "and list your hosts, or use cluster.backend: netns"
         )
-    data = yaml.safe_load(path.read_text()) or {}
+    data = read_yaml(path)  # strict: duplicate keys, aliases and bad bytes name their line
     known_hosts = data.get("known_hosts", "")
     if not known_hosts:
         raise ValueError(

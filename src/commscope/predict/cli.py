@@ -36,9 +36,8 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import yaml
 
-from commscope.config import cells_frame, load_config, strategy_spec
+from commscope.config import cells_frame, load_config, read_yaml, strategy_spec
 from commscope.predict.matrix import node_matrix_summary
 from commscope.predict.ops import FP32_BYTES
 from commscope.predict.scenarios import (
@@ -140,7 +139,7 @@ def scenario_spec(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     if args.config is not None and args.scenario is not None:
         # Read as written: the scenario's keys are checked by resolve_scenario, and a config
         # whose schema predates predictions: still gives its scenarios to the CLI.
-        scenarios = (yaml.safe_load(args.config.read_text()) or {}).get("predictions") or {}
+        scenarios = read_yaml(args.config).get("predictions") or {}
         if args.scenario not in scenarios:
             raise SystemExit(
                 f"--scenario {args.scenario!r} is not in {args.config}'s predictions: "
