@@ -792,3 +792,17 @@ def test_an_alias_bomb_is_refused_at_once(tmp_path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(ConfigError, match="anchors and aliases"):
         read_yaml(path)
+
+
+@pytest.mark.parametrize("section", ["predictions", "imports", "strategies", "models"])
+@pytest.mark.parametrize("name", ["../../../../x", "a/b", ".hidden", "-flag", "x y", "a;rm", ""])
+def test_names_that_become_paths_are_strict(
+    default_config: dict[str, Any], section: str, name: str
+) -> None:
+    """A name becomes a directory under results/ (or a sweep value in one): nothing that climbs
+    out, hides, reads as an option or splits a shell word."""
+    config = copy.deepcopy(default_config)
+    entries = config[section]
+    entries[name] = copy.deepcopy(next(iter(entries.values())))
+    with pytest.raises(ConfigError, match=rf"config key {section}: .* does not match"):
+        validate_config(config)
