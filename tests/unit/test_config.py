@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -805,4 +806,29 @@ def test_names_that_become_paths_are_strict(
     entries = config[section]
     entries[name] = copy.deepcopy(next(iter(entries.values())))
     with pytest.raises(ConfigError, match=rf"config key {section}: .* does not match"):
+        validate_config(config)
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "where"),
+    [
+        (("cluster", "connect_timeout_s"), 0.5, "cluster.connect_timeout_s"),
+        (("run", "timeout_s"), 10**6, "run.timeout_s"),
+        (("microbench", "max_bytes"), 2**31, "microbench.max_bytes"),
+        (("microbench", "max_iters"), 10**6, "microbench.max_iters"),
+        (("sweep", 0, "ranks_per_node"), [1000], "sweep[0].ranks_per_node[0]"),
+        (("sweep", 0, "steps"), [10**7], "sweep[0].steps[0]"),
+        (("sweep", 0, "repeat"), [0] * 101, "sweep[0].repeat"),
+        (("sweep", 0, "repeat"), [100], "sweep[0].repeat[0]"),
+    ],
+)
+def test_what_multiplies_cost_has_an_upper_bound(
+    default_config: dict[str, Any], path: tuple, value: Any, where: str
+) -> None:
+    config = copy.deepcopy(default_config)
+    target = config
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    with pytest.raises(ConfigError, match=rf"config key {re.escape(where)}: "):
         validate_config(config)
