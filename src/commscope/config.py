@@ -8,6 +8,7 @@ without netem) and names the key and the fix.
 
 from __future__ import annotations
 
+import ipaddress
 import itertools
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +20,7 @@ import yaml
 from commscope.contracts import SWEEP_AXES
 from commscope.spec.link import LINK_AXES, LINK_DEFAULTS, LinkSetting
 from commscope.spec.plan import BUILTIN_STRATEGIES, validate_cell
+from commscope.spec.settings import ClusterSettings, subnet_problem
 
 __all__ = [
     "AXIS_DEFAULTS",
@@ -227,6 +229,21 @@ def check_study(
             problems.append(
                 f"cell strategy={cell.strategy} model={cell.model} nodes={cell.nodes} "
                 f"ranks_per_node={cell.ranks_per_node} (world {world}): {msg}"
+            )
+    cluster = config.get("cluster") or {}
+    if cluster.get("backend", "netns") == "netns":
+        nets = {}
+        for field in ("mgmt_subnet", "exp_subnet"):
+            value = str(cluster.get(field, getattr(ClusterSettings, field)))
+            why = subnet_problem(value, f"cluster.{field}")
+            if why:
+                problems.append(why)
+            else:
+                nets[field] = ipaddress.ip_network(value)
+        if len(nets) == 2 and nets["mgmt_subnet"].overlaps(nets["exp_subnet"]):
+            problems.append(
+                f"cluster.mgmt_subnet={nets['mgmt_subnet']} and cluster.exp_subnet="
+                f"{nets['exp_subnet']} overlap; give each its own subnet"
             )
     shapes = {}
     for cell in cells[list(LINK_AXES)].drop_duplicates().itertuples(index=False):

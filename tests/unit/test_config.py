@@ -832,3 +832,30 @@ def test_what_multiplies_cost_has_an_upper_bound(
     target[path[-1]] = value
     with pytest.raises(ConfigError, match=rf"config key {re.escape(where)}: "):
         validate_config(config)
+
+
+@pytest.mark.parametrize(
+    ("field", "subnet", "message"),
+    [
+        ("mgmt_subnet", "0.0.0.0/1", "is not inside a private or benchmarking range"),
+        ("mgmt_subnet", "8.8.8.0/24", "is not inside a private or benchmarking range"),
+        ("exp_subnet", "100.64.0.0/24", "is not inside a private or benchmarking range"),
+        ("mgmt_subnet", "10.0.0.0/8", "use a prefix from /16 to /29"),
+        ("exp_subnet", "192.168.1.0/30", "use a prefix from /16 to /29"),
+        ("mgmt_subnet", "198.18.0.5/24", "has host bits set"),
+        ("exp_subnet", "198.18.0.0/25", "overlap; give each its own subnet"),
+    ],
+)
+def test_subnets_are_private_sane_and_apart(
+    default_config: dict[str, Any], field: str, subnet: str, message: str
+) -> None:
+    """A netns cluster's subnets: inside RFC 1918 or RFC 2544 space (a bridge on 0.0.0.0/1 took
+    over the host's routes), /16 to /29, and apart from each other; checked before anything
+    runs, naming the key."""
+    config = copy.deepcopy(default_config)
+    config["cluster"][field] = subnet
+    with pytest.raises(ConfigError, match=rf"cluster\.(mgmt|exp)_subnet.*{re.escape(message)}"):
+        check_study(config, engine_problem=lambda engine: "")
+    # The same range, a private one, passes.
+    config["cluster"][field] = "10.77.0.0/24" if field == "mgmt_subnet" else "172.20.0.0/24"
+    check_study(config, engine_problem=lambda engine: "")

@@ -57,7 +57,7 @@ from commscope.cluster.hosts import Cluster, Host, NodeSpec, on_all
 from commscope.cluster.sshd import SSHD, keygen, start_sshd, wait_for_sshd
 from commscope.cluster.syscmd import bridge_nf_note, run_checked, run_quiet
 from commscope.spec.link import CC_ALGORITHMS
-from commscope.spec.settings import check_mtu
+from commscope.spec.settings import check_mtu, subnet_problem
 
 log = logging.getLogger(__name__)
 
@@ -159,14 +159,10 @@ def _locked(state_dir: Path) -> Iterator[None]:
 
 
 def _subnet_hosts(subnet: str, field: str, n_nodes: int) -> tuple[ipaddress.IPv4Network, list]:
-    try:
-        net = ipaddress.ip_network(subnet, strict=True)
-    except ValueError as exc:
-        raise ValueError(
-            f"{field}={subnet!r} is not a network such as '198.18.0.0/24': {exc}"
-        ) from None
-    if net.version != 4:
-        raise ValueError(f"{field}={subnet!r} must be an IPv4 network such as '198.18.0.0/24'")
+    why = subnet_problem(subnet, field)
+    if why:
+        raise ValueError(why)
+    net = ipaddress.ip_network(subnet, strict=True)
     # base+1 is the root-side bridge address (mgmt) and base+2+i is node i.
     addrs = [net.network_address + 2 + i for i in range(n_nodes)]
     if n_nodes and addrs[-1] >= net.broadcast_address:
@@ -184,6 +180,18 @@ def _check_no_route_overlap(net: ipaddress.IPv4Network, own_bridge: str, field: 
         return
     for route in json.loads(proc.stdout):
         dst = route.get("dst", "")
+        gateway = route.get("gateway")
+        # The host's gateway inside our subnet: the bridge address would cut the host off.
+        if gateway and route.get("dev") != own_bridge:
+            try:
+                inside = ipaddress.ip_address(gateway) in net
+            except ValueError:
+                inside = False
+            if inside:
+                raise ValueError(
+                    f"{field}={net} holds the gateway {gateway} of the route {dst} on dev "
+                    f"{route.get('dev')}; choose another subnet"
+                )
         if dst in ("", "default") or route.get("dev") == own_bridge:
             continue
         try:

@@ -7,6 +7,7 @@ unknown keys so that a renamed key fails loudly instead of being ignored.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -26,6 +27,39 @@ def check_mtu(mtu: int) -> None:
             f"cluster.mtu={mtu!r}: use an MTU between {MIN_MTU} and {MAX_MTU} bytes "
             "(1500: standard Ethernet, 9000: jumbo frames)"
         )
+
+
+# Where an emulated cluster's subnets may lie: the private ranges (RFC 1918) and the benchmarking
+# range (RFC 2544, 198.18.0.0/15, the default's). Anything else may be a real network the host
+# reaches: a bridge address in it would take those routes over (0.0.0.0/1 beats the default).
+ALLOWED_SUBNETS = tuple(
+    ipaddress.IPv4Network(n)
+    for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "198.18.0.0/15")
+)
+# A /16 holds 65,534 nodes, far past any cluster; a /29 the 3 addresses and 5 nodes at least.
+SUBNET_PREFIX = (16, 29)
+
+
+def subnet_problem(subnet: str, field: str) -> str:
+    """Why ``subnet`` cannot be an emulated cluster's network ('' when it can): not an IPv4
+    network in canonical form, outside :data:`ALLOWED_SUBNETS`, or a prefix outside
+    :data:`SUBNET_PREFIX`. The message names ``field`` and the fix."""
+    try:
+        net = ipaddress.ip_network(subnet, strict=True)
+    except ValueError as exc:
+        return f"{field}={subnet!r} is not a network such as '198.18.0.0/24': {exc}"
+    if net.version != 4:
+        return f"{field}={subnet!r} must be an IPv4 network such as '198.18.0.0/24'"
+    if not any(net.subnet_of(allowed) for allowed in ALLOWED_SUBNETS):
+        ranges = ", ".join(map(str, ALLOWED_SUBNETS))
+        return (
+            f"{field}={subnet} is not inside a private or benchmarking range ({ranges}): "
+            "an emulated cluster must not shadow a network this host can reach"
+        )
+    low, high = SUBNET_PREFIX
+    if not low <= net.prefixlen <= high:
+        return f"{field}={subnet}: use a prefix from /{low} to /{high} (e.g. '198.18.0.0/24')"
+    return ""
 
 
 def _as_int(value: Any) -> int:
