@@ -8,6 +8,7 @@ without netem) and names the key and the fix.
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import itertools
 from collections.abc import Callable
@@ -81,8 +82,29 @@ def validate_config(
         message = best.message.replace(
             "Unevaluated properties are not allowed", "Additional properties are not allowed"
         )
+        if best.validator in ("additionalProperties", "unevaluatedProperties"):
+            message += _did_you_mean(best, schema)
         raise ConfigError(f"config key {where}: {message} (schema: {schema_path.name})") from None
     return config
+
+
+def _did_you_mean(error: Any, schema: dict[str, Any]) -> str:
+    """``; did you mean 'delay'?`` for each unexpected key close to a known one (the keys of
+    the failing object's schema, with those a ``$ref`` brings)."""
+    sub = error.schema if isinstance(error.schema, dict) else {}
+    known = set(sub.get("properties") or {})
+    ref = sub.get("$ref", "")
+    if ref.startswith("#/$defs/"):
+        known |= set(
+            (schema.get("$defs", {}).get(ref.removeprefix("#/$defs/"), {})).get("properties") or {}
+        )
+    bad = [k for k in error.instance if k not in known] if isinstance(error.instance, dict) else []
+    hints = []
+    for key in bad:
+        close = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.6)
+        if close:
+            hints.append(f"did you mean {close[0]!r} for {key!r}?")
+    return f"; {' '.join(hints)}" if hints else f"; known keys: {', '.join(sorted(known))}"
 
 
 class _StrictLoader(yaml.SafeLoader):

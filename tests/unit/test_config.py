@@ -859,3 +859,26 @@ def test_subnets_are_private_sane_and_apart(
     # The same range, a private one, passes.
     config["cluster"][field] = "10.77.0.0/24" if field == "mgmt_subnet" else "172.20.0.0/24"
     check_study(config, engine_problem=lambda engine: "")
+
+
+@pytest.mark.parametrize(
+    ("typo", "hint"),
+    [
+        (lambda c: c["run"].update(sampel_hz=5), "did you mean 'sample_hz' for 'sampel_hz'?"),
+        (lambda c: c["sweep"][0].update(dealy=["1ms"]), "did you mean 'delay' for 'dealy'?"),
+        (
+            lambda c: c["models"]["gpt-tiny"].update(hiden=64),
+            "did you mean 'hidden' for 'hiden'?",
+        ),
+        (lambda c: c.update(zzz=1), "; known keys: cluster, imports, microbench, models"),
+    ],
+    ids=["run", "sweep-block", "model", "top-level"],
+)
+def test_a_misspelt_key_gets_a_suggestion(
+    default_config: dict[str, Any], typo: Any, hint: str
+) -> None:
+    config = copy.deepcopy(default_config)
+    typo(config)
+    with pytest.raises(ConfigError) as caught:
+        validate_config(config)
+    assert hint in str(caught.value)
