@@ -69,6 +69,12 @@ def phase(rank: int, step: int, name: str, t0_ms: float, t1_ms: float) -> dict:
 # --------------------------------------------------------------------------------------------
 
 
+def segments(path: pd.DataFrame, *columns: str) -> list[tuple]:
+    """The critical path's rows as tuples: ``columns``, then start and end in ms from T0."""
+    ms = [(path["t_start_ns"] - T0) // MS, (path["t_end_ns"] - T0) // MS]
+    return list(zip(*(path[c] for c in columns), *ms, strict=True))
+
+
 @pytest.fixture
 def late_allreduce() -> tuple[pd.DataFrame, pd.DataFrame]:
     ops = ops_frame(
@@ -101,16 +107,7 @@ def test_critical_path_goes_through_the_late_rank(
 ) -> None:
     ops, steps = late_allreduce
     path = sync.critical_path(ops, steps)
-    got = list(
-        zip(
-            path["rank"],
-            path["segment"],
-            path["op"],
-            (path["t_start_ns"] - T0) // MS,
-            (path["t_end_ns"] - T0) // MS,
-            strict=True,
-        )
-    )
+    got = segments(path, "rank", "segment", "op")
     # Back from rank 0's end (20 ms): its compute after the all-reduce, the all-reduce from
     # the moment rank 1 arrived, then rank 1's compute before it arrived.
     assert got == [
@@ -245,15 +242,7 @@ def test_an_op_with_an_unknown_wait_counts_whole_and_marks_the_step() -> None:
 def test_waits_decide_the_critical_path_and_the_summary() -> None:
     ops, steps = ddp_step_with_waits()
     path = sync.critical_path(ops, steps)
-    got = list(
-        zip(
-            path["segment"],
-            path["op"],
-            (path["t_start_ns"] - T0) // MS,
-            (path["t_end_ns"] - T0) // MS,
-            strict=True,
-        )
-    )
+    got = segments(path, "segment", "op")
     # The all-reduce done at 4 ms never held the rank up: not on the path (it was, as the
     # upper bound counted every op).
     assert got == [
