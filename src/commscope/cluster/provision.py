@@ -11,10 +11,13 @@ node's recorded MTU and offloads size its tbf buckets instead.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import logging
+import re
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 from commscope.cluster.hosts import Cluster, Host, NodeSpec
 from commscope.cluster.netns import provision_netns, teardown_netns
@@ -27,6 +30,52 @@ log = logging.getLogger(__name__)
 INVENTORY_NODE_KEYS = {
     "host", "port", "user", "key_file", "exp_iface", "exp_addr", "workdir", "python", "name",
 }  # fmt: skip
+
+# What an inventory value may look like where it reaches a remote shell or a path: strict, so a
+# `;cmd`, a space or a `..` stops the run at load time (the commands quote them as well).
+_HOSTNAME = re.compile(
+    r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,62})(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,62}))*$"
+)
+_INVENTORY_PATTERNS = {
+    "user": (re.compile(r"^[a-z_][a-z0-9_-]{0,31}$"), "a Unix user name such as 'root'"),
+    "exp_iface": (re.compile(r"^[A-Za-z0-9_.-]{1,15}$"), "an interface name such as 'eth1'"),
+    "workdir": (
+        re.compile(r"^/(?:[A-Za-z0-9._+-]+/?)*$"),
+        "an absolute path of letters, digits and ._+- such as '/tmp/commscope'",
+    ),
+    "python": (
+        re.compile(r"^(?:/(?:[A-Za-z0-9._+-]+/?)+|[A-Za-z0-9._+-]+)$"),
+        "an interpreter such as 'python3' or '/opt/venv/bin/python'",
+    ),
+    "name": (re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"), "a name such as 'node0'"),
+}
+
+
+def check_inventory_value(where: str, key: str, value: Any) -> str:
+    """Why an inventory node's ``key`` cannot be ``value`` ('' when it can); ``where`` names
+    the entry (``config/cluster.yaml: nodes[1]``)."""
+    text = str(value)
+    if key == "host":
+        try:
+            ipaddress.ip_address(text)
+            return ""
+        except ValueError:
+            ok = bool(_HOSTNAME.match(text)) and len(text) <= 253
+            return "" if ok else f"{where}.host={text!r}: use a host name or an IP address"
+    if key == "exp_addr":
+        try:
+            ipaddress.IPv4Address(text)
+            return ""
+        except ValueError:
+            return f"{where}.exp_addr={text!r}: use the node's experiment IPv4 address"
+    if key == "port":
+        ok = isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 65535
+        return "" if ok else f"{where}.port={value!r}: use a TCP port from 1 to 65535"
+    if key in _INVENTORY_PATTERNS:
+        pattern, example = _INVENTORY_PATTERNS[key]
+        if not pattern.match(text) or (key == "workdir" and ".." in text.split("/")):
+            return f"{where}.{key}={text!r}: use {example}"
+    return ""
 
 
 def state_dir(cluster_cfg: ClusterSettings, root: Path) -> Path:
@@ -57,6 +106,11 @@ def load_inventory(path: Path) -> list[NodeSpec]:
         for key in ("host", "exp_iface", "exp_addr"):
             if key not in entry:
                 raise ValueError(f"{path}: nodes[{i}].{key} is required")
+        inherited = {k: data[k] for k in ("user", "workdir", "python") if k in data}
+        for key, value in {**inherited, **entry}.items():
+            why = check_inventory_value(f"{path}: nodes[{i}]", key, value)
+            if why:
+                raise ValueError(why)
         nodes.append(
             NodeSpec(
                 name=entry.get("name", f"node{i}"),
