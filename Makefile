@@ -34,6 +34,7 @@ lint: setup
 	  && snakefmt --check Snakefile workflow/rules && snakemake --lint >/dev/null \
 	  && lint-imports
 
-# Remove every namespace, interface, qdisc and process a crashed run may have left behind.
+# Remove every namespace, interface, qdisc and process a crashed run of this checkout's cluster
+# (config/config.yaml's cluster.name) may have left behind; `commscope cleanup --all` for all.
 clean-cluster: setup
 	$(BIN)/commscope cleanup

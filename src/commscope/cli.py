@@ -1,6 +1,7 @@
 """The ``commscope`` command: housekeeping around the Snakemake pipeline.
 
-commscope cleanup            remove every namespace, bridge, veth and process a crashed run left
+commscope cleanup [--name N]  remove the namespaces, bridges, veths and processes a crashed run of
+                  [--all]     cluster N left (not while a live run holds it); --all: every cluster
 commscope check [CONFIG]     validate a study config (schema + combinations) without running it
                [--nodes]     ... and say what each node of its cluster lacks
 """
@@ -15,12 +16,34 @@ from pathlib import Path
 
 # Each subcommand imports what it needs when it runs (all downward): `commscope cleanup` after a
 # crash must not wait for pandas, matplotlib or torch to load.
-def _cleanup(_args: argparse.Namespace) -> int:
-    from commscope.cluster.netns import cleanup_all
+def _cleanup(args: argparse.Namespace) -> int:
+    from commscope.cluster.netns import cleanup_all, cluster_holder, teardown_netns
 
-    removed = cleanup_all()
+    if args.all:
+        removed = cleanup_all(spare_claimed=not args.force)
+    else:
+        name = args.name or _config_cluster_name(Path("config/config.yaml"))
+        holder = cluster_holder(name)
+        if holder and not args.force:
+            print(
+                f"cluster {name!r} is in use by {holder}: it is not a leftover. Stop that run "
+                "first, or pass --force to remove it anyway",
+                file=sys.stderr,
+            )
+            return 2
+        removed = teardown_netns(name)
     print("removed: " + (", ".join(removed) if removed else "nothing (already clean)"))
     return 0
+
+
+def _config_cluster_name(path: Path) -> str:
+    """``cluster.name`` of the study config at ``path``, or the default ``cs`` without one."""
+    from commscope.config import ConfigError, read_yaml
+
+    try:
+        return str((read_yaml(path).get("cluster") or {}).get("name", "cs"))
+    except ConfigError:
+        return "cs"
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -103,9 +126,21 @@ def main(argv: list[str] | None = None) -> int:
         return predict_main(argv[1:], draw_heatmap=plot_scenario_heatmap)
     parser = argparse.ArgumentParser(prog="commscope", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("cleanup", help="remove leftovers of the netns cluster").set_defaults(
-        func=_cleanup
+    cleanup = sub.add_parser("cleanup", help="remove leftovers of the netns cluster")
+    cleanup.add_argument(
+        "--name",
+        help="the cluster to remove (default: cluster.name of config/config.yaml, else cs)",
     )
+    cleanup.add_argument(
+        "--all",
+        action="store_true",
+        help="every commscope cluster on this machine (cs-* namespaces), but those a live run "
+        "holds",
+    )
+    cleanup.add_argument(
+        "--force", action="store_true", help="remove a cluster even while a live run holds it"
+    )
+    cleanup.set_defaults(func=_cleanup)
     sub.add_parser(
         "predict", help="predict traffic and step time analytically (see predict --help)"
     )

@@ -7,6 +7,7 @@ import os
 import re
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import paramiko
@@ -235,6 +236,25 @@ def test_teardown_and_cleanup_leave_nothing_behind(tmp_path: Path) -> None:
         removed = cleanup_all(prefix=f"cs-{SCRATCH}")
         (tmp_path / "cluster.json").unlink()  # cleanup_all knows no state dirs
         assert set(removed) >= {f"cs-{SCRATCH}-0", f"cs-{SCRATCH}-1", f"{SCRATCH}-mgmt"}
+        assert_gone(pids)
+
+        # `commscope cleanup` is scoped: a cluster a live run holds is not a leftover, neither
+        # for --name nor for --all; once the run lets go, --name removes exactly that cluster.
+        _, pids = build()
+        cli = [sys.executable, "-m", "commscope.cli", "cleanup"]
+        claim = netns.claim_cluster(SCRATCH, "pid 1 (a test's study)")
+        try:
+            refused = subprocess.run([*cli, "--name", SCRATCH], capture_output=True, text=True)
+            assert refused.returncode == 2
+            assert f"cluster {SCRATCH!r} is in use by pid 1 (a test's study)" in refused.stderr
+            spared = subprocess.run([*cli, "--all"], capture_output=True, text=True, check=True)
+            assert f"cs-{SCRATCH}-0" not in spared.stdout
+            assert all(_alive(p) for p in pids)
+        finally:
+            claim.close()
+        done = subprocess.run([*cli, "--name", SCRATCH], capture_output=True, text=True, check=True)
+        assert f"cs-{SCRATCH}-0" in done.stdout
+        (tmp_path / "cluster.json").unlink()
         assert_gone(pids)
     finally:
         teardown_netns(SCRATCH, tmp_path)

@@ -1,5 +1,6 @@
 # Shared helpers: the sweep cells (Paramspace, one directory level per axis) and their settings.
 import logging
+import os
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
@@ -56,10 +57,20 @@ def all_cells(pattern):
     return expand(pattern, cell=cellspace.instance_patterns)
 
 
+# The claim on the cluster's name while this run lives (see preflight).
+CLUSTER_CLAIM = []
+
+
 def preflight():
-    """Before any job runs (not on dry runs): can this machine host the configured cluster?"""
+    """Before any job runs (not on dry runs): can this machine host the configured cluster,
+    and is its name free? The run then holds the name until it ends, so another checkout's run
+    or `commscope cleanup` cannot tear its namespaces down mid-cell."""
     if config["cluster"]["backend"] == "netns":
-        from commscope.cluster.netns import preflight_problems
+        from commscope.cluster.netns import (
+            ClusterBusy,
+            claim_cluster,
+            preflight_problems,
+        )
 
         problems = preflight_problems()
         if problems:
@@ -68,6 +79,16 @@ def preflight():
                 + "\n  - ".join(problems)
                 + "\nUse cluster.backend: ssh with real hosts (config/cluster.example.yaml)."
             )
+        name = config["cluster"]["name"]
+        try:
+            CLUSTER_CLAIM.append(
+                claim_cluster(name, f"pid {os.getpid()} (snakemake in {Path.cwd()})")
+            )
+        except ClusterBusy as busy:
+            raise WorkflowError(
+                f"cluster.name: {busy}. Wait for that run to end, or give this study its "
+                "own cluster.name (and subnets)."
+            ) from None
 
 
 def teardown_cluster():

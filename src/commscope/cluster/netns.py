@@ -52,6 +52,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from commscope.cluster.hosts import Cluster, Host, NodeSpec, on_all
 from commscope.cluster.sshd import SSHD, keygen, start_sshd, wait_for_sshd
@@ -91,6 +92,50 @@ def _validate_name(name: str) -> None:
             f"(e.g. 'cs0'), because it is part of interface names such as '{name}-mgmt' "
             "which Linux limits to 15 characters"
         )
+
+
+class ClusterBusy(RuntimeError):
+    """The cluster name is claimed by a live run (another checkout, or this one)."""
+
+
+def _lock_dir() -> Path:
+    # Machine-wide (not per checkout): two checkouts with the same cluster name share the
+    # namespaces, so they must share the lock too. /run is a tmpfs: a reboot clears it.
+    return Path(os.environ.get("COMMSCOPE_LOCK_DIR", "/run/commscope"))
+
+
+def claim_cluster(name: str, owner: str) -> Any:
+    """Claim cluster ``name`` for this process: an exclusive, non-blocking ``flock`` on a
+    machine-wide lock file, holding ``owner`` (who and where) for others to read. Returns the
+    open file: keep it open while the cluster is in use; closing it (or the process ending, a
+    crash included) releases the claim. :class:`ClusterBusy` names the holder when another
+    process has it."""
+    _validate_name(name)
+    directory = _lock_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    fh = open(directory / f"cluster-{name}.lock", "a+")  # noqa: SIM115 (held by the caller)
+    try:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.seek(0)
+        holder = fh.read().strip() or "another process"
+        fh.close()
+        raise ClusterBusy(f"cluster {name!r} is in use by {holder}") from None
+    fh.seek(0)
+    fh.truncate()
+    fh.write(f"{owner}\n")
+    fh.flush()
+    return fh
+
+
+def cluster_holder(name: str) -> str | None:
+    """Who holds cluster ``name`` (the owner text of :func:`claim_cluster`), or None when no
+    live process does."""
+    try:
+        claim_cluster(name, "commscope cleanup (probe)").close()
+    except ClusterBusy as busy:
+        return str(busy).split(" is in use by ", 1)[1]
+    return None
 
 
 def list_netns() -> list[str]:
@@ -230,8 +275,9 @@ def preflight_problems() -> list[str]:
     return problems
 
 
-def teardown_netns(name: str, state_dir: Path | None = None) -> None:
-    """Remove cluster ``name``: processes, namespaces, root-side veths, both bridges.
+def teardown_netns(name: str, state_dir: Path | None = None) -> list[str]:
+    """Remove cluster ``name``: processes, namespaces, root-side veths, both bridges; return
+    what was removed.
 
     Idempotent and never raises because something is already gone. With ``state_dir``, also
     removes its cluster.json (keys are kept: a rebuild makes new ones anyway).
@@ -240,9 +286,8 @@ def teardown_netns(name: str, state_dir: Path | None = None) -> None:
     _require_root()
     if state_dir is not None:
         with _locked(Path(state_dir)):
-            _teardown(name, Path(state_dir))
-    else:
-        _teardown(name, None)
+            return _teardown(name, Path(state_dir))
+    return _teardown(name, None)
 
 
 def _teardown(name: str, state_dir: Path | None) -> list[str]:
@@ -270,30 +315,44 @@ def _teardown(name: str, state_dir: Path | None) -> list[str]:
     return removed
 
 
-def cleanup_all(prefix: str = NETNS_PREFIX) -> list[str]:
+def cleanup_all(prefix: str = NETNS_PREFIX, spare_claimed: bool = False) -> list[str]:
     """Remove every namespace whose name starts with ``prefix`` and our links; return their names.
 
-    Backs ``commscope cleanup``: after a crash, kills the processes in each namespace (sshd,
-    ranks, iperf3), deletes the namespaces, then the root-side veths and bridges stamped with our
-    alias (``commscope:<prefix>...``) or named after a cluster whose namespaces were found.
+    Backs ``commscope cleanup --all``: after a crash, kills the processes in each namespace
+    (sshd, ranks, iperf3), deletes the namespaces, then the root-side veths and bridges stamped
+    with our alias (``commscope:<prefix>...``) or named after a cluster whose namespaces were
+    found; with the default prefix also the netem probe's namespaces (``csprobe<pid>``) whose
+    process is gone. With ``spare_claimed``, a cluster a live run has claimed
+    (:func:`claim_cluster`) is left alone.
     """
     _require_root()
     removed: list[str] = []
     names: set[str] = set()
+    spared: set[str] = set()
     ns_re = re.compile(rf"^{re.escape(prefix)}([a-z0-9]{{1,6}})-\d+$")
     for ns in list_netns():
+        probe = re.fullmatch(r"csprobe(\d+)", ns)
+        if prefix == NETNS_PREFIX and probe and not Path(f"/proc/{probe[1]}").exists():
+            if run_quiet(["ip", "netns", "delete", ns]):
+                removed.append(ns)
+            continue
         if not ns.startswith(prefix):
             continue
         m = ns_re.match(ns)
+        if m and spare_claimed and (m.group(1) in spared or cluster_holder(m.group(1))):
+            spared.add(m.group(1))
+            continue
         if m:
             names.add(m.group(1))
         _kill_netns_pids(ns)
         if run_quiet(["ip", "netns", "delete", ns]):
             removed.append(ns)
     link_res = [re.compile(rf"^{re.escape(n)}(m|e)\d+$|^{re.escape(n)}-(mgmt|exp)$") for n in names]
+    spare_aliases = {f"{_ALIAS_PREFIX}{NETNS_PREFIX}{n}" for n in spared}
     for link in _root_links():
         ifname = link.get("ifname", "")
-        ours = str(link.get("ifalias", "")).startswith(_ALIAS_PREFIX + prefix) or any(
+        alias = str(link.get("ifalias", ""))
+        ours = (alias.startswith(_ALIAS_PREFIX + prefix) and alias not in spare_aliases) or any(
             r.match(ifname) for r in link_res
         )
         if ours and run_quiet(["ip", "link", "delete", "dev", ifname]):
