@@ -6,8 +6,10 @@ import hashlib
 import os
 import re
 import shlex
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import paramiko
@@ -141,6 +143,38 @@ def test_nodes_reach_each_other_on_exp(netns_cluster: Cluster, hosts: list[Host]
         ["ip", "route", "get", netns_cluster.nodes[1].exp_addr], capture_output=True, text=True
     ).stdout
     assert netns_cluster.extra["bridge_exp"] not in root_route
+
+
+# Listens on every address of the node, as the rendezvous store and gloo do, until it is
+# connected to once (or 20 s pass).
+_LISTEN = (
+    "import socket\n"
+    "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+    "s.bind(('0.0.0.0', 29599)); s.listen(4); s.settimeout(20)\n"
+    "try:\n"
+    "    s.accept()[0].close()\n"
+    "except OSError:\n"
+    "    pass\n"
+)
+
+
+@integration
+def test_management_network_admits_ssh_only(netns_cluster: Cluster, hosts: list[Host]) -> None:
+    """A port listening on every address of node 0 (the rendezvous store's way) is reachable
+    from node 1 over the experiment network, not from the host over the management bridge."""
+    node0, node1 = hosts
+    node0.run(f"nohup {node0.spec.python} -c {shlex.quote(_LISTEN)} >/dev/null 2>&1 &")
+    try:
+        time.sleep(0.5)
+        with pytest.raises(OSError):  # dropped: the connect times out
+            socket.create_connection((node0.spec.ssh_host, 29599), timeout=1.5).close()
+        probe = "import socket,sys; socket.create_connection((sys.argv[1], 29599), 3); print('ok')"
+        out = node1.run(f"{node1.spec.python} -c {shlex.quote(probe)} {node0.spec.exp_addr}")
+        assert out.stdout.strip() == "ok"
+    finally:
+        node0.run("pkill -f '[b]ind..0.0.0.0., 29599' || true", warn=True)
+    ruleset = node0.run(f"nft list table inet {netns.MGMT_GUARD_TABLE}").stdout
+    assert 'iifname "mgmt0" tcp dport 22 accept' in ruleset
 
 
 @integration

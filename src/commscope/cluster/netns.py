@@ -9,8 +9,11 @@ hence the 1-6 character ``NAME``)::
     bridge NAME-exp   (no addr)  ── NAMEe{i} ══ exp0   (exp  .2+i)  training traffic, tc
 
 The management network connects every node to the root namespace (where the orchestrator runs)
-and carries SSH only; the experiment network connects the nodes to each other only (no address
-in the root namespace), so shaping ``exp0`` shapes exactly the training traffic.
+and carries SSH only: an nft table in each node (``commscope_mgmt``) drops anything else that
+arrives on ``mgmt0``, so what listens on every address of a node (the rendezvous store of node
+0, gloo, iperf3) is reachable from the experiment network alone. The experiment network connects
+the nodes to each other only (no address in the root namespace), so shaping ``exp0`` shapes
+exactly the training traffic.
 
 Both ends of every experiment veth (``exp0`` and ``NAMEe{i}``) get the cluster's MTU and, unless
 ``offload`` is asked for, TSO and GSO off (GRO is off on veth by default; we say so explicitly):
@@ -265,6 +268,7 @@ def preflight_problems() -> list[str]:
         "tc": "iproute2",
         "ethtool": "ethtool",
         "ssh-keygen": "openssh-client",
+        "nft": "nftables",
     }.items():
         if shutil.which(tool) is None:
             problems.append(f"`{tool}` is missing: apt-get install {package} (or `make setup`)")
@@ -421,10 +425,10 @@ def provision_netns(
             "use two disjoint networks (e.g. 198.18.0.0/24 and 198.19.0.0/24)"
         )
     _require_root()
-    for tool in ("ip", "ssh-keygen", "ethtool"):
+    for tool in ("ip", "ssh-keygen", "ethtool", "nft"):
         if shutil.which(tool) is None:
             raise RuntimeError(
-                f"'{tool}' not found: install iproute2, openssh-client and ethtool "
+                f"'{tool}' not found: install iproute2, openssh-client, ethtool and nftables "
                 "(`make system-deps`)"
             )
     if not os.access(SSHD, os.X_OK):
@@ -434,6 +438,8 @@ def provision_netns(
         existing = _reuse(name, n_nodes, state_dir, mgmt_subnet, exp_subnet, python)
         if existing is not None:
             log.info("netns cluster %s: reusing %d live nodes", name, existing.size)
+            for i in range(existing.size):  # a cluster built before the guard gets it too
+                _guard_mgmt(ns_name(name, i), state_dir / f"node{i}")
             _configure_cluster_links(existing, mtu, offload)
             existing.extra["cc_allowed"] = allow_congestion_controls()
             existing.to_json(state_dir / "cluster.json")
@@ -665,6 +671,7 @@ def _make_node(
         run_checked(["ip", "-n", ns, "addr", "add", f"{addr}/{net.prefixlen}", "dev", node_end])
         run_checked(["ip", "-n", ns, "link", "set", "dev", node_end, "up"])
 
+    _guard_mgmt(ns, node_dir)
     host_key = node_dir / "ssh_host_ed25519_key"
     for stale in (host_key, host_key.with_suffix(".pub")):
         stale.unlink(missing_ok=True)
@@ -688,6 +695,36 @@ def _make_node(
         netns=ns,
     )
     return node, f"{mgmt_addr} {pub[0]} {pub[1]}"
+
+
+# The management interface admits SSH only: what else listens in a node (the rendezvous store
+# on every address of node 0, a rank's gloo sockets, iperf3) is reachable from the experiment
+# network alone, not from the host or another checkout through the management bridge.
+MGMT_GUARD_TABLE = "commscope_mgmt"
+# Declared, deleted and defined in one transaction: applying it again replaces, never doubles.
+_MGMT_GUARD = f"""table inet {MGMT_GUARD_TABLE}
+delete table inet {MGMT_GUARD_TABLE}
+table inet {MGMT_GUARD_TABLE} {{
+  chain input {{
+    type filter hook input priority 0; policy accept;
+    iifname "mgmt0" tcp dport 22 accept
+    iifname "mgmt0" meta l4proto {{ tcp, udp, icmp }} drop
+  }}
+}}
+"""
+
+
+def _guard_mgmt(ns: str, node_dir: Path) -> None:
+    """Install :data:`_MGMT_GUARD` in namespace ``ns`` (raises naming nft when it fails); the
+    ruleset stays in ``node_dir`` as a record of what the node admits."""
+    rules = node_dir / "mgmt_guard.nft"
+    rules.write_text(_MGMT_GUARD)
+    proc = run_checked(["ip", "netns", "exec", ns, "nft", "-f", str(rules)], check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"{ns}: nft could not restrict the management interface to SSH: "
+            f"{proc.stderr.strip() or proc.stdout.strip()} (apt-get install nftables)"
+        )
 
 
 # Runs inside node0's namespace: TCP connect to a closed port; "refused" proves the peer answered.
