@@ -12,6 +12,7 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 # Each subcommand imports what it needs when it runs (all downward): `commscope cleanup` after a
@@ -56,6 +57,7 @@ def _check(args: argparse.Namespace) -> int:
         print(f"{args.config}: {err}", file=sys.stderr)
         return 2
     print(f"{args.config}: ok, {len(cells)} cells")
+    print(_estimate_line(config, cells))
     note = _wire_note(config)
     if note:
         print(note, file=sys.stderr)
@@ -92,6 +94,21 @@ def _check_nodes(config: dict, nodes: int) -> int:
     for name, problems in found.items():
         print(f"{name}: " + ("; ".join(problems) if problems else "ready"))
     return 1 if any(found.values()) else 0
+
+
+def _estimate_line(config: dict, cells: Any) -> str:
+    """The study's size and cluster time left (:func:`commscope.config.estimate_study`), as seen
+    from the working directory's ``results/``."""
+    from commscope.bench.analysis import link_settings
+    from commscope.config import estimate_study
+
+    bench = config.get("microbench") or {}
+    links = (
+        list(link_settings(bench.get("links", "sweep"), cells)["link"])
+        if bench.get("enabled", True)
+        else []
+    )
+    return estimate_study(cells, links, Path("results")).describe()
 
 
 def _wire_note(config: dict) -> str | None:

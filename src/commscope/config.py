@@ -12,6 +12,7 @@ import difflib
 import ipaddress
 import itertools
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +28,11 @@ __all__ = [
     "AXIS_DEFAULTS",
     "SCHEMA_PATH",
     "ConfigError",
+    "StudyEstimate",
     "cell_id",
     "cells_frame",
     "check_study",
+    "estimate_study",
     "load_config",
     "read_yaml",
     "strategy_names",
@@ -224,6 +227,11 @@ def check_study(
     or loss: why that engine cannot run on the nodes ('' when it can).
     """
     cells = cells_frame(config)
+    if len(cells) > MAX_CELLS:
+        raise ConfigError(
+            f"sweep: {len(cells)} cells, more than {MAX_CELLS}; check the axes for a value "
+            "pasted too often, or split the study into several configs"
+        )
     problems: list[str] = []
     models = config["models"]
     for name in sorted(set(cells["model"]) - set(models)):
@@ -280,6 +288,80 @@ def check_study(
     if problems:
         raise ConfigError("invalid study configuration:\n  - " + "\n  - ".join(problems))
     return cells
+
+
+# A sweep larger than this is refused: it is a typo (an axis pasted twice) more often than a
+# study, and each cell is a directory tree of ~40 files.
+MAX_CELLS = 5000
+# Cluster seconds per cell and per microbenchmark link when no earlier run of this checkout
+# measured any: this machine's default study (session 7: median 7.6 s a cell, ~35 s a link).
+DEFAULT_CELL_S = 8.0
+DEFAULT_LINK_S = 35.0
+
+
+@dataclass(frozen=True)
+class StudyEstimate:
+    """How much of a study is left and roughly how long its cluster work takes."""
+
+    cells: int
+    done: int
+    cell_s: float  # cluster seconds of the cells still to run
+    links: int
+    links_done: int
+    link_s: float  # and of the microbenchmark links still to run
+    measured: bool  # the per-cell times come from an earlier run here, not the default
+
+    def describe(self) -> str:
+        """One line for ``commscope check``."""
+        basis = "this checkout's earlier run times" if self.measured else "default times"
+        total = (self.cell_s + self.link_s) / 60
+        return (
+            f"{self.cells} cells ({self.done} already done), {self.links} microbenchmark links "
+            f"({self.links_done} done): about {total:.0f} min of cluster time left, from "
+            f"{basis}; analysis runs beside it"
+        )
+
+
+def _benchmark_s(path: Path) -> float | None:
+    """Wall seconds a Snakemake ``benchmark:`` file recorded (its ``s`` column), if any."""
+    try:
+        lines = path.read_text().splitlines()
+        return float(lines[1].split("\t")[0])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def estimate_study(cells: pd.DataFrame, links: list[str], results: Path) -> StudyEstimate:
+    """Cells and microbenchmark ``links`` (link ids) still to run below ``results`` (a cell is
+    done when its ``runs/<cell>/raw/run.json`` exists, a link when its ``fit.parquet`` does),
+    and their cluster time: each one's own earlier time from ``benchmarks/`` where recorded,
+    else the median of those recorded, else :data:`DEFAULT_CELL_S` / :data:`DEFAULT_LINK_S`."""
+    ids = [cell_id(row) for row in cells.to_dict("records")]
+    times = {c: _benchmark_s(results / "benchmarks" / "run_cell" / f"{c}.tsv") for c in ids}
+    known = [t for t in times.values() if t is not None]
+    typical = float(pd.Series(known).median()) if known else DEFAULT_CELL_S
+    todo = [c for c in ids if not (results / "runs" / c / "raw" / "run.json").exists()]
+    cell_s = sum(times[c] if times[c] is not None else typical for c in todo)
+    link_times = {
+        lid: _benchmark_s(results / "benchmarks" / "microbench_run" / f"{lid}.tsv") for lid in links
+    }
+    link_known = [t for t in link_times.values() if t is not None]
+    link_typical = float(pd.Series(link_known).median()) if link_known else DEFAULT_LINK_S
+    links_todo = [
+        lid for lid in links if not (results / "microbench" / lid / "fit.parquet").exists()
+    ]
+    link_s = sum(
+        link_times[lid] if link_times[lid] is not None else link_typical for lid in links_todo
+    )
+    return StudyEstimate(
+        cells=len(ids),
+        done=len(ids) - len(todo),
+        cell_s=cell_s,
+        links=len(links),
+        links_done=len(links) - len(links_todo),
+        link_s=link_s,
+        measured=bool(known),
+    )
 
 
 def strategy_names(config: dict[str, Any]) -> set[str]:

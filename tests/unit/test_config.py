@@ -882,3 +882,40 @@ def test_a_misspelt_key_gets_a_suggestion(
     with pytest.raises(ConfigError) as caught:
         validate_config(config)
     assert hint in str(caught.value)
+
+
+def test_a_sweep_past_the_cell_limit_is_refused(default_config: dict[str, Any]) -> None:
+    config = copy.deepcopy(default_config)
+    config["sweep"] = [{**config["sweep"][0], "steps": list(range(1, 6)),
+                        "repeat": list(range(100)), "bw": ["none", "1gbit", "2gbit"]}]  # fmt: skip
+    with pytest.raises(ConfigError, match=r"sweep: 6000 cells, more than 5000"):
+        check_study(config, engine_problem=lambda engine: "")
+
+
+def test_the_estimate_counts_what_is_left_at_its_own_or_the_typical_time(
+    default_config: dict[str, Any], tmp_path: Path
+) -> None:
+    """Three cells, one done; one of the two left ran before (its own 30 s counts), the other
+    takes the median of the recorded times (10 and 30 s: 20 s). Two links, none recorded: the
+    default each."""
+    cells = cells_frame(validate_config(study(bw=["none", "10mbit", "20mbit"])))
+    assert len(cells) == 3
+    ids = [cell_id(row) for row in cells.to_dict("records")]
+    done = tmp_path / "runs" / ids[0] / "raw"
+    done.mkdir(parents=True)
+    (done / "run.json").write_text("{}")
+    for cid, seconds in ((ids[0], 10.0), (ids[1], 30.0)):
+        bench = tmp_path / "benchmarks" / "run_cell" / f"{cid}.tsv"
+        bench.parent.mkdir(parents=True, exist_ok=True)
+        bench.write_text(f"s\th:m:s\n{seconds}\t0:00:10\n")
+    estimate = cfgmod.estimate_study(cells, ["bw~none/x", "bw~10mbit/x"], tmp_path)
+    assert (estimate.cells, estimate.done, estimate.links, estimate.links_done) == (3, 1, 2, 0)
+    assert estimate.cell_s == 30.0 + 20.0
+    assert estimate.link_s == 2 * cfgmod.DEFAULT_LINK_S
+    assert estimate.measured
+    assert estimate.describe().startswith(
+        "3 cells (1 already done), 2 microbenchmark links (0 done): about 2 min of cluster time "
+        "left, from this checkout's earlier run times"
+    )
+    fresh = cfgmod.estimate_study(cells, [], tmp_path / "nothing")
+    assert fresh.cell_s == 3 * cfgmod.DEFAULT_CELL_S and not fresh.measured
