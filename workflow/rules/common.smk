@@ -35,8 +35,14 @@ CELL = cellspace.wildcard_pattern
 RUNS = "results/runs"
 
 
+# Wildcards never climb out of results/: a value is one path component that starts with a
+# letter or digit ('..' and '.hidden' cannot match), as the schema asks of names and values.
+SAFE_COMPONENT = "[A-Za-z0-9][A-Za-z0-9._-]*"
+
+
 wildcard_constraints:
-    **{axis: "[^/]+" for axis in CELLS.columns},
+    **{axis: SAFE_COMPONENT for axis in CELLS.columns},
+    name=SAFE_COMPONENT,
 
 
 def cell_params(wildcards):
