@@ -145,6 +145,24 @@ def test_nodes_reach_each_other_on_exp(netns_cluster: Cluster, hosts: list[Host]
     assert netns_cluster.extra["bridge_exp"] not in root_route
 
 
+@integration
+def test_a_command_that_hangs_fails_at_its_timeout(hosts: list[Host]) -> None:
+    """Every remote command has a backstop (a hung or vanished node fails its cell instead of
+    blocking it forever); the node's shell is dropped and the next command gets a fresh one."""
+    import inspect
+
+    from commscope.cluster.hosts import COMMAND_TIMEOUT_S
+
+    assert inspect.signature(Host.run).parameters["timeout"].default == COMMAND_TIMEOUT_S
+    node = hosts[0]
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match="did not end within 1.0 s"):
+        node.run("sleep 30", timeout=1.0)
+    assert time.monotonic() - start < 5
+    assert node.run("echo alive").stdout.strip() == "alive"
+    node.run("pkill -f '[s]leep 30' || true", warn=True)
+
+
 # Listens on every address of the node, as the rendezvous store and gloo do, until it is
 # connected to once (or 20 s pass).
 _LISTEN = (

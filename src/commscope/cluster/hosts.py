@@ -26,6 +26,12 @@ from fabric import Connection
 from invoke.exceptions import UnexpectedExit
 from invoke.runners import Result
 
+# A remote command that has not ended after this long is a hung node (or a vanished one: an SSH
+# channel to a deleted namespace's sshd waits forever). Every command has this backstop unless
+# its caller passes its own timeout (the ranks' run: run.timeout_s) or None on purpose; no
+# control command (shaping, probes, building a tool, fetching) comes near it.
+COMMAND_TIMEOUT_S = 300.0
+
 
 @dataclass(frozen=True)
 class NodeSpec:
@@ -190,7 +196,7 @@ class Host:
         self,
         cmd: str,
         *,
-        timeout: float | None = None,
+        timeout: float | None = COMMAND_TIMEOUT_S,
         warn: bool = False,
         env: dict[str, str] | None = None,
         hide: bool | str = True,
@@ -199,7 +205,9 @@ class Host:
 
         Commands go through the node's long-lived shell (:class:`_Shell`) when it is free; one
         issued while another runs (a kill from another thread) gets an SSH command of its own.
-        ``timeout`` raises TimeoutError (and drops the shell) when the command runs longer."""
+        ``timeout`` (default :data:`COMMAND_TIMEOUT_S`; None: none) raises TimeoutError (and
+        drops the shell) when the command runs longer: a hung node fails its cell instead of
+        blocking it forever."""
         if env:
             exports = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in env.items())
             cmd = f"export {exports}; {cmd}"
