@@ -333,7 +333,8 @@ def cleanup_all(prefix: str = NETNS_PREFIX, spare_claimed: bool = False) -> list
     removed: list[str] = []
     names: set[str] = set()
     spared: set[str] = set()
-    ns_re = re.compile(rf"^{re.escape(prefix)}([a-z0-9]{{1,6}})-\d+$")
+    # The cluster a namespace belongs to, whatever prefix narrows the sweep.
+    ns_re = re.compile(rf"^{re.escape(NETNS_PREFIX)}([a-z0-9]{{1,6}})-\d+$")
     for ns in list_netns():
         probe = re.fullmatch(r"csprobe(\d+)", ns)
         if prefix == NETNS_PREFIX and probe and not Path(f"/proc/{probe[1]}").exists():
