@@ -4,8 +4,13 @@ cell, a cell with a crashing rank."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -229,6 +234,90 @@ def test_crashing_rank_fails_the_cell_fast(netns_cluster: Cluster, tmp_path: Pat
         run_training(
             netns_cluster, cell(strategy="tp"), bad_model, BUILTIN_STRATEGIES["tp"], RUN, tmp_path
         )
+    assert_clean(netns_cluster)
+
+
+def _rank_pids(cluster: Cluster, node: int) -> list[int]:
+    """The ranks running on ``node``: children of its fork server (the warm launcher)."""
+    out = subprocess.run(
+        ["ip", "netns", "pids", ns_name(cluster.name, node)], capture_output=True, text=True
+    ).stdout.split()
+    ranks = []
+    for pid in map(int, out):
+        try:
+            ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+            parent = Path(f"/proc/{ppid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if "commscope.node.forkserver\0serve" in parent:
+            ranks.append(pid)
+    return ranks
+
+
+def _fault_mid_cell(cluster: Cluster, out: Path, fault: Any, **run: object) -> tuple[str, float]:
+    """Run a long DDP cell, inject ``fault`` once node 1's rank has trained for a second, and
+    return the cell's failure message and the seconds from the fault to the failure."""
+    errors: list[BaseException] = []
+    ended = threading.Event()
+
+    def work() -> None:
+        try:
+            run_training(cluster, cell(steps=100000, bw="none"), MODEL, DDP, RUN | run, out)
+        except BaseException as err:  # handed to the test thread
+            errors.append(err)
+        finally:
+            ended.set()
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not _rank_pids(cluster, 1) and time.monotonic() < deadline and not ended.is_set():
+        time.sleep(0.1)
+    assert _rank_pids(cluster, 1), "node 1's rank never started"
+    time.sleep(1.0)
+    start = time.monotonic()
+    fault()
+    thread.join(timeout=180)
+    assert ended.is_set(), "the cell did not fail within 180 s of the fault"
+    assert errors and isinstance(errors[0], CellFailed), errors
+    return str(errors[0]), time.monotonic() - start
+
+
+def test_a_rank_killed_mid_step_fails_the_cell_naming_its_node(
+    netns_cluster: Cluster, tmp_path: Path
+) -> None:
+    """Fault injection: SIGKILL to node 1's rank while it trains. The cell fails within seconds
+    naming node 1 and the signal; nothing is left (qdiscs, processes)."""
+
+    def kill() -> None:
+        for pid in _rank_pids(netns_cluster, 1):
+            os.kill(pid, signal.SIGKILL)
+
+    message, took = _fault_mid_cell(netns_cluster, tmp_path, kill)
+    print(f"rank killed: failed after {took:.1f} s: {message.splitlines()[0]}")
+    assert message.startswith("training failed on node1: exit 137: a rank was killed by SIGKILL")
+    assert took < 30
+    assert_clean(netns_cluster)
+
+
+def test_a_link_down_mid_cell_fails_at_the_timeout_and_leaves_nothing(
+    netns_cluster: Cluster, tmp_path: Path
+) -> None:
+    """Fault injection: node 1's experiment interface goes down while it trains. The ranks
+    hang in gloo; the cell fails at run.timeout_s, killed on every node, and the interface
+    comes back for the next test."""
+    ns = ns_name(netns_cluster.name, 1)
+
+    def link_down() -> None:
+        subprocess.run(["ip", "-n", ns, "link", "set", "exp0", "down"], check=True)
+
+    try:
+        message, took = _fault_mid_cell(netns_cluster, tmp_path, link_down, timeout_s=12)
+    finally:
+        subprocess.run(["ip", "-n", ns, "link", "set", "exp0", "up"], check=True)
+    print(f"link down: failed after {took:.1f} s: {message.splitlines()[0]}")
+    assert "timed out" in message, message
+    assert took < 12 + 60
     assert_clean(netns_cluster)
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import logging
 import shlex
+import signal
+import time
 import uuid
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -172,6 +174,20 @@ def _failure_tail(host: Host, rdir: str) -> str:
     ).stdout
 
 
+def exit_reason(code: int, timeout_s: float, elapsed_s: float) -> str:
+    """A node's launch exit code in words. 124 is ``timeout``'s TERM; 137 (128 + SIGKILL) is
+    either its KILL after the grace or a rank killed by a signal, told apart by when it came:
+    before ``timeout_s`` nothing timed out. Other codes above 128 name their signal."""
+    if code == 124 or (code == 137 and elapsed_s >= timeout_s):
+        return f"timed out (run.timeout_s={timeout_s:g})"
+    if code > 128:
+        try:
+            return f"exit {code}: a rank was killed by {signal.Signals(code - 128).name}"
+        except ValueError:
+            pass
+    return f"exit {code}"
+
+
 def launch_everywhere(
     hosts: list[Host], launcher: Launcher, remote_dirs: Mapping[str, str]
 ) -> list[str]:
@@ -180,6 +196,7 @@ def launch_everywhere(
     The first node to fail gets every node's processes killed: the others would only wait for
     the lost peer until the gloo timeout."""
     failures = []
+    started = time.monotonic()
     with ThreadPoolExecutor(len(hosts)) as pool:
         futures = {pool.submit(launcher.run_on, h, remote_dirs[h.name]): h for h in hosts}
         for fut in as_completed(futures):
@@ -192,7 +209,7 @@ def launch_everywhere(
             if code == 0:
                 continue
             if code is not None:
-                reason = "timed out" if code in (124, 137) else f"exit {code}"
+                reason = exit_reason(code, launcher.run.timeout_s, time.monotonic() - started)
                 failures.append(f"{name}: {reason}\n{_failure_tail(h, remote_dirs[h.name])}")
             on_all(hosts, lambda other: kill_tagged(other, launcher.tag))
     return failures
