@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -318,6 +319,56 @@ def test_a_link_down_mid_cell_fails_at_the_timeout_and_leaves_nothing(
     print(f"link down: failed after {took:.1f} s: {message.splitlines()[0]}")
     assert "timed out" in message, message
     assert took < 12 + 60
+    assert_clean(netns_cluster)
+
+
+# A cell run by a process of its own (as Snakemake's run_cell job is), for signalling it.
+_CELL_PROCESS = """
+import json, sys
+from pathlib import Path
+from commscope.cluster.hosts import Cluster
+from commscope.experiment.cell import run_cell, signals_end_the_cell
+from commscope.experiment.launch import training_workload
+from commscope.spec.settings import CellSettings, RunSettings
+cluster = Cluster.from_json(Path(sys.argv[1]))
+values, model, strategy, run_values = json.loads(sys.argv[3])
+cell, run = CellSettings.from_mapping(values), RunSettings.from_mapping(run_values)
+with signals_end_the_cell():
+    run_cell(cluster, cell, training_workload(cell, model, strategy, run), run, Path(sys.argv[2]))
+"""
+
+
+def test_sigterm_mid_cell_unshapes_and_kills_everything(
+    netns_cluster: Cluster, tmp_path: Path
+) -> None:
+    """Fault injection: SIGTERM to the process running a shaped cell (what Snakemake sends its
+    jobs when it is stopped). The cell ends within seconds, its links unshaped and its ranks,
+    samplers and probes killed on every node."""
+    spec = json.dumps([cell(steps=100000, bw="50mbit"), MODEL, DDP, RUN])
+    cluster_json = tmp_path / "cluster.json"
+    netns_cluster.to_json(cluster_json)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CELL_PROCESS, str(cluster_json), str(tmp_path / "out"), spec],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not _rank_pids(netns_cluster, 1) and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            time.sleep(0.1)
+        time.sleep(1.0)
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+        took = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    print(f"SIGTERM: the cell ended after {took:.1f} s")
+    assert proc.returncode != 0
+    assert "CellInterrupted: stopped by SIGTERM" in stderr, stderr[-2000:]
+    assert took < 30
     assert_clean(netns_cluster)
 
 

@@ -13,6 +13,8 @@ import fcntl
 import json
 import logging
 import shlex
+import signal
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -52,6 +54,32 @@ class CellFailed(RuntimeError):
     """The cell's training did not finish on every node; the message carries the log tails."""
 
 
+class CellInterrupted(BaseException):
+    """SIGTERM reached the cell (Snakemake stopping on Ctrl-C, a kill): raised where the main
+    thread is, so every ``finally`` and context manager on the way out runs (unshape, kill the
+    ranks, close the connections), as for KeyboardInterrupt, which SIGINT already raises."""
+
+
+@contextmanager
+def signals_end_the_cell() -> Iterator[None]:
+    """Turn SIGTERM into :class:`CellInterrupted` while the cell runs (main thread only: a
+    signal handler can be installed nowhere else; elsewhere this does nothing). Python's
+    default for SIGTERM ends the process at once, with the nodes still shaped and the ranks
+    running."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, _frame: Any) -> None:
+        raise CellInterrupted(f"stopped by {signal.Signals(signum).name}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 @contextmanager
 def cluster_lock(state_dir: Path) -> Iterator[None]:
     """Serialise cells (and re-provisioning) on one cluster, whatever runs them."""
@@ -75,7 +103,7 @@ def provision_and_run(
 ) -> Path:
     """Make sure the cluster is up with enough nodes (idempotent), then run the cell on it."""
     root = root or Path.cwd()
-    with cluster_lock(state_dir(cluster_cfg, root)):
+    with signals_end_the_cell(), cluster_lock(state_dir(cluster_cfg, root)):
         cluster = provision(cluster_cfg, cell.nodes, root)
         log.info(
             "cell %s on %s cluster %s (%d nodes)",

@@ -199,17 +199,35 @@ def launch_everywhere(
     started = time.monotonic()
     with ThreadPoolExecutor(len(hosts)) as pool:
         futures = {pool.submit(launcher.run_on, h, remote_dirs[h.name]): h for h in hosts}
-        for fut in as_completed(futures):
-            h = futures[fut]
-            try:
-                name, code = fut.result()
-            except Exception as err:  # command timeout or SSH failure
-                name, code = h.name, None
-                failures.append(f"{h.name}: {type(err).__name__}: {err}")
-            if code == 0:
-                continue
-            if code is not None:
-                reason = exit_reason(code, launcher.run.timeout_s, time.monotonic() - started)
-                failures.append(f"{name}: {reason}\n{_failure_tail(h, remote_dirs[h.name])}")
+        try:
+            _collect(futures, hosts, launcher, remote_dirs, started, failures)
+        except BaseException:
+            # Interrupted (SIGTERM, Ctrl-C): end the ranks everywhere first, so the threads
+            # still waiting on them return and leaving this block does not wait out the run.
             on_all(hosts, lambda other: kill_tagged(other, launcher.tag))
+            raise
     return failures
+
+
+def _collect(
+    futures: Mapping[Any, Host],
+    hosts: list[Host],
+    launcher: Launcher,
+    remote_dirs: Mapping[str, str],
+    started: float,
+    failures: list[str],
+) -> None:
+    """Wait for every node's ranks; on the first failure kill every node's processes."""
+    for fut in as_completed(futures):
+        h = futures[fut]
+        try:
+            name, code = fut.result()
+        except Exception as err:  # command timeout or SSH failure
+            name, code = h.name, None
+            failures.append(f"{h.name}: {type(err).__name__}: {err}")
+        if code == 0:
+            continue
+        if code is not None:
+            reason = exit_reason(code, launcher.run.timeout_s, time.monotonic() - started)
+            failures.append(f"{name}: {reason}\n{_failure_tail(h, remote_dirs[h.name])}")
+        on_all(hosts, lambda other: kill_tagged(other, launcher.tag))
