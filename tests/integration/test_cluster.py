@@ -146,6 +146,17 @@ def test_nodes_reach_each_other_on_exp(netns_cluster: Cluster, hosts: list[Host]
 
 
 @integration
+def test_a_state_dir_a_shell_would_split_is_refused_before_anything(tmp_path: Path) -> None:
+    """Node work directories live below the state dir and reach remote shells: a checkout path
+    with a space is refused up front, naming the fix, and nothing is created."""
+    bad = tmp_path / "my checkout"
+    with pytest.raises(ValueError, match="has characters a shell would split or expand"):
+        provision_netns(SCRATCH, 2, bad, SCRATCH_MGMT, SCRATCH_EXP)
+    assert not bad.exists()
+    assert not [ns for ns in list_netns() if ns.startswith(f"cs-{SCRATCH}-")]
+
+
+@integration
 def test_a_command_that_hangs_fails_at_its_timeout(hosts: list[Host]) -> None:
     """Every remote command has a backstop (a hung or vanished node fails its cell instead of
     blocking it forever); the node's shell is dropped and the next command gets a fresh one."""

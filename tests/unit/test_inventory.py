@@ -3,6 +3,7 @@ when the inventory loads, naming the entry, the key and what to write instead.""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -65,3 +66,14 @@ def test_inherited_values_are_checked_too(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(ValueError, match=r"nodes\[0\]\.workdir='/tmp/\$\(id\)': use an absolute"):
         load_inventory(path)
+
+
+def test_a_long_bad_path_is_refused_at_once(tmp_path: Path) -> None:
+    """The path patterns match one way only: a 200-character path that fails at its last
+    character is refused in well under a second (an ambiguous pattern took minutes)."""
+    long_bad = "/" + "/".join(["segment"] * 25) + " x"
+    path = _inventory(tmp_path, workdir=long_bad, python=long_bad)
+    start = time.monotonic()
+    with pytest.raises(ValueError, match=r"nodes\[1\]\.(workdir|python)="):
+        load_inventory(path)
+    assert time.monotonic() - start < 0.5

@@ -97,6 +97,12 @@ def _validate_name(name: str) -> None:
         )
 
 
+# A path that reaches a remote shell unquoted must hold nothing a shell splits or expands.
+# Each component begins at its '/': one way to match, so no backtracking blow-up on a long
+# path that fails at its end (the form `(x+/?)*` took minutes on a 60-character path).
+SAFE_PATH = re.compile(r"^(?:/[A-Za-z0-9._+-]+)*/?$")
+
+
 class ClusterBusy(RuntimeError):
     """The cluster name is claimed by a live run (another checkout, or this one)."""
 
@@ -426,6 +432,13 @@ def provision_netns(
             "use two disjoint networks (e.g. 198.18.0.0/24 and 198.19.0.0/24)"
         )
     _require_root()
+    # Node work directories live below the state dir and reach remote shells in commands.
+    if not SAFE_PATH.match(str(Path(state_dir).resolve())):
+        raise ValueError(
+            f"the cluster's state directory {str(Path(state_dir).resolve())!r} has characters a "
+            "shell would split or expand (a space, quotes, $, ;): run from a checkout whose "
+            "path holds only letters, digits and ._+-/"
+        )
     for tool in ("ip", "ssh-keygen", "ethtool", "nft"):
         if shutil.which(tool) is None:
             raise RuntimeError(

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from commscope.cluster.hosts import Cluster, Host, NodeSpec
-from commscope.cluster.netns import provision_netns, teardown_netns
+from commscope.cluster.netns import SAFE_PATH, provision_netns, teardown_netns
 from commscope.cluster.shaping import link_facts
 from commscope.config import read_yaml
 from commscope.spec.settings import ClusterSettings
@@ -40,11 +40,11 @@ _INVENTORY_PATTERNS = {
     "user": (re.compile(r"^[a-z_][a-z0-9_-]{0,31}$"), "a Unix user name such as 'root'"),
     "exp_iface": (re.compile(r"^[A-Za-z0-9_.-]{1,15}$"), "an interface name such as 'eth1'"),
     "workdir": (
-        re.compile(r"^/(?:[A-Za-z0-9._+-]+/?)*$"),
+        SAFE_PATH,
         "an absolute path of letters, digits and ._+- such as '/tmp/commscope'",
     ),
     "python": (
-        re.compile(r"^(?:/(?:[A-Za-z0-9._+-]+/?)+|[A-Za-z0-9._+-]+)$"),
+        re.compile(r"^(?:(?:/[A-Za-z0-9._+-]+)+/?|[A-Za-z0-9._+-]+)$"),
         "an interpreter such as 'python3' or '/opt/venv/bin/python'",
     ),
     "name": (re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"), "a name such as 'node0'"),
