@@ -290,3 +290,33 @@ def parse_ranks(group_ranks: Any) -> list[int]:
     if isinstance(group_ranks, str):
         return [int(r) for r in group_ranks.split(",") if r.strip()]
     return [int(r) for r in group_ranks]
+
+
+# A replay program (docs/replay.md): what every rank of a replay cell issues, in order. Built
+# on the orchestrator from a source trace (commscope.replay), read on the nodes by
+# commscope.workload.replay. One row per action of one rank; ranks are the launched ranks
+# (the placement already applied), so rank r runs on node r // ranks_per_node.
+REPLAY_PROGRAM_FILE = "program.parquet"
+# The replay's description next to its program: source, placement, scale factors, scaling rule.
+REPLAY_META_FILE = "replay.json"
+REPLAY_PROGRAM_COLUMNS: tuple[str, ...] = (
+    "rank",  # int: the launched rank that runs this row
+    "idx",  # int: position in that rank's program, 0.. (rows are read in idx order)
+    "kind",  # "op": issue an op; "step_end": the end of a step (record it, wait what is named)
+    "step",  # int: the step the row belongs to (-1: set-up ops before the first step)
+    "phase",  # str: fwd/bwd/optim/fwd_bwd/other, as recorded by the source (capture.set_phase)
+    "pre_ns",  # int: busy compute before the waits (already x time scale)
+    "waits",  # str: idx of this rank's earlier async ops to wait on, "3,7" ("" none)
+    "post_ns",  # int: busy compute after the waits, before the op is issued
+    "op",  # str: one of KNOWN_OPS ("" on step_end rows)
+    "async_op",  # bool: issue with async_op=True and wait where a later row's `waits` names it
+    "group_ranks",  # str: the group's launched ranks "0,1,2" (always explicit, world too)
+    "peer",  # int: global peer of send/recv, -1 otherwise
+    "root",  # int: global root of broadcast/reduce/gather/scatter, -1 otherwise
+    "dtype",  # str: DTYPE_SIZES spelling
+    "numel",  # int: input elements as the ops table counts them (already x size scale)
+    "split_bytes",  # str|None: uneven all-to-all, bytes sent to each member in group order
+    "recv_split_bytes",  # str|None: uneven all-to-all, bytes received from each member
+    "src_seq",  # int: the source row's seq (-1 when the source has none), for tracing back
+)
+REPLAY_OP_KINDS: tuple[str, ...] = ("op", "step_end")

@@ -268,8 +268,9 @@ def _fall_back(reason: str) -> WireSource:
 def _prepare(host: Host, rdir: str, workload: Workload, run: RunSettings, obj: Path | None) -> bool:
     """In one round trip: make the node's run directory, write the spec there, start the warm
     launcher's fork server if it is not running, check that tcpdump exists when capturing, and
-    copy the BPF object ``obj`` from the node's cache when it was checked there before. Returns
-    whether it was (else :func:`check_wire` ships and checks it)."""
+    copy the BPF object ``obj`` from the node's cache when it was checked there before; then
+    copy the workload's files there over SFTP. Returns whether the BPF object was cached (else
+    :func:`check_wire` ships and checks it)."""
     spec = {**workload.spec, "out_dir": rdir, "node": host.spec.index}
     # Exit 3 (before anything starts) when packet capture is asked for but impossible.
     check = "command -v tcpdump >/dev/null || exit 3; " if run.pcap else ""
@@ -288,6 +289,8 @@ def _prepare(host: Host, rdir: str, workload: Workload, run: RunSettings, obj: P
         )
     if res.failed:
         raise CellFailed(f"{host.name}: preparing the run failed: {res.stderr.strip()}")
+    for name, local in workload.files.items():
+        host.put(local, f"{rdir}/{name}")
     return "@@wire-ok" in res.stdout
 
 

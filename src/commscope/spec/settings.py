@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 from commscope.spec.link import LINK_AXES, LINK_DEFAULTS, LINK_ENGINES, LinkSetting, LinkShape
@@ -363,9 +364,13 @@ class Workload:
     """What torchrun starts on every rank: ``python -m <module> <spec.json>``.
 
     ``spec`` is the JSON payload the module reads (the runner adds ``out_dir`` and ``node``):
-    the training run spec of :func:`commscope.experiment.launch.training_workload`, or the
-    microbenchmark's (:func:`commscope.bench.run.bench_spec`).
+    the training run spec of :func:`commscope.experiment.launch.training_workload`, the
+    microbenchmark's (:func:`commscope.bench.run.bench_spec`) or a replay's.
+
+    ``files`` are copied into every node's run directory before the ranks start, under the
+    given names (a replay's program: too large for the spec, which travels on a command line).
     """
 
     module: str
     spec: Mapping[str, Any]
+    files: Mapping[str, Path] = field(default_factory=dict)
