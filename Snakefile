@@ -5,7 +5,7 @@ from pathlib import Path
 
 from snakemake.utils import min_version
 
-from commscope.config import read_yaml, validate_config
+from commscope.config import path_escapes, read_yaml, validate_config
 
 min_version("9.0")
 
@@ -28,6 +28,7 @@ validate_config(
 
 
 include: "workflow/rules/common.smk"
+include: "workflow/rules/replay.smk"
 include: "workflow/rules/run.smk"
 include: "workflow/rules/analysis.smk"
 include: "workflow/rules/figures.smk"
@@ -57,3 +58,20 @@ onsuccess:
 
 onerror:
     teardown_cluster()
+
+
+# Nothing is written outside results/: every rule's outputs, logs and benchmarks are checked
+# here, before any job runs (names and wildcard values are single safe path components).
+# Keep this last: it sees only the rules defined above it.
+_escapes = [
+    why
+    for _rule in workflow.rules
+    for _path in (
+        *_rule.output,
+        *_rule.log,
+        *([_rule.benchmark] if _rule.benchmark else []),
+    )
+    if (why := path_escapes(str(_path), WILDCARD_NAMES))
+]
+if _escapes:
+    raise WorkflowError("outputs outside results/:\n  " + "\n  ".join(_escapes))

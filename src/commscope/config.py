@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import ipaddress
 import itertools
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from commscope.spec.settings import ClusterSettings, subnet_problem
 __all__ = [
     "AXIS_DEFAULTS",
     "SCHEMA_PATH",
+    "REPLAY_STRATEGY",
     "ConfigError",
     "StudyEstimate",
     "cell_id",
@@ -34,7 +36,9 @@ __all__ = [
     "check_study",
     "estimate_study",
     "load_config",
+    "path_escapes",
     "read_yaml",
+    "replay_source_cell",
     "strategy_names",
     "strategy_spec",
     "sweep_blocks",
@@ -234,22 +238,24 @@ def check_study(
         )
     problems: list[str] = []
     models = config["models"]
-    for name in sorted(set(cells["model"]) - set(models)):
+    replay = cells["strategy"] == REPLAY_STRATEGY
+    for name in sorted(set(cells.loc[~replay, "model"]) - set(models)):
         problems.append(
             f"sweep.model: {name!r} is not defined under models: (defined: {sorted(models)})"
         )
+    problems += _replay_problems(config, cells)
     if max_nodes is not None and cells["nodes"].max() > max_nodes:
         problems.append(
             f"sweep.nodes: {int(cells['nodes'].max())} nodes asked for but the cluster has "
             f"{max_nodes}; lower sweep.nodes or add hosts to the inventory"
         )
-    for name in sorted(set(cells["strategy"]) - set(strategy_names(config))):
+    for name in sorted(set(cells["strategy"]) - set(strategy_names(config)) - {REPLAY_STRATEGY}):
         problems.append(
             f"sweep.strategy: {name!r} is neither built in nor defined under strategies: "
             f"(available: {sorted(strategy_names(config))})"
         )
     seen: set[tuple] = set()
-    for cell in cells.itertuples(index=False):
+    for cell in cells[~replay].itertuples(index=False):
         world = int(cell.nodes * cell.ranks_per_node)
         key = (cell.strategy, cell.model, world)
         if cell.model not in models or cell.strategy not in strategy_names(config) or key in seen:
@@ -288,6 +294,87 @@ def check_study(
     if problems:
         raise ConfigError("invalid study configuration:\n  - " + "\n  - ".join(problems))
     return cells
+
+
+# The strategy of a replay cell: its model axis names an entry of replays: (docs/replay.md).
+REPLAY_STRATEGY = "replay"
+
+
+def replay_source_cell(config: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """The sweep values of the measured cell replay ``name`` replays, link axes and repeat
+    filled with their defaults; None when its source is not a cell."""
+    source = config["replays"][name]["source"]
+    if "cell" not in source:
+        return None
+    filled = {axis: values[0] for axis, values in AXIS_DEFAULTS.items()}
+    return {axis: {**filled, **source["cell"]}[axis] for axis in SWEEP_AXES}
+
+
+def _replay_problems(config: dict[str, Any], cells: pd.DataFrame) -> list[str]:
+    """Replays named by the sweep but not defined, sources that do not exist in this study,
+    placements that do not fit the cells that run them, and a strategy that takes the
+    reserved name. The trace's own checks (its ranks against the placement, ops the backend
+    cannot run, memory) run when each cell's program is built, before the cell runs."""
+    problems = []
+    replays = config.get("replays") or {}
+    if REPLAY_STRATEGY in (config.get("strategies") or {}):
+        problems.append(
+            f"strategies.{REPLAY_STRATEGY}: the name is reserved for replay cells; rename it"
+        )
+    used = cells[cells["strategy"] == REPLAY_STRATEGY]
+    for name in sorted(set(used["model"]) - set(replays)):
+        problems.append(
+            f"sweep.model: {name!r} (strategy replay) is not defined under replays: "
+            f"(defined: {sorted(replays)})"
+        )
+    measured = {tuple(c) for c in cells[list(SWEEP_AXES)].itertuples(index=False)}
+    for name, entry in sorted(replays.items()):
+        source = entry["source"]
+        kind, ref = next(iter(source.items()))
+        where = f"replays.{name}.source.{kind}"
+        if kind == "import" and ref not in (config.get("imports") or {}):
+            problems.append(f"{where}: {ref!r} is not defined under imports:")
+        elif kind == "prediction" and ref not in (config.get("predictions") or {}):
+            problems.append(f"{where}: {ref!r} is not defined under predictions:")
+        elif kind == "cell":
+            cell = replay_source_cell(config, name)
+            if cell["strategy"] == REPLAY_STRATEGY:
+                problems.append(f"{where}: a replay cell cannot be a replay's source")
+            elif tuple(cell[a] for a in SWEEP_AXES) not in measured:
+                problems.append(
+                    f"{where}: {cell_id(cell)} is not a cell of this study's sweep; add it "
+                    "to a sweep block (or give the axes it was run with)"
+                )
+        for cell in used[used["model"] == name].itertuples(index=False):
+            ranks = entry.get("ranks")
+            if ranks is None:
+                continue
+            per_node = pd.Series(ranks).value_counts()
+            if max(ranks) >= cell.nodes or (per_node != cell.ranks_per_node).any():
+                problems.append(
+                    f"replays.{name}.ranks: {ranks} does not put ranks_per_node="
+                    f"{cell.ranks_per_node} ranks on each of the cell's nodes={cell.nodes}; "
+                    "list the node of every trace rank, each node as often as ranks_per_node"
+                )
+    return problems
+
+
+def path_escapes(pattern: str, constrained: set[str], root: str = "results") -> str | None:
+    """Why a rule's output (or log) path ``pattern`` could land outside ``root/``, or None.
+
+    It must be relative, start with ``root/``, have no ``..`` component, and use only
+    wildcards in ``constrained`` (those limited to one safe path component, so no value can
+    add a ``/`` or be ``..``); then every path the rule writes resolves under ``root/``.
+    """
+    parts = Path(pattern).parts
+    if Path(pattern).is_absolute() or not parts or parts[0] != root:
+        return f"{pattern}: not under {root}/"
+    if ".." in parts:
+        return f"{pattern}: has a '..' component"
+    loose = sorted(set(re.findall(r"{(\w+)[^}]*}", pattern)) - constrained)
+    if loose:
+        return f"{pattern}: wildcards {loose} are not limited to one path component"
+    return None
 
 
 # A sweep larger than this is refused: it is a typo (an axis pasted twice) more often than a

@@ -14,6 +14,7 @@ import yaml
 
 from commscope import config as cfgmod
 from commscope.config import (
+    path_escapes,
     ConfigError,
     cell_id,
     cells_frame,
@@ -919,3 +920,20 @@ def test_the_estimate_counts_what_is_left_at_its_own_or_the_typical_time(
     )
     fresh = cfgmod.estimate_study(cells, [], tmp_path / "nothing")
     assert fresh.cell_s == 3 * cfgmod.DEFAULT_CELL_S and not fresh.measured
+
+
+@pytest.mark.parametrize(
+    ("pattern", "why"),
+    [
+        ("results/runs/{strategy}/raw", None),
+        ("results/logs/x.log", None),
+        ("/tmp/x", "not under results/"),
+        ("other/x", "not under results/"),
+        ("results/../x", "'..' component"),
+        ("results/{free}/x", "wildcards ['free'] are not limited"),
+        ("results/{strategy,.*}/x", None),
+    ],
+)
+def test_an_output_outside_results_is_named(pattern: str, why: str | None) -> None:
+    got = path_escapes(pattern, {"strategy", "name"})
+    assert got == why if why is None else why in got

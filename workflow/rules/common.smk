@@ -7,7 +7,14 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import Paramspace
 
 from commscope.cluster.provision import load_inventory, teardown
-from commscope.config import check_study, strategy_spec
+from commscope.config import (
+    REPLAY_STRATEGY,
+    cell_id,
+    check_study,
+    replay_source_cell,
+    strategy_spec,
+)
+from commscope.contracts import CELL_TABLE_FILES
 from commscope.bench.analysis import BENCH_FILES, fit_links, link_settings
 from commscope.spec.link import LINK_AXES, LinkSetting
 from commscope.spec.settings import (
@@ -40,6 +47,11 @@ RUNS = "results/runs"
 SAFE_COMPONENT = "[A-Za-z0-9][A-Za-z0-9._-]*"
 
 
+# Every wildcard a rule's output may use, each limited to one safe component (the Snakefile
+# checks that no output uses another).
+WILDCARD_NAMES = {*CELLS.columns, "name"}
+
+
 wildcard_constraints:
     **{axis: SAFE_COMPONENT for axis in CELLS.columns},
     name=SAFE_COMPONENT,
@@ -51,11 +63,16 @@ def cell_params(wildcards):
 
 
 def model_params(wildcards):
+    """The cell's model, or for a replay cell its entry under replays: (source, scale, ...)."""
+    if wildcards.strategy == REPLAY_STRATEGY:
+        return config["replays"][wildcards.model]
     return config["models"][wildcards.model]
 
 
 def strategy_params(wildcards):
     """Only this cell's strategy definition: editing another strategy reruns nothing here."""
+    if wildcards.strategy == REPLAY_STRATEGY:
+        return {}
     return strategy_spec(config, wildcards.strategy)
 
 
@@ -137,3 +154,37 @@ def microbench_fits(wildcards):
             MICROBENCH["enabled"],
         ),
     )
+
+
+# Replays (replay.smk): the files a replay cell's program is built from, and the program.
+def replay_source(wildcards):
+    """The source trace's files: a measured cell's parsed tables, or an import's ops table;
+    a predicted scenario needs none (it is predicted from its config entry)."""
+    kind, ref = next(iter(config["replays"][wildcards.model]["source"].items()))
+    if kind == "cell":
+        trace = f"{RUNS}/{cell_id(replay_source_cell(config, wildcards.model))}/trace"
+        return {
+            table: f"{trace}/{CELL_TABLE_FILES[table]}"
+            for table in ("ops", "steps", "cell")
+        }
+    if kind == "import":
+        return {"ops": f"results/imports/{ref}/ops.parquet"}
+    return {}
+
+
+def replay_scenario(wildcards):
+    """A prediction source's scenario entry ({} for other sources)."""
+    kind, ref = next(iter(config["replays"][wildcards.model]["source"].items()))
+    return config["predictions"][ref] if kind == "prediction" else {}
+
+
+def replay_program(wildcards):
+    """A replay cell's program and its description (run_cell's and predict_cell's input);
+    nothing for a training cell."""
+    if wildcards.strategy != REPLAY_STRATEGY:
+        return {}
+    out = rules.build_replay.output
+    return {
+        "program": out.program.format(**wildcards),
+        "replay_meta": out.meta.format(**wildcards),
+    }

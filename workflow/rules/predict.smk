@@ -6,6 +6,8 @@ from commscope.contracts import PREDICT_CELL_TABLES, table_file
 
 rule predict_cell:
     input:
+        # A replay cell is compared with its program (op by op), not with the model.
+        unpack(replay_program),
         ops=rules.parse_cell.output.ops,
         steps=rules.parse_cell.output.steps,
         cell=rules.parse_cell.output.cell,

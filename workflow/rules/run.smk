@@ -4,6 +4,9 @@ from commscope.contracts import CELL_TABLE_FILES
 
 
 rule run_cell:
+    input:
+        # A replay cell's program (replay.smk); a training cell needs no input.
+        unpack(replay_program),
     output:
         directory(f"{RUNS}/{CELL}/raw"),
     log:

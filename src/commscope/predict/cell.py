@@ -239,12 +239,12 @@ def predict_timing(
         predicted_bubble_ratio=t["bubble_ratio"],
         bubble_ratio_analytical=t["bubble_ratio_analytical"],
         **{f"predicted_{k}_s": v for k, v in t["comm_by_traffic_s"].items()},
-        **_measured_step(steps, warmup_steps, per_rank, t["step_time_s"]),
+        **measured_step(steps, warmup_steps, per_rank, t["step_time_s"]),
     )
     return pd.DataFrame([row])
 
 
-def _measured_step(
+def measured_step(
     steps: pd.DataFrame, warmup_steps: int, per_rank: pd.DataFrame, predicted_s: float
 ) -> dict[str, Any]:
     """The measured columns of the timing row: median steady step (first rank in to last rank

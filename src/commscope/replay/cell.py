@@ -1,0 +1,167 @@
+"""Replay cells in the pipeline: the workload a replay cell runs, and its comparison with its
+program (op by op, per rank and step) and with its source's step time, written as the same
+``predict/`` tables a training cell's prediction writes, so the study's prediction tables and
+the report gather replays with everything else."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from commscope.contracts import DTYPE_SIZES, SWEEP_AXES
+from commscope.predict.cell import TIMING_COLUMNS, measured_step, rank_step_split
+from commscope.spec.link import LINK_AXES
+from commscope.spec.settings import RunSettings, Workload
+
+# What torchrun (or the warm launcher) starts on every rank of a replay cell.
+REPLAY_MODULE = "commscope.workload.replay"
+# The program's name in each node's run directory (the spec points at it).
+NODE_PROGRAM = "program.parquet"
+
+
+def replay_workload(program: Path, meta: Path, run: RunSettings) -> Workload:
+    """The replay entry point with its spec; the program travels as a file (too large for the
+    spec's command line). ``meta`` (the build's replay.json) says how compute is reproduced."""
+    described = json.loads(Path(meta).read_text())
+    spec = {
+        "program": NODE_PROGRAM,
+        "compute": described["compute"],
+        "pg_timeout_s": run.timeout_s,
+        # As a training cell: one socket-sampler period and a half after the traces are written.
+        "linger_s": 1.5 / run.socket_hz if run.socket_hz > 0 else 0.0,
+    }
+    return Workload(REPLAY_MODULE, spec, files={NODE_PROGRAM: Path(program)})
+
+
+def _issued(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per rank, step and op: bytes, count and the sequence of (op, bytes, group, peer, root)
+    in issue order, the shape in which program and measured ops are compared."""
+    keys = ["op", "bytes", "group_ranks", "peer", "root"]
+    seq = (
+        frame.groupby(["rank", "step"])[keys]
+        .apply(lambda g: tuple(g.itertuples(index=False, name=None)))
+        .rename("sequence")
+    )
+    agg = (
+        frame.groupby(["rank", "step", "op"])["bytes"]
+        .agg(bytes="sum", msgs="size", sizes=lambda b: tuple(sorted(int(x) for x in b)))
+        .reset_index()
+    )
+    return agg.merge(seq.reset_index(), on=["rank", "step"], how="left")
+
+
+def program_ops(program: pd.DataFrame) -> pd.DataFrame:
+    """The program's op rows as an ops-like table (rank, step, op, bytes, group_ranks, peer,
+    root, in issue order): what the replay should record."""
+    ops = program[program["kind"] == "op"].sort_values(["rank", "idx"]).copy()
+    ops["bytes"] = ops["numel"] * ops["dtype"].map(DTYPE_SIZES)
+    return ops[["rank", "step", "phase", "op", "bytes", "numel", "dtype", "group_ranks",
+                "peer", "root", "split_bytes"]]  # fmt: skip
+
+
+def compare_program(
+    program: pd.DataFrame, measured: pd.DataFrame, warmup_steps: int
+) -> pd.DataFrame:
+    """Per rank, steady step and op (the ``traffic`` column): program vs measured bytes and
+    message counts (``match``), sizes one by one (``sizes_match``) and the whole step's op
+    sequence in issue order (``sequence_match``), in predict_cell's comparison columns."""
+    want = _issued(program_ops(program))
+    want = want[want["step"] >= warmup_steps]
+    meas = measured[measured["step"] >= warmup_steps].sort_values(["rank", "seq", "t_issue_ns"])
+    got = _issued(meas)
+    out = want.merge(got, on=["rank", "step", "op"], how="outer", suffixes=("_p", "_m"))
+    out = out.rename(
+        columns={
+            "op": "traffic",
+            "bytes_p": "predicted_bytes",
+            "msgs_p": "predicted_msgs",
+            "bytes_m": "measured_bytes",
+            "msgs_m": "measured_msgs",
+        }
+    )
+    for col in ("predicted_bytes", "predicted_msgs", "measured_bytes", "measured_msgs"):
+        out[col] = out[col].fillna(0).astype("int64")
+    out["match"] = (out["predicted_bytes"] == out["measured_bytes"]) & (
+        out["predicted_msgs"] == out["measured_msgs"]
+    )
+    out["sizes_match"] = out["sizes_p"] == out["sizes_m"]
+    out["sequence_match"] = out["sequence_p"] == out["sequence_m"]
+    cols = ["rank", "traffic", "predicted_bytes", "predicted_msgs", "step", "measured_bytes",
+            "measured_msgs", "match", "sizes_match", "sequence_match"]  # fmt: skip
+    return out[cols].sort_values(["rank", "step", "traffic"]).reset_index(drop=True)
+
+
+def _same_link(params: dict[str, Any], source: dict[str, Any] | None) -> bool:
+    return source is not None and all(
+        str(params[a]) == str(source.get(a)) for a in (*LINK_AXES, "nodes", "ranks_per_node")
+    )
+
+
+def replay_timing(
+    meta: dict[str, Any],
+    params: dict[str, Any],
+    ops: pd.DataFrame,
+    steps: pd.DataFrame,
+    warmup_steps: int,
+) -> pd.DataFrame:
+    """One timing row: the replay's measured step against its source's, where the replay ran
+    on the source's own link and placement (validation: a faithful replay takes as long);
+    elsewhere the expected step is unknown (NaN) and the row only carries the measured one."""
+    source_s = meta.get("source_step_s")
+    expected = (
+        float(source_s) * float(meta.get("time_scale", 1.0))
+        if source_s is not None and _same_link(params, meta.get("source_cell"))
+        else math.nan
+    )
+    split = rank_step_split(ops, steps, warmup_steps)
+    per_rank = split.groupby("rank")[["compute_s", "comm_s", "step_s"]].median()
+    row: dict[str, Any] = {col: math.nan for col in TIMING_COLUMNS[len(SWEEP_AXES) + 1 :]}
+    row.update(
+        bandwidth_source="replay",
+        intranode_source="replay",
+        compute_source="replay: the source's measured step on the same link",
+        critical_rank=int(per_rank["step_s"].idxmax()) if len(per_rank) else -1,
+        predicted_step_s=expected,
+        **measured_step(steps, warmup_steps, per_rank, expected),
+    )
+    return pd.DataFrame([row])
+
+
+def compare_replay(
+    *,
+    program: Path,
+    replay_meta: Path,
+    cell_json: Path,
+    ops: Path,
+    steps: Path,
+    warmup_steps: int,
+    out_ops: Path,
+    out_compare: Path,
+    out_timing: Path,
+) -> pd.DataFrame:
+    """predict_cell for a replay cell: writes the program's ops (``out_ops``), the op-by-op
+    comparison (``out_compare``, :func:`compare_program`) and the timing row (``out_timing``,
+    :func:`replay_timing`), each led by the cell's parameters; returns the comparison."""
+    meta = json.loads(Path(cell_json).read_text())
+    params = meta["params"]
+    described = json.loads(Path(replay_meta).read_text())
+    prog = pd.read_parquet(program)
+    measured = pd.read_parquet(ops)
+    step_rows = pd.read_parquet(steps)
+    pred = program_ops(prog).reset_index(drop=True)
+    compare = compare_program(prog, measured, warmup_steps)
+    timing = replay_timing(described, params, measured, step_rows, warmup_steps)
+    for frame in (pred, compare, timing):
+        frame.insert(0, "cell", meta["cell"])
+        for axis in SWEEP_AXES:
+            frame[axis] = params[axis]
+    for path in (out_ops, out_compare, out_timing):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    pred.to_parquet(out_ops, index=False)
+    compare.to_parquet(out_compare, index=False)
+    timing[TIMING_COLUMNS].to_parquet(out_timing, index=False)
+    return compare
