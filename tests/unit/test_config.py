@@ -14,12 +14,12 @@ import yaml
 
 from commscope import config as cfgmod
 from commscope.config import (
-    path_escapes,
     ConfigError,
     cell_id,
     cells_frame,
     check_study,
     load_config,
+    path_escapes,
     read_yaml,
     strategy_names,
     strategy_spec,
