@@ -21,6 +21,9 @@ log = logging.getLogger(__name__)
 
 TRAIN_MODULE = "commscope.workload.train"
 FORKSERVER_MODULE = "commscope.node.forkserver"
+# Node 0's ranks (or torchrun) run under it: it binds the rendezvous store to the experiment
+# address before the rendezvous would open it on every address (see that module).
+RENDEZVOUS_MODULE = "commscope.workload.rendezvous"
 # What a node's launcher prints (the fork server's client, or torchrun and its workers).
 LAUNCH_LOG = "launch.log"
 
@@ -113,15 +116,24 @@ class Launcher:
             "--master-addr", master.exp_addr,
             "--master-port", str(self.run.master_port),
         ]  # fmt: skip
+        # On node 0, the process that hosts the store (rank 0; torchrun's agent) binds it to
+        # the experiment address first.
+        bind = ["--bind", f"{master.exp_addr}:{self.run.master_port}"]
         if self.run.launcher == "warm":
+            module = [self.module, "--"]
+            if n.index == 0:
+                module = [RENDEZVOUS_MODULE, "--", *bind, self.module]
             launcher = [
                 n.python, "-m", FORKSERVER_MODULE, "launch",
                 "--preload", self.module, "--server-log", forkserver_log(host),
-                "--nproc", str(self.cell.ranks_per_node), *common, "--module", self.module, "--",
+                "--nproc", str(self.cell.ranks_per_node), *common, "--module", *module,
             ]  # fmt: skip
         else:
+            run = ["-m", "torch.distributed.run"]
+            if n.index == 0:
+                run = ["-m", RENDEZVOUS_MODULE, *bind, "torch.distributed.run"]
             launcher = [
-                n.python, "-m", "torch.distributed.run",
+                n.python, *run,
                 "--nproc-per-node", str(self.cell.ranks_per_node), *common,
                 "--max-restarts", "0", "-m", self.module,
             ]  # fmt: skip
@@ -164,12 +176,12 @@ class Launcher:
 def _failure_tail(host: Host, rdir: str) -> str:
     """The end of a failed node's logs: the ranks' own lines first (rank{R}.log under the warm
     launcher, "[rankN]: ..." lines of torchrun's log), then the launcher's."""
-    log_path = f"{rdir}/{LAUNCH_LOG}"
     # The ranks' lines say why; the launcher's after them only says that a rank failed.
     return host.run(
         f'cd {shlex.quote(rdir)} && for f in rank*.log; do test -e "$f" && '
         f'{{ echo "== $f"; tail -n 20 "$f"; }}; done; '
-        f"grep -E '^\\[rank[0-9]+\\]:' {log_path} | tail -n 40; echo ---; tail -n 10 {log_path}",
+        f"grep -E '^\\[rank[0-9]+\\]:' {LAUNCH_LOG} | tail -n 40; echo ---; "
+        f"tail -n 10 {LAUNCH_LOG}",
         warn=True,
     ).stdout
 
