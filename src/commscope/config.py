@@ -56,7 +56,7 @@ class ConfigError(ValueError):
 
 
 def validate_config(
-    config: dict[str, Any], schema_path: str | Path = SCHEMA_PATH
+    config: dict[str, Any], schema_path: str | Path = SCHEMA_PATH, what: str = "config key"
 ) -> dict[str, Any]:
     """Validate against the schema with Snakemake's validator (fills defaults in place).
 
@@ -64,6 +64,7 @@ def validate_config(
     relative to the working directory (the repository root). On failure the message names the
     key path and the offending value: under ``oneOf`` (the sweep is one block or a list of
     blocks) jsonschema's top-level error names neither, so we report its ``best_match`` instead.
+    ``what`` leads the message (another document validated the same way names itself).
     """
     import jsonschema
     from snakemake.exceptions import WorkflowError
@@ -91,7 +92,7 @@ def validate_config(
         )
         if best.validator in ("additionalProperties", "unevaluatedProperties"):
             message += _did_you_mean(best, schema)
-        raise ConfigError(f"config key {where}: {message} (schema: {schema_path.name})") from None
+        raise ConfigError(f"{what} {where}: {message} (schema: {schema_path.name})") from None
     return config
 
 

@@ -77,3 +77,17 @@ def test_a_long_bad_path_is_refused_at_once(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"nodes\[1\]\.(workdir|python)="):
         load_inventory(path)
     assert time.monotonic() - start < 0.5
+
+
+def test_the_inventory_schema_names_an_unknown_key_and_a_wrong_type(tmp_path: Path) -> None:
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data["workdri"] = "/tmp/x"
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ValueError, match=r"inventory key .*workdri.*did you mean 'workdir'"):
+        load_inventory(path)
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data["nodes"] = "node0.example.org"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ValueError, match=r"inventory key nodes: 'node0.example.org' is not of"):
+        load_inventory(path)

@@ -22,11 +22,12 @@ from typing import Any
 from commscope.cluster.hosts import Cluster, Host, NodeSpec
 from commscope.cluster.netns import SAFE_PATH, provision_netns, teardown_netns
 from commscope.cluster.shaping import link_facts
-from commscope.config import read_yaml
+from commscope.config import ConfigError, read_yaml, validate_config
 from commscope.spec.settings import ClusterSettings
 
 log = logging.getLogger(__name__)
 
+INVENTORY_SCHEMA_PATH = Path("workflow") / "schemas" / "inventory.schema.yaml"
 INVENTORY_NODE_KEYS = {
     "host", "port", "user", "key_file", "exp_iface", "exp_addr", "workdir", "python", "name",
 }  # fmt: skip
@@ -83,8 +84,27 @@ def state_dir(cluster_cfg: ClusterSettings, root: Path) -> Path:
     return (Path(root) / ".commscope" / "cluster" / cluster_cfg.name).resolve()
 
 
-def load_inventory(path: Path) -> list[NodeSpec]:
-    """Parse an ssh-backend inventory; errors name the node and the key."""
+def _friendlier(path: Path, data: dict[str, Any]) -> str:
+    """The first value of the inventory that breaks its pattern, as check_inventory_value
+    says it ('' when none does, or the nodes are not a list of mappings)."""
+    nodes = data.get("nodes")
+    if not isinstance(nodes, list):
+        return ""
+    inherited = {k: data[k] for k in ("user", "workdir", "python") if k in data}
+    for i, entry in enumerate(nodes):
+        if not isinstance(entry, dict):
+            return ""
+        for key, value in {**inherited, **entry}.items():
+            why = check_inventory_value(f"{path}: nodes[{i}]", key, value)
+            if why:
+                return why
+    return ""
+
+
+def load_inventory(path: Path, schema_path: Path = INVENTORY_SCHEMA_PATH) -> list[NodeSpec]:
+    """Parse an ssh-backend inventory; errors name the node and the key. ``schema_path`` is the
+    inventory's JSON schema (workflow/schemas/inventory.schema.yaml, relative to the working
+    directory as the config schema's default is)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(
@@ -98,6 +118,13 @@ def load_inventory(path: Path) -> list[NodeSpec]:
             f"{path}: known_hosts is required (host keys are verified; collect them with "
             "`ssh-keyscan HOST >> FILE` after checking the fingerprints)"
         )
+    # The inventory's own schema (types, unknown keys with a did-you-mean, patterns); where a
+    # value breaks a pattern, the message of check_inventory_value says what it should be.
+    if Path(schema_path).is_file():
+        try:
+            validate_config(data, schema_path, what=f"{path}: inventory key")
+        except ConfigError as err:
+            raise ValueError(_friendlier(path, data) or str(err)) from None
     nodes = []
     for i, entry in enumerate(data.get("nodes", [])):
         unknown = set(entry) - INVENTORY_NODE_KEYS
