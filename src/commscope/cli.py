@@ -2,6 +2,9 @@
 
 commscope cleanup [--name N]  remove the namespaces, bridges, veths and processes a crashed run of
                   [--all]     cluster N left (not while a live run holds it); --all: every cluster
+commscope cleanup --inventory FILE
+                             on every host of an ssh inventory: unshape its experiment NIC and
+                             kill every commscope process a crashed run left
 commscope check [CONFIG]     validate a study config (schema + combinations) without running it
                [--nodes]     ... and say what each node of its cluster lacks
 """
@@ -18,6 +21,8 @@ from typing import Any
 # Each subcommand imports what it needs when it runs (all downward): `commscope cleanup` after a
 # crash must not wait for pandas, matplotlib or torch to load.
 def _cleanup(args: argparse.Namespace) -> int:
+    if args.inventory is not None:
+        return _cleanup_inventory(args.inventory)
     from commscope.cluster.netns import cleanup_all, cluster_holder, teardown_netns
 
     if args.all:
@@ -35,6 +40,22 @@ def _cleanup(args: argparse.Namespace) -> int:
         removed = teardown_netns(name)
     print("removed: " + (", ".join(removed) if removed else "nothing (already clean)"))
     return 0
+
+
+def _cleanup_inventory(path: Path) -> int:
+    """Clean every host of the ssh inventory at ``path``; print what was removed per host.
+    1 when a host is unreachable or something could not be removed, 2 for a bad inventory."""
+    from commscope.config import ConfigError
+    from commscope.experiment.cleanup import cleanup_inventory
+
+    try:
+        reports = cleanup_inventory(path)
+    except (ConfigError, FileNotFoundError, ValueError) as err:
+        print(f"{path}: {err}", file=sys.stderr)
+        return 2
+    for report in reports:
+        print(report.describe())
+    return 0 if all(report.clean for report in reports) else 1
 
 
 def _config_cluster_name(path: Path) -> str:
@@ -143,16 +164,25 @@ def main(argv: list[str] | None = None) -> int:
         return predict_main(argv[1:], draw_heatmap=plot_scenario_heatmap)
     parser = argparse.ArgumentParser(prog="commscope", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    cleanup = sub.add_parser("cleanup", help="remove leftovers of the netns cluster")
-    cleanup.add_argument(
+    cleanup = sub.add_parser(
+        "cleanup", help="remove leftovers of the netns cluster, or of an ssh inventory's hosts"
+    )
+    scope = cleanup.add_mutually_exclusive_group()
+    scope.add_argument(
         "--name",
         help="the cluster to remove (default: cluster.name of config/config.yaml, else cs)",
     )
-    cleanup.add_argument(
+    scope.add_argument(
         "--all",
         action="store_true",
         help="every commscope cluster on this machine (cs-* namespaces), but those a live run "
         "holds",
+    )
+    scope.add_argument(
+        "--inventory",
+        type=Path,
+        help="ssh backend: on every host of this inventory, remove the shaping and kill every "
+        "commscope process a crashed run left (run directories are kept)",
     )
     cleanup.add_argument(
         "--force", action="store_true", help="remove a cluster even while a live run holds it"
