@@ -6,37 +6,22 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import Paramspace
 
-from commscope.cluster.provision import load_inventory, teardown
+from commscope.cluster.provision import teardown
 from commscope.config import (
     REPLAY_STRATEGY,
     cell_id,
-    check_study,
     replay_source_cell,
     strategy_spec,
 )
 from commscope.contracts import CELL_TABLE_FILES
 from commscope.bench.analysis import BENCH_FILES, fit_links, link_settings
 from commscope.spec.link import LINK_AXES, LinkSetting
-from commscope.spec.settings import (
-    MICROBENCH_SCOPE_KEYS,
-    ClusterSettings,
-    MicrobenchSettings,
-)
+from commscope.spec.settings import MICROBENCH_SCOPE_KEYS, ClusterSettings
+from commscope.study import study_checks
 
-
-def _engine_probe(requested):
-    from commscope.experiment.readiness import local_engine_problem
-
-    return local_engine_problem(requested)
-
-
-# Impossible combinations stop the workflow here, before any node is touched.
-if config["cluster"]["backend"] == "ssh":
-    CELLS = check_study(
-        config, max_nodes=len(load_inventory(config["cluster"]["inventory"]))
-    )
-else:
-    CELLS = check_study(config, engine_problem=_engine_probe)
+# Impossible combinations stop the workflow here, before any node is touched: the same
+# checks as `commscope check` (commscope.study.study_checks).
+CELLS = study_checks(config)
 cellspace = Paramspace(CELLS)
 CELL = cellspace.wildcard_pattern
 RUNS = "results/runs"
@@ -130,8 +115,6 @@ BENCH_LINKS = link_settings(MICROBENCH["links"], CELLS)
 # The benchmark's own settings (plain config values: params compare as written): editing
 # which links to run reruns no benchmark.
 BENCH_SETTINGS = {k: v for k, v in MICROBENCH.items() if k not in MICROBENCH_SCOPE_KEYS}
-# Bad settings (sizes, unknown keys) stop the workflow at load time, naming the keys.
-MicrobenchSettings.from_mapping(BENCH_SETTINGS)
 
 
 def bench_outputs(directory):

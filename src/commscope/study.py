@@ -1,0 +1,60 @@
+"""Every check the workflow runs on a study's configuration before any job starts, in one
+place: the Snakefile and ``commscope check`` both call :func:`study_checks`, so they accept and
+refuse the same configs with the same messages."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from commscope.cluster.provision import load_inventory
+from commscope.config import ConfigError, check_study
+from commscope.experiment.readiness import local_engine_problem
+from commscope.predict.scenarios import resolve_scenario
+from commscope.spec.settings import MICROBENCH_SCOPE_KEYS, MicrobenchSettings
+
+
+def study_checks(config: dict[str, Any], root: Path | None = None) -> pd.DataFrame:
+    """Check a schema-validated config as the workflow does; return its cells.
+
+    The sweep's combinations (:func:`commscope.config.check_study`), with the cluster's size
+    from the ssh inventory (loaded and validated by its schema) or, for the netns backend,
+    whether the link engine can run here; the microbenchmark's settings; every prediction
+    scenario; and that every imported trace's files exist under ``root`` (the working
+    directory). Raises :class:`~commscope.config.ConfigError` naming the key and the fix.
+    """
+    root = Path(root or Path.cwd())
+    cluster = config.get("cluster") or {}
+    if cluster.get("backend", "netns") == "ssh":
+        try:
+            nodes = load_inventory(root / cluster["inventory"])
+        except (ValueError, FileNotFoundError) as err:
+            raise ConfigError(f"cluster.inventory: {err}") from None
+        cells = check_study(config, max_nodes=len(nodes))
+    else:
+        cells = check_study(config, engine_problem=local_engine_problem)
+    problems = []
+    bench = config.get("microbench") or {}
+    try:
+        MicrobenchSettings.from_mapping(
+            {k: v for k, v in bench.items() if k not in MICROBENCH_SCOPE_KEYS}
+        )
+    except ValueError as err:
+        problems.append(f"microbench: {err}")
+    for name, spec in sorted((config.get("predictions") or {}).items()):
+        try:
+            resolve_scenario(dict(spec), name)
+        except ValueError as err:
+            problems.append(f"predictions.{name}: {err}")
+    for name, entry in sorted((config.get("imports") or {}).items()):
+        for i, path in enumerate(entry.get("paths") or []):
+            if not (root / path).is_file():
+                problems.append(
+                    f"imports.{name}.paths[{i}]: {path} does not exist (paths are relative to "
+                    f"{root})"
+                )
+    if problems:
+        raise ConfigError("invalid study configuration:\n  - " + "\n  - ".join(problems))
+    return cells
