@@ -4,13 +4,15 @@ and ``commscope cleanup --inventory`` clearing what a crash left on ssh hosts.""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -234,3 +236,60 @@ def test_a_node_sshd_stopped_mid_cell_names_the_node(
     err, _ = _sshd_killed_mid_cell(netns_cluster, tmp_path)
     assert isinstance(err, CellFailed), repr(err)
     assert "node1" in str(err), err
+
+
+def _in_node_mounts(cluster: Cluster, node: int, *cmd: str) -> subprocess.CompletedProcess:
+    """``cmd`` in the mount namespace of ``node``'s sshd (so in that of every session on it):
+    ``ip netns exec`` gave it a copy of the host's mounts, and this host's mounts are private,
+    so a mount made on the host afterwards would not reach the node."""
+    pid = (Path(cluster.state_dir) / f"node{node}" / "sshd.pid").read_text().strip()
+    return subprocess.run(
+        ["nsenter", "-t", pid, "-m", *cmd], capture_output=True, text=True, check=True
+    )
+
+
+@pytest.fixture
+def full_disk(netns_cluster: Cluster, tmp_path: Path) -> Iterator[tuple[Cluster, Path]]:
+    """The cluster with node 1's workdir on a 2 MB tmpfs filled to its last 64 KB."""
+    mnt = tmp_path / "csd4-full"
+    mnt.mkdir()
+    _in_node_mounts(netns_cluster, 1, "mount", "-t", "tmpfs", "-o", "size=2m", "csd4full", str(mnt))
+    try:
+        _in_node_mounts(
+            netns_cluster, 1, "dd", "if=/dev/zero", f"of={mnt}/filler", "bs=64k", "count=31"
+        )
+        nodes = [netns_cluster.nodes[0], replace(netns_cluster.nodes[1], workdir=str(mnt))]
+        yield Cluster(netns_cluster.name, "netns", nodes, netns_cluster.state_dir), mnt
+    finally:
+        _in_node_mounts(netns_cluster, 1, "umount", "-l", str(mnt))
+
+
+def test_a_full_disk_on_a_node_fails_the_cell_naming_it(
+    full_disk: tuple[Cluster, Path], tmp_path: Path
+) -> None:
+    """Fault injection: node 1's disk is full (its workdir on a small tmpfs with 64 KB free),
+    so its traces cannot be written. The cell fails naming node 1 and "No space left on
+    device"; nothing is left running or shaped, and what node 0 measured is fetched."""
+    cluster, mnt = full_disk
+    out = tmp_path / "raw"
+    start = time.monotonic()
+    with pytest.raises(CellFailed) as failed:
+        run_training(cluster, cell(steps=20, bw="50mbit"), MODEL, DDP, RUN, out)
+    took = time.monotonic() - start
+    message = str(failed.value)
+    print(f"disk full: failed after {took:.1f} s: {message[:3000]}")
+    print("df:", _in_node_mounts(cluster, 1, "df", "-k", str(mnt)).stdout)
+    timeline = json.loads((out / "run.json").read_text())["timeline_ns"]
+    ran = (timeline["ended"] - timeline["launched"]) / 1e9
+    print(
+        f"ranks ran {ran:.1f} s; fetched:", sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+    )
+    # Nothing measured is lost: node 0's traces and node 1's logs are fetched, run.json written.
+    assert {"ops_rank0.parquet", "steps_rank0.parquet", "wire.parquet"} <= {
+        p.name for p in (out / "node0").iterdir()
+    }
+    assert (out / "node1" / "rank1.log").exists()
+    assert message.startswith("training failed on node1"), message
+    assert "No space left on device" in message, message
+    assert took < RUN["timeout_s"]
+    assert_clean(cluster)
