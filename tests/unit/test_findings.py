@@ -207,3 +207,43 @@ def test_mapping_findings_compare_predicted_jobs_that_differ_only_in_mapping() -
         "(p, t, d) = (4, 2, 2)): dp-pp-tp sends 3.50 GB across nodes (dp crossing); pp-dp-tp "
         "sends 7.00 GB across nodes (emb, pp crossing) per step; the difference is 2.0x."
     )
+
+
+def test_replay_findings_say_fidelity_and_compare_sensitivity() -> None:
+    from commscope.report.findings import replay_findings
+
+    comparison = pd.DataFrame(
+        {
+            "cell": ["r1", "r1", "r2", "t1"],
+            "strategy": ["replay", "replay", "replay", "ddp"],
+            "model": ["ddp-replay", "ddp-replay", "dlrm", "gpt-tiny"],
+            "traffic": ["allreduce", "broadcast", "alltoall", "dp"],
+            "exact": [True, True, False, True],
+        }
+    )
+    timing = pd.DataFrame(
+        {
+            "strategy": ["replay", "replay", "ddp"],
+            "model": ["ddp-replay", "dlrm", "gpt-tiny"],
+            "time_error": [0.04, float("nan"), 0.5],
+        }
+    )
+    slowdown = pd.DataFrame(
+        {
+            "strategy": ["replay", "replay", "ddp", "tp", "ddp"],
+            "model": ["dlrm", "dlrm", "gpt-tiny", "gpt-tiny", "gpt-tiny"],
+            "varied": ["bw", "delay", "bw", "bw", "delay"],
+            "bw_bps": [50e6, 0.0, 50e6, 50e6, 0.0],
+            "delay_ms": [0.0, 20.0, 0.0, 0.0, 20.0],
+            "slowdown_mean": [1.5, 3.0, 2.0, 4.0, 1.2],
+        }
+    )
+    texts = [f.text for f in replay_findings(comparison, timing, slowdown)]
+    assert texts[0].startswith("Replays re-issued their programs message for message")
+    assert "in 1 of 2 replay cells" in texts[0] and "ddp-replay +4 %" in texts[0]
+    assert texts[1] == (
+        "The replayed trace dlrm takes 1.50x as long under a cap of 50 Mbit/s; our own "
+        "workloads at the same setting: ddp 2.00x, tp 4.00x."
+    )
+    assert texts[2].startswith("The replayed trace dlrm takes 3.00x as long under a one-way")
+    assert texts[2].endswith("ddp 1.20x.")

@@ -1,5 +1,5 @@
 # The final self-contained HTML report.
-from commscope.contracts import table_file
+from commscope.contracts import REPLAY_META_FILE, table_file
 
 
 rule report:
@@ -25,6 +25,15 @@ rule report:
         ),
         chakra=expand(
             f"{RUNS}/{{cell}}/export/chakra", cell=cellspace.instance_patterns
+        ),
+        # Each replay cell's description (source, scale, scaling rule) for its section.
+        replays=expand(
+            f"{RUNS}/{{cell}}/replay/{REPLAY_META_FILE}",
+            cell=[
+                c
+                for c in cellspace.instance_patterns
+                if c.startswith(f"strategy~{REPLAY_STRATEGY}/")
+            ],
         ),
         compare=expand(
             f"{RUNS}/{{cell}}/predict/compare.parquet",

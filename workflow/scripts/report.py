@@ -45,5 +45,6 @@ with log_to(snakemake.log[0]):
             sync_summary=Path(snakemake.input.sync_summary),
             temporal_onoff=Path(snakemake.input.temporal_onoff),
             exports=list(map(Path, snakemake.input.chakra)),
+            replays=list(map(Path, snakemake.input.replays)),
         ),
     )

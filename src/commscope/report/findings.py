@@ -15,6 +15,8 @@ What is compared with what:
 - *congestion control*: cells that differ in nothing else;
 - *mapping*: predicted jobs (the scenario table) that differ only in their rank mapping;
 - *scale*: a strategy's unshaped step on 2 vs 4 (or more) nodes;
+- *replays*: a replay cell against its program and, on its source's own link, its source's
+  step; a replayed trace's slowdown next to the training strategies' at the same setting;
 - *checks*: the wire against the recorded ops, the prediction against the trace.
 """
 
@@ -26,6 +28,7 @@ from typing import Any
 
 import pandas as pd
 
+from commscope.config import REPLAY_STRATEGY
 from commscope.metrics.study import unshaped_rows
 from commscope.units import fmt_bytes, fmt_count, fmt_ms
 
@@ -46,6 +49,7 @@ TEMPORAL = anchor("Temporal structure on the wire")
 COMPARE = anchor("Predicted vs measured traffic")
 TIMING = anchor("Predicted vs measured step time")
 PREDICTIONS = anchor("Beyond the cluster: predicted traffic of large GPT jobs")
+REPLAY = anchor("Replays: traces re-issued on the cluster")
 
 
 @dataclass(frozen=True)
@@ -143,8 +147,18 @@ def volume_findings(summary: pd.DataFrame) -> list[Finding]:
     return out
 
 
+def who(frame: pd.DataFrame) -> pd.Series:
+    """What ran each row, in words: its strategy, or for a replay cell ``replayed NAME`` (the
+    replay's name is its model axis)."""
+    replay = frame["strategy"] == REPLAY_STRATEGY
+    if not replay.any():
+        return frame["strategy"]
+    return frame["strategy"].where(~replay, "replayed " + frame["model"].astype(str))
+
+
 def _sensitivity_at(slowdown: pd.DataFrame, varied: str, column: str, pick: str) -> list[Finding]:
     rows = slowdown[(slowdown["varied"] == varied) & slowdown["slowdown_mean"].notna()]
+    rows = rows.assign(strategy=who(rows)) if len(rows) else rows
     if rows.empty:
         return []
     value = rows[column].min() if pick == "min" else rows[column].max()
@@ -491,6 +505,11 @@ def check_findings(
 ) -> list[Finding]:
     """How far the measurements check out: wire vs recorded ops, prediction vs trace."""
     out = []
+    # Replay cells are checked against their programs (replay_findings), not the model.
+    if "strategy" in comparison:
+        comparison = comparison[comparison["strategy"] != REPLAY_STRATEGY]
+    if "strategy" in timing:
+        timing = timing[timing["strategy"] != REPLAY_STRATEGY]
     if not crosscheck.empty and "passed" in crosscheck:
         text = (
             f"The wire carried what the ranks recorded: {int(crosscheck['passed'].sum())} of "
@@ -522,6 +541,62 @@ def check_findings(
     return out
 
 
+def replay_findings(
+    comparison: pd.DataFrame, timing: pd.DataFrame, slowdown: pd.DataFrame
+) -> list[Finding]:
+    """Replays (docs/replay.md): how faithfully the cells re-issued their programs (every
+    message and byte; the step time against the source's on the source's own link), and how
+    each replayed trace's step slows under the study's tightest cap and largest delay next to
+    the training strategies' at the same setting."""
+    out = []
+    if "strategy" in comparison and "exact" in comparison:
+        rep = comparison[comparison["strategy"] == REPLAY_STRATEGY]
+        if len(rep):
+            cells = rep.groupby("cell")["exact"].all()
+            text = (
+                f"Replays re-issued their programs message for message and byte for byte in "
+                f"{int(cells.sum())} of {len(cells)} replay cells"
+            )
+            same = (
+                timing[(timing.get("strategy") == REPLAY_STRATEGY) & timing["time_error"].notna()]
+                if "time_error" in timing
+                else pd.DataFrame()
+            )
+            if len(same):
+                per = same.groupby("model")["time_error"].mean().sort_index()
+                parts = ", ".join(f"{m} {100 * e:+.0f} %" for m, e in per.items())
+                text += (
+                    f"; on their source's own link a replayed step took within "
+                    f"{100 * same['time_error'].abs().max():.0f} % of the source's ({parts})"
+                )
+            out.append(Finding(text + ".", REPLAY))
+    if slowdown.empty or "strategy" not in slowdown:
+        return out
+    rows = slowdown[slowdown["slowdown_mean"].notna()]
+    for varied, column, pick in (("bw", "bw_bps", "min"), ("delay", "delay_ms", "max")):
+        at_varied = rows[rows["varied"] == varied]
+        replayed = at_varied[at_varied["strategy"] == REPLAY_STRATEGY]
+        for name, group in replayed.groupby("model", sort=True):
+            value = group[column].min() if pick == "min" else group[column].max()
+            mine = group[group[column] == value]["slowdown_mean"].mean()
+            others = at_varied[
+                (at_varied["strategy"] != REPLAY_STRATEGY) & (at_varied[column] == value)
+            ]
+            setting = (
+                f"a cap of {value / 1e6:g} Mbit/s"
+                if varied == "bw"
+                else f"a one-way delay of {value:g} ms"
+            )
+            text = f"The replayed trace {name} takes {mine:.2f}x as long under {setting}"
+            if len(others):
+                per = others.groupby("strategy")["slowdown_mean"].mean().sort_values()
+                text += "; our own workloads at the same setting: " + ", ".join(
+                    f"{s} {v:.2f}x" for s, v in per.items()
+                )
+            out.append(Finding(text + ".", SENSITIVITY))
+    return out
+
+
 def study_findings(
     summary: pd.DataFrame,
     slowdown: pd.DataFrame,
@@ -548,6 +623,11 @@ def study_findings(
         *placement_findings(summary),
         *mapping_findings(empty if predictions is None else predictions),
         *scale_findings(summary),
+        *replay_findings(
+            empty if comparison is None else comparison,
+            empty if timing is None else timing,
+            slowdown,
+        ),
         *check_findings(
             empty if crosscheck is None else crosscheck,
             empty if matrix_check is None else matrix_check,

@@ -17,6 +17,7 @@ import pandas as pd
 
 from commscope.collectives.ring import busbw_factors
 from commscope.collectives.traffic import DEFAULT_BACKEND, GLOO
+from commscope.config import REPLAY_STRATEGY
 from commscope.contracts import PARAM_COLUMNS
 from commscope.export.astrasim import ASTRA_BINARY, RUN_SCRIPT, SUMMARY_FILE
 from commscope.metrics import crosscheck_by_strategy
@@ -245,9 +246,16 @@ def predictions_section(table_path: Path) -> pd.DataFrame:
     return table[[*cols, "rank0_GB", "job_GB", "inter_node_pct", "predict_seconds"]]
 
 
+def _training(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows of training cells (replay cells have their own section)."""
+    if "strategy" not in table:
+        return table
+    return table[table["strategy"] != REPLAY_STRATEGY].reset_index(drop=True)
+
+
 def timing_section(timing: Sequence[Path]) -> pd.DataFrame:
-    """Predicted vs measured step time per cell (``predict/timing.parquet`` of every cell)."""
-    table = timing_table(timing)
+    """Predicted vs measured step time per training cell (``predict/timing.parquet``)."""
+    table = _training(timing_table(timing))
     if table.empty:
         return table
     cols = ["strategy", "model", "nodes", "ranks_per_node", "bw", "bandwidth_source"]
@@ -435,6 +443,7 @@ def study_tables(
     sync_summary: Path | None = None,
     temporal_onoff: Path | None = None,
     exports: Sequence[Path] = (),
+    replays: Sequence[Path] = (),
 ) -> list[dict[str, Any]]:
     """The report's table sections in order: title, intro (how to read it), frame.
 
@@ -444,7 +453,8 @@ def study_tables(
     ``imports`` the imported traces' summaries. ``microbench`` is the (summary, fit) pair of
     the microbenchmark stage, ``predictions`` the scenario table; either may be absent (stage
     turned off). ``summary`` (the aggregated cell summary) gives the wire table first;
-    ``exports``, the cells' ``export/chakra/`` input sets, the export section last."""
+    ``exports``, the cells' ``export/chakra/`` input sets, the export section last;
+    ``replays``, the replay cells' ``replay/replay.json``, the replay section."""
     imported = pd.concat(map(pd.read_parquet, imports)) if imports else pd.DataFrame()
     wire = (
         [_section("The wire at four time scales", wire_intro(summary), wire_cells(summary))]
@@ -472,7 +482,11 @@ def study_tables(
             _CROSSCHECK_CELL_INTRO,
             crosscheck_cells(crosscheck, matrix_check),
         ),
-        _section("Predicted vs measured traffic", _COMPARE_INTRO, comparison_table(list(compare))),
+        _section(
+            "Predicted vs measured traffic",
+            _COMPARE_INTRO,
+            _training(comparison_table(list(compare))),
+        ),
         *_microbench_sections(microbench),
         _section("Predicted vs measured step time", _TIMING_INTRO, timing_section(list(timing))),
         _section(
@@ -480,10 +494,89 @@ def study_tables(
             _PREDICTIONS_INTRO,
             predictions_section(predictions) if predictions else pd.DataFrame(),
         ),
+        *(
+            [
+                _section(
+                    REPLAY_TITLE, replay_intro(replays), replay_section(replays, compare, timing)
+                )
+            ]
+            if replays
+            else []
+        ),
         _section("Learning runs", _LEARNING_INTRO, learning_table(*learning)),
         _section("Imported traces", _IMPORTS_INTRO, imported),
         *([export_section(list(exports))] if exports else []),
     ]
+
+
+# ------------------------------------------------------------------------------------ replays
+
+REPLAY_TITLE = "Replays: traces re-issued on the cluster"
+
+
+def _replay_meta(path: Path) -> dict[str, Any]:
+    meta = json.loads(Path(path).read_text())
+    return {**meta, "cell": str(Path(path).parent.parent.relative_to(_runs_root(path)))}
+
+
+def _runs_root(path: Path) -> Path:
+    """results/runs of a cell file (``results/runs/<cell>/replay/replay.json``)."""
+    parts = Path(path).parts
+    return Path(*parts[: parts.index("runs") + 1])
+
+
+def replay_intro(metas: Sequence[Path]) -> str:
+    """How to read the replay table, with the scaling rule each replay recorded."""
+    rules = sorted({json.loads(Path(p).read_text()).get("scaling_rule", "") for p in metas} - {""})
+    return (
+        "Each replay cell re-issues a source trace's communication (a measured cell, an imported "
+        "trace or a predicted job) on the cluster, rank by rank in the trace's order, on its "
+        "process groups, with its sizes x scale and its compute gaps x time scale, and is "
+        "measured like a training cell (docs/replay.md). exact: every message and byte of "
+        "every rank and steady step as the program says, in the same order. vs source: the "
+        "step time against the source's, where the replay ran on the source's own link and "
+        "placement. " + " ".join(rules)
+    )
+
+
+def replay_section(
+    metas: Sequence[Path], compare: Sequence[Path], timing: Sequence[Path]
+) -> pd.DataFrame:
+    """One row per replay cell: the replay, its source and placement, scale, link, messages
+    and bytes per steady step, whether they matched the program exactly, the measured step and
+    how it compares with the source's (``time_error``, same link only)."""
+    if not metas:
+        return pd.DataFrame()
+    described = pd.DataFrame([_replay_meta(p) for p in metas])
+    table = comparison_table(list(compare))
+    rep = table[table["strategy"] == REPLAY_STRATEGY] if "strategy" in table else table
+    if rep.empty:
+        return pd.DataFrame()
+    per_cell = rep.groupby("cell", as_index=False).agg(
+        msgs_per_step=("measured_msgs", "sum"),
+        bytes_per_step=("measured_bytes", "sum"),
+        exact=("exact", "all"),
+    )
+    times = timing_table(timing)
+    times = times[times["strategy"] == REPLAY_STRATEGY][
+        ["cell", "model", "nodes", "ranks_per_node", "bw", "delay", "loss", "measured_step_s",
+         "predicted_step_s", "time_error"]
+    ]  # fmt: skip
+    out = per_cell.merge(times, on="cell").merge(
+        described[["cell", *[c for c in ("source_text", "scale", "time_scale", "compute")
+                             if c in described]]],
+        on="cell",
+        how="left",
+    )  # fmt: skip
+    out = out.rename(columns={"model": "replay", "predicted_step_s": "source_step_s"})
+    cols = ["replay", "source_text", "nodes", "ranks_per_node", "scale", "time_scale",
+            "compute", "bw", "delay", "loss", "msgs_per_step", "bytes_per_step", "exact",
+            "measured_step_s", "source_step_s", "time_error"]  # fmt: skip
+    return (
+        out[[c for c in cols if c in out]]
+        .sort_values(["replay", "bw", "delay"])
+        .reset_index(drop=True)
+    )
 
 
 # ------------------------------------------------------------------------ sensitivity to the link
