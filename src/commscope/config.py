@@ -35,6 +35,7 @@ __all__ = [
     "cells_frame",
     "check_study",
     "estimate_study",
+    "filled_cell",
     "load_config",
     "path_escapes",
     "read_yaml",
@@ -305,10 +306,14 @@ def replay_source_cell(config: dict[str, Any], name: str) -> dict[str, Any] | No
     """The sweep values of the measured cell replay ``name`` replays, link axes and repeat
     filled with their defaults; None when its source is not a cell."""
     source = config["replays"][name]["source"]
-    if "cell" not in source:
-        return None
-    filled = {axis: values[0] for axis, values in AXIS_DEFAULTS.items()}
-    return {axis: {**filled, **source["cell"]}[axis] for axis in SWEEP_AXES}
+    return filled_cell(source["cell"]) if "cell" in source else None
+
+
+def filled_cell(values: dict[str, Any]) -> dict[str, Any]:
+    """A cell's sweep values with the axes a sweep block may leave out (link axes, repeat)
+    given their defaults, in :data:`SWEEP_AXES` order."""
+    filled = {axis: default[0] for axis, default in AXIS_DEFAULTS.items()}
+    return {axis: {**filled, **values}[axis] for axis in SWEEP_AXES}
 
 
 def _replay_problems(config: dict[str, Any], cells: pd.DataFrame) -> list[str]:

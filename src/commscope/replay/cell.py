@@ -7,14 +7,21 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from commscope.config import filled_cell
 from commscope.contracts import DTYPE_SIZES, SWEEP_AXES
+from commscope.metrics import step_times
 from commscope.predict.cell import TIMING_COLUMNS, measured_step, rank_step_split
+from commscope.replay import write_program
+from commscope.replay.program import Program
+from commscope.replay.sources import SourceTrace, build_replay, load_source
 from commscope.spec.link import LINK_AXES
+from commscope.spec.replay import ReplaySettings
 from commscope.spec.settings import RunSettings, Workload
 
 # What torchrun (or the warm launcher) starts on every rank of a replay cell.
@@ -35,6 +42,73 @@ def replay_workload(program: Path, meta: Path, run: RunSettings) -> Workload:
         "linger_s": 1.5 / run.socket_hz if run.socket_hz > 0 else 0.0,
     }
     return Workload(REPLAY_MODULE, spec, files={NODE_PROGRAM: Path(program)})
+
+
+def node_memory_bytes(cluster: Mapping[str, Any], nodes: int) -> int | None:
+    """What one node may give a replay's buffers: on the netns cluster every node shares this
+    machine, so MemAvailable over the cell's nodes; on real hosts unknown here (None: the
+    ranks' own allocation fails on a node short of memory, and the cell fails naming it)."""
+    if cluster.get("backend", "netns") != "netns":
+        return None
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024 // max(1, nodes)
+    return None
+
+
+def _source_step_s(source: SourceTrace, warmup_steps: int) -> float | None:
+    """A measured source's step as the timing table measures it (median over steady steps,
+    first rank in to last rank out); None for sources without a steps table."""
+    if source.steps is None or source.steps.empty:
+        return None
+    table = step_times(source.steps, warmup_steps)
+    steady = table[~table["warmup"]]
+    return float(steady["duration_s"].median()) if len(steady) else None
+
+
+def build_cell_program(
+    *,
+    cell: Mapping[str, Any],
+    replay: Mapping[str, Any],
+    scenario: Mapping[str, Any],
+    source: Mapping[str, Path],
+    warmup_steps: int,
+    cluster: Mapping[str, Any],
+    out_program: Path,
+    out_meta: Path,
+) -> Program:
+    """build_replay for one replay cell: the program of the replay's ``replay`` entry (its
+    name is the cell's model axis) for the cell's placement and steps, from the ``source``
+    files the workflow gives (a measured cell's ops, steps and cell.json; an import's ops) or
+    the prediction's ``scenario`` entry. A measured source's first ``warmup_steps`` are not
+    replayed, as they are not analysed. Every check (placement, ops, memory) raises before
+    anything is written; the meta adds what the comparison needs (the source's step time and
+    link)."""
+    replay = dict(replay)
+    if isinstance(replay["source"].get("cell"), Mapping):
+        replay["source"] = {"cell": filled_cell(dict(replay["source"]["cell"]))}
+    settings = ReplaySettings.for_cell(
+        str(cell["model"]), replay, int(cell["nodes"]), int(cell["ranks_per_node"]),
+        int(cell["steps"]),
+    )  # fmt: skip
+    loaded = load_source(
+        settings,
+        ops=source.get("ops"),
+        steps=source.get("steps"),
+        cell=source.get("cell"),
+        scenario=scenario or None,
+    )
+    if loaded.measured:
+        loaded.warmup_steps = warmup_steps
+    program = build_replay(settings, loaded, node_memory_bytes(cluster, settings.nodes))
+    params = loaded.description.get("params") or {}
+    program.meta.update(
+        source_step_s=_source_step_s(loaded, warmup_steps) if loaded.measured else None,
+        source_cell=params or None,
+        source_text=f"{settings.source.kind} {settings.source.ref}",
+    )
+    write_program(program, out_program, out_meta)
+    return program
 
 
 def _issued(frame: pd.DataFrame) -> pd.DataFrame:
