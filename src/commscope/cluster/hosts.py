@@ -9,6 +9,7 @@ and reject unknown keys.
 from __future__ import annotations
 
 import json
+import re
 import select
 import shlex
 import tarfile
@@ -31,6 +32,8 @@ from invoke.runners import Result
 # its caller passes its own timeout (the ranks' run: run.timeout_s) or None on purpose; no
 # control command (shaping, probes, building a tool, fetching) comes near it.
 COMMAND_TIMEOUT_S = 300.0
+# What `export NAME=value` accepts as NAME (POSIX shell names).
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -209,6 +212,10 @@ class Host:
         drops the shell) when the command runs longer: a hung node fails its cell instead of
         blocking it forever."""
         if env:
+            # Values are quoted; a name cannot be, so it must be a plain shell name.
+            bad = [k for k in env if not _ENV_NAME.fullmatch(k)]
+            if bad:
+                raise ValueError(f"not an environment variable name: {bad[0]!r}")
             exports = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in env.items())
             cmd = f"export {exports}; {cmd}"
         shell = self._free_shell()

@@ -31,6 +31,7 @@ Every step is idempotent, so removal also clears what a crashed run left.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from dataclasses import dataclass
 from typing import Any
@@ -111,8 +112,18 @@ class NodePaths:
     @property
     def pattern(self) -> str:
         """A pgrep/pkill pattern for this node's delayer only (its command line names its own
-        pidfile), shell-quoted; ``[-]`` keeps it from matching the shell that carries it."""
-        return shlex.quote(f"[-]-pidfile {self.pidfile}")
+        pidfile), shell-quoted; ``[-]`` keeps it from matching the shell that carries it. The
+        path is escaped: a workdir may hold ``+``, which pgrep's extended regular expressions
+        would read as an operator (the pattern ``a+b`` never matches the path ``a+b``)."""
+        return shlex.quote(f"[-]-pidfile {ere_literal(self.pidfile)}")
+
+
+def ere_literal(text: str) -> str:
+    """``text`` as a POSIX extended regular expression (pgrep's, grep -E's) that matches it:
+    every operator character escaped but ``.``, which matches itself as well (and, harmlessly,
+    any other character in its place; left as it is so that patterns of plain paths read as
+    the paths do)."""
+    return re.sub(r"([\[\]()*+?{}|^$\\])", r"\\\1", text)
 
 
 def apply_script(
@@ -175,6 +186,8 @@ def remove_script(iface: str, paths: NodePaths, sudo: str, report: bool = True) 
     ipt = f"{sudo}iptables -t mangle"
     lines = [
         # Every copy of our rule, whatever its queue number or interface (an older run's).
+        # $rule unquoted on purpose: it is a rule as iptables -S prints it, split back into the
+        # arguments that delete it (the kernel's text, not a value of ours).
         f"{ipt} -S PREROUTING 2>/dev/null | grep -- '--comment {DELAY_COMMENT}' | "
         f"sed 's/^-A /-D /' | while read -r rule; do {ipt} $rule; done",
         f"{sudo}pkill -TERM -f {pat} && for i in $(seq {loops}); do "

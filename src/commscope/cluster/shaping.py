@@ -156,6 +156,8 @@ def shape_commands(
     netem = engine == "netem" and shape.impaired
     if shape.rate_bps is None and not netem:
         return []
+    # The device names are quoted for the node's shell; the rest is numbers and tc keywords.
+    iface, ifb = shlex.quote(iface), shlex.quote(ifb)
     tbf = None if shape.rate_bps is None else _tbf(shape.rate_bps, mtu, offload)
     cmds = [
         f"ip link add {ifb} type ifb",
@@ -194,6 +196,7 @@ def unshape_commands(iface: str, ifb: str) -> list[str]:
     detached. The ingress qdisc is deleted too in case an older commscope left one. The ifb
     device itself is left in place.
     """
+    iface, ifb = shlex.quote(iface), shlex.quote(ifb)
     return [
         f"tc qdisc del dev {iface} root",
         f"tc qdisc del dev {iface} clsact",
@@ -204,7 +207,7 @@ def unshape_commands(iface: str, ifb: str) -> list[str]:
 
 def cc_command(cc: str) -> str:
     """The command (without sudo) that sets the node's TCP congestion control to ``cc``."""
-    return f"sysctl -w {CC_SYSCTL}={cc}"
+    return f"sysctl -w {shlex.quote(f'{CC_SYSCTL}={cc}')}"
 
 
 # ──────────────────────────────────────────────────────────────────────────── running on hosts
@@ -223,6 +226,8 @@ def _run_script(host: Host, cmds: list[str], head: str = "", tail: str = "") -> 
     first line). Returns the script's stdout."""
     if not cmds and not head and not tail:
         return ""
+    # The prefix and the commands are shell text on purpose: the builders above quote every
+    # value in them (device names), the rest is tc's keywords and numbers.
     prefix = _tc_prefix(host)
     lines = [head] if head else []
     for cmd in cmds:
@@ -263,7 +268,7 @@ def host_has_netem(host: Host) -> bool:
     key = (host.spec.ssh_host, host.spec.ssh_port, host.spec.netns)
     if key in _NETEM_CACHE:
         return _NETEM_CACHE[key]
-    ifb, sudo = host.spec.ifb_iface, _tc_prefix(host)
+    ifb, sudo = shlex.quote(host.spec.ifb_iface), _tc_prefix(host)
     # One round trip: make sure the ifb exists, try a netem on it, remove it again if it worked.
     probe = (
         f"{sudo}ip link add {ifb} type ifb 2>/dev/null; "
@@ -388,7 +393,7 @@ def _qdisc_script(host: Host, stats: bool = False) -> str:
     devs = (host.spec.exp_iface, host.spec.ifb_iface)
     flag = "-s " if stats else ""
     return "; ".join(
-        f"echo @@{i}; tc {flag}-j qdisc show dev {dev} 2>&1; echo @@rc $?"
+        f"echo @@{i}; tc {flag}-j qdisc show dev {shlex.quote(dev)} 2>&1; echo @@rc $?"
         for i, dev in enumerate(devs)
     )
 

@@ -3,6 +3,7 @@ until it accepts a verified, authenticated session."""
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -10,6 +11,8 @@ from commscope.cluster.hosts import Host, NodeSpec
 from commscope.cluster.syscmd import bridge_nf_note, run_checked
 
 SSHD = "/usr/sbin/sshd"
+# What sshd_config would not read as one plain value.
+_CONFIG_SPECIAL = re.compile(r"[\s\"'#\\]")
 
 
 def _sshd_supports(option_line: str, cfg: Path) -> bool:
@@ -39,6 +42,11 @@ def start_sshd(ns: str, node_dir: Path, listen: object, host_key: Path, authoriz
     cfg = node_dir / "sshd_config"
     pidfile = node_dir / "sshd.pid"
     logfile = node_dir / "sshd.log"
+    # sshd_config splits its values at white space and reads '#' and quotes: a path holding
+    # them would configure something else (provision_netns refuses such a state dir first).
+    for value in (listen, host_key, pidfile, authorized):
+        if _CONFIG_SPECIAL.search(str(value)):
+            raise ValueError(f"sshd_config cannot hold {str(value)!r}: no spaces, quotes or '#'")
     pidfile.unlink(missing_ok=True)
     cfg.write_text(
         "\n".join(

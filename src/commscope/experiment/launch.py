@@ -88,7 +88,8 @@ def ensure_forkserver(host: Host, module: str) -> str:
     py = shlex.quote(host.spec.python)
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in Launcher.import_env().items())
     return (
-        f"(env {env} nohup setsid {py} -m {FORKSERVER_MODULE} ensure --preload {module} "
+        f"(env {env} nohup setsid {py} -m {FORKSERVER_MODULE} ensure "
+        f"--preload {shlex.quote(module)} "
         f"--server-log {shlex.quote(forkserver_log(host))} < /dev/null > /dev/null 2>&1 &)"
     )
 

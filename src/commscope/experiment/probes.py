@@ -11,11 +11,11 @@ that same command while, on a second SSH channel, the clock probe runs.
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from shlex import quote
 from typing import Any, Protocol, TypeVar
 
 from commscope.cluster.clock import estimate_offset
@@ -38,6 +38,16 @@ from commscope.node.wire import build_object, ring_slots
 from commscope.spec.settings import RunSettings
 
 T_co = TypeVar("T_co", covariant=True)
+
+
+# Every value below that reaches a node's shell (paths under the node's workdir, the interface,
+# the addresses, the tag) is quoted with shlex.quote where it is used; the constants (module
+# names, file names of the run directory) are plain words and stay as they are.
+def _tool_pattern(name: str, tag: str) -> str:
+    """A pgrep/pkill pattern for ``name`` with this cell's ``tag`` later on its command line,
+    quoted for the shell as one word (see :func:`~commscope.experiment.launch.tag_pattern`)."""
+    return tag_pattern(f"{name}.*{tag}")
+
 
 SAMPLER_MODULE = "commscope.node.sampler"
 SOCKSTATS_MODULE = "commscope.node.sockstats"
@@ -111,16 +121,16 @@ class PeriodicSampler:
     ready_line: str  # what it prints to its log once it samples: training waits for it
 
     def command(self, node: NodeSpec, rdir: str) -> str:
-        py = shlex.quote(node.python)
+        value = quote(getattr(node, self.node_field))
         return (
-            f"{py} -m {self.module} {self.option} {getattr(node, self.node_field)} --hz {self.hz} "
-            f"--out {rdir}/{self.table} --max-seconds {self.limit_s} --tag {self.tag} "
-            f"> {self.log} 2>&1"
+            f"{quote(node.python)} -m {self.module} {self.option} {value} "
+            f"--hz {self.hz} --out {quote(f'{rdir}/{self.table}')} --max-seconds {self.limit_s} "
+            f"--tag {quote(self.tag)} > {self.log} 2>&1"
         )
 
     def ready(self, rdir: str) -> str:
         # Training must not start before it samples: a short cell could end unsampled.
-        log, line = f"{rdir}/{self.log}", shlex.quote(self.ready_line)
+        log, line = quote(f"{rdir}/{self.log}"), quote(self.ready_line)
         return (
             f" for i in $(seq 500); do grep -qF {line} {log} && break; sleep 0.02; done; "
             f"grep -qF {line} {log} || {{ echo '{self.module} did not start:' >&2; "
@@ -128,7 +138,7 @@ class PeriodicSampler:
         )
 
     def pattern(self) -> str:
-        return f"{tag_pattern(self.module)}.*{self.tag}"
+        return _tool_pattern(self.module, self.tag)
 
     def output(self, rdir: str) -> str | None:
         return f"{rdir}/{self.table}"
@@ -167,21 +177,22 @@ class PacketCapture:
         # right after training (measured: 34 of 927 packets written).
         # The file name carries the tag, so the stop step can find this tcpdump.
         return (
-            f"timeout {int(self.limit_s)} tcpdump -i {node.exp_iface} -s 96 -n -Z root "
-            f"--immediate-mode --time-stamp-precision=nano -w {rdir}/{self.tag}.pcap "
+            f"timeout {int(self.limit_s)} tcpdump -i {quote(node.exp_iface)} -s 96 -n -Z root "
+            f"--immediate-mode --time-stamp-precision=nano -w {quote(f'{rdir}/{self.tag}.pcap')} "
             "> tcpdump.log 2>&1"
         )
 
     def ready(self, rdir: str) -> str:
         # Capture must be running before training starts, or first packets are lost.
+        log = quote(f"{rdir}/tcpdump.log")
         return (
-            f" for i in $(seq 50); do grep -q 'listening on' {rdir}/tcpdump.log && exit 0; "
-            f"sleep 0.1; done; echo 'tcpdump did not start:' >&2; cat {rdir}/tcpdump.log >&2;"
+            f" for i in $(seq 50); do grep -q 'listening on' {log} && exit 0; "
+            f"sleep 0.1; done; echo 'tcpdump did not start:' >&2; cat {log} >&2;"
             " exit 1"
         )
 
     def pattern(self) -> str:
-        return f"{tag_pattern('tcpdump')}.*{self.tag}"
+        return _tool_pattern("tcpdump", self.tag)
 
     def output(self, rdir: str) -> str | None:
         return None
@@ -189,7 +200,7 @@ class PacketCapture:
     def after_stop(self, rdir: str) -> str:
         # Headers of a capped run are ~100 B per 1.5 KB frame; gzip takes them to a fraction
         # before they cross SSH (training is over: the CPU is free).
-        return f"; gzip -1 -f {rdir}/{self.tag}.pcap"
+        return f"; gzip -1 -f {quote(f'{rdir}/{self.tag}.pcap')}"
 
 
 def sudo(node: NodeSpec) -> str:
@@ -210,26 +221,28 @@ class WireAccounting:
     tag: str
 
     def command(self, node: NodeSpec, rdir: str) -> str:
-        py = shlex.quote(node.python)
+        # sudo(node) is one of two fixed prefixes, shell text on purpose.
+        py, iface = quote(node.python), quote(node.exp_iface)
         return (
-            f"{sudo(node)}{py} -m {WIRE_MODULE} run --iface {node.exp_iface} "
-            f"--obj {rdir}/{WIRE_OBJECT} --bin-ns {self.bin_ns} --slots {self.slots} "
-            f"--peers {','.join(self.peers)} --out {rdir}/{NODE_WIRE_FILE} "
-            f"--meta {rdir}/{NODE_WIRE_META_FILE} --max-seconds {self.limit_s} "
-            f"--tag {self.tag} > {WIRE_LOG} 2>&1"
+            f"{sudo(node)}{py} -m {WIRE_MODULE} run --iface {iface} "
+            f"--obj {quote(f'{rdir}/{WIRE_OBJECT}')} --bin-ns {self.bin_ns} --slots {self.slots} "
+            f"--peers {quote(','.join(self.peers))} --out {quote(f'{rdir}/{NODE_WIRE_FILE}')} "
+            f"--meta {quote(f'{rdir}/{NODE_WIRE_META_FILE}')} --max-seconds {self.limit_s} "
+            f"--tag {quote(self.tag)} > {WIRE_LOG} 2>&1"
         )
 
     def ready(self, rdir: str) -> str:
         # Training must not start before the filters are attached: first bytes would be lost.
+        log = quote(f"{rdir}/{WIRE_LOG}")
         return (
-            f" for i in $(seq 250); do grep -q '^attached' {rdir}/{WIRE_LOG} && break; "
-            f"grep -q Error {rdir}/{WIRE_LOG} && break; sleep 0.02; done; "
-            f"grep -q '^attached' {rdir}/{WIRE_LOG} || {{ echo 'wire accounting did not start:'"
-            f" >&2; cat {rdir}/{WIRE_LOG} >&2; exit 1; }};"
+            f" for i in $(seq 250); do grep -q '^attached' {log} && break; "
+            f"grep -q Error {log} && break; sleep 0.02; done; "
+            f"grep -q '^attached' {log} || {{ echo 'wire accounting did not start:'"
+            f" >&2; cat {log} >&2; exit 1; }};"
         )
 
     def pattern(self) -> str:
-        return f"{tag_pattern(WIRE_MODULE)}.*{self.tag}"
+        return _tool_pattern(WIRE_MODULE, self.tag)
 
     def output(self, rdir: str) -> str | None:
         return f"{rdir}/{NODE_WIRE_FILE}"
@@ -249,7 +262,8 @@ def cached_wire_script(host: Host, obj: Path, rdir: str) -> str:
     """Shell lines that copy the cached, checked object into ``rdir`` and print ``@@wire-ok``
     (nothing when the node has not checked this object on its running kernel yet)."""
     cache = wire_cache(host, obj)
-    return f'test -e {cache}.ok-"$(uname -r)" && cp {cache} {rdir}/{WIRE_OBJECT} && echo @@wire-ok'
+    ok = f'{quote(f"{cache}.ok-")}"$(uname -r)"'  # the kernel release appended inside the word
+    return f"test -e {ok} && cp {quote(cache)} {quote(f'{rdir}/{WIRE_OBJECT}')} && echo @@wire-ok"
 
 
 def check_wire(host: Host, obj: Path, rdir: str) -> str | None:
@@ -258,12 +272,13 @@ def check_wire(host: Host, obj: Path, rdir: str) -> str | None:
     node's answer, its tail)."""
     spec = host.spec
     cache = wire_cache(host, obj)
-    host.run(f"mkdir -p $(dirname {cache})")
+    host.run(f"mkdir -p {quote(str(Path(cache).parent))}")
     host.put(obj, f"{cache}.tmp")
+    tmp, ok = quote(f"{cache}.tmp"), f'{quote(f"{cache}.ok-")}"$(uname -r)"'
     res = host.run(
-        f"{sudo(spec)}{shlex.quote(spec.python)} -m {WIRE_MODULE} check "
-        f"--iface {spec.exp_iface} --obj {cache}.tmp && mv {cache}.tmp {cache} && "
-        f'touch {cache}.ok-"$(uname -r)" && cp {cache} {rdir}/{WIRE_OBJECT}',
+        f"{sudo(spec)}{quote(spec.python)} -m {WIRE_MODULE} check "
+        f"--iface {quote(spec.exp_iface)} --obj {tmp} && mv {tmp} {quote(cache)} && "
+        f"touch {ok} && cp {quote(cache)} {quote(f'{rdir}/{WIRE_OBJECT}')}",
         warn=True,
     )
     return None if res.ok else (res.stdout + res.stderr).strip()[-400:]
@@ -332,14 +347,14 @@ class NodeTools:
             f"(nohup setsid {t.command(host.spec, rdir)} < /dev/null &);" for t in self.tools
         )
         ready = "".join(t.ready(rdir) for t in self.tools)
-        return f"cd {rdir} && {start}{ready}"
+        return f"cd {quote(rdir)} && {start}{ready}"
 
     def stop_script(self, host: Host) -> str:
         """The shell lines that stop every tool on ``host`` and wait for their outputs."""
         rdir = self.remote_dirs[host.name]
         outputs = [o for o in (t.output(rdir) for t in self.tools) if o is not None]
         patterns = [t.pattern() for t in self.tools]
-        waits = " && ".join(f"test -e {o}" for o in outputs)
+        waits = " && ".join(f"test -e {quote(o)}" for o in outputs)
         # Signal, then wait (up to 20 s) for the atomically renamed outputs and for the last
         # tool (tcpdump when capturing) to flush and exit.
         after = "".join(t.after_stop(rdir) for t in self.tools)
