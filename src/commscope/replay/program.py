@@ -162,6 +162,10 @@ def build_program(
     world = int(src.attrs["world"])
     launched = settings.launched_ranks(world)
     src = _complete_ranks(src, settings, world, notes)
+    if src.attrs.get("mirrored") and steps is not None and "rank" in steps.columns:
+        # every rank runs rank 0's program: rank 0's step windows time it
+        base = steps[steps["rank"] == 0]
+        steps = pd.concat([base.assign(rank=r) for r in range(world)], ignore_index=True)
     order = _rank_order(src)
     sstep, source_steps = _assign_steps(src, order, warmup_steps, notes)
     src["sstep"] = sstep
@@ -384,6 +388,7 @@ def _complete_ranks(
         frames.append(base.assign(rank=r))
     out = pd.concat(frames, ignore_index=True)
     out.attrs.update(src.attrs)
+    out.attrs["mirrored"] = True
     notes.append(f"mirror: ranks {listed} run rank 0's program (the trace has rank 0 only)")
     return out
 

@@ -107,12 +107,12 @@ class ReplaySettings:
                 raise ValueError(f"{f(key)}={value!r}: give a whole number >= 1")
         if not math.isfinite(self.scale) or self.scale <= 0:
             raise ValueError(
-                f"{f('scale')}={self.scale!r}: the size scale must be > 0 (1: the trace's "
+                f"{f('scale')}={self.scale:g}: the size scale must be > 0 (1: the trace's "
                 "sizes; 0.01: a hundredth of them, with the link rate scaled alike)"
             )
         if not math.isfinite(self.time_scale) or self.time_scale < 0:
             raise ValueError(
-                f"{f('time_scale')}={self.time_scale!r}: the compute scale must be >= 0 "
+                f"{f('time_scale')}={self.time_scale:g}: the compute scale must be >= 0 "
                 "(1: the recorded compute; 0: communication back to back)"
             )
         if self.compute not in COMPUTE_MODES:
