@@ -233,3 +233,52 @@ def test_a_bad_program_fails_the_cell_naming_the_row(
     with pytest.raises(CellFailed, match=r"rank 2 idx \d+: waits names idx 0, not an earlier"):
         run_replay(netns_cluster, program, tmp_path)
     assert_clean(netns_cluster)
+
+
+def test_a_measured_ddp_cell_replays_its_ops_and_its_step_time(
+    netns_cluster: Cluster, tmp_path: Path
+) -> None:
+    """The builder's program of tests/data/cells/ddp-2rank (commscope.replay) on the source's
+    own placement and link: every replayed step records exactly the source's steady step
+    (op, sizes, dtype, group, peer, root), the wire agrees, and the step takes about as long
+    as the source's (1.03 x when written; the band leaves room for this shared machine)."""
+    from commscope.metrics import step_times
+    from commscope.replay import build_replay, cell_source, write_program
+    from commscope.replay.cell import replay_workload
+    from commscope.spec.replay import ReplaySettings
+
+    source_dir = Path(__file__).parents[1] / "data" / "cells" / "ddp-2rank"
+    meta = json.loads((source_dir / "cell.json").read_text())
+    params = meta["params"]
+    steps = 4
+    settings = ReplaySettings.from_mapping(
+        {"source": {"cell": meta["cell"]}, "nodes": 2, "ranks_per_node": 1, "steps": steps},
+        name="ddp",
+    )
+    source = cell_source(source_dir)
+    program = build_replay(settings, source)
+    write_program(program, tmp_path / "program.parquet", tmp_path / "replay.json")
+    cell = CellSettings.from_mapping({**params, "strategy": "replay", "steps": steps})
+    run = RunSettings.from_mapping(RUN)
+    workload = replay_workload(tmp_path / "program.parquet", tmp_path / "replay.json", run)
+    raw = run_cell(netns_cluster, cell, workload, run, tmp_path / "raw")
+    trace = tmp_path / "trace"
+    tables = build_cell_tables(raw, cell, 1, cell_table_paths(trace))
+    ops = pd.read_parquet(tables["ops"])
+    cols = ["op", "numel", "bytes", "bytes_out", "dtype", "group_ranks", "peer", "root"]
+    steady = source.ops[source.ops.step == source.ops.step.max()]
+    for rank in (0, 1):
+        want = steady[steady["rank"] == rank].sort_values("t_issue_ns")[cols]
+        mine = ops[ops["rank"] == rank]
+        for step in range(steps):
+            got = mine[mine.step == step].sort_values("t_issue_ns")[cols]
+            assert got.reset_index(drop=True).equals(want.reset_index(drop=True)), (rank, step)
+    compute_cell_metrics(trace, tmp_path / "metrics")
+    check = pd.read_parquet(tmp_path / "metrics" / "crosscheck.parquet")
+    assert check["passed"].all(), check.T
+    replayed = pd.read_parquet(tmp_path / "metrics" / "step_times.parquet")
+    replay_s = replayed[~replayed["warmup"].astype(bool)]["duration_s"].median()
+    measured = step_times(source.steps, source.warmup_steps)
+    source_s = measured[~measured["warmup"]]["duration_s"].median()
+    assert 0.85 < replay_s / source_s < 1.15, (replay_s, source_s)
+    assert_clean(netns_cluster)

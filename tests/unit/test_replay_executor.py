@@ -266,8 +266,9 @@ def test_one_buffer_per_dtype_sized_to_its_largest_op_not_the_sum() -> None:
         row(op="allreduce", numel=100, dtype="bfloat16"),
         row(op="barrier", numel=1, dtype="uint8"),  # no tensor of its own
         row(kind="step_end", op="", dtype="", numel=0, group=()),
+        row(op="send", peer=1, numel=0, dtype="int64"),  # empty, but a tensor all the same
     ]
-    assert buffer_elements(rows, 0) == {"float32": 120, "bfloat16": 100}
+    assert buffer_elements(rows, 0) == {"float32": 120, "bfloat16": 100, "int64": 0}
 
 
 # ---------------------------------------------------------------------------------- compute
@@ -281,30 +282,39 @@ def test_compute_modes() -> None:
         t0 = time.perf_counter_ns()
         compute_function(mode)(3_000_000)
         took = time.perf_counter_ns() - t0
-        assert 3_000_000 <= took < 60_000_000, (mode, took)
+        assert 3_000_000 <= took < 1_000_000_000, (mode, took)  # loose: a shared machine
 
 
 def test_busy_compute_leaves_the_gil_to_other_threads() -> None:
     """Completion callbacks (Python, on the backend's threads) run while the rank computes:
-    a thread that wants the GIL every 1 ms gets it far more often than a pure-Python spin's
-    5 ms switch interval would allow."""
+    a thread that wants the GIL every 1 ms gets it far more often than beside a pure-Python
+    spin, which holds it for the 5 ms switch interval."""
     import threading
 
-    ticks = []
-    stop = threading.Event()
+    def ticks_during(spin: Any) -> int:
+        ticks = []
+        stop = threading.Event()
 
-    def ticker() -> None:
-        while not stop.is_set():
-            time.sleep(0.001)
-            ticks.append(time.perf_counter_ns())
+        def ticker() -> None:
+            while not stop.is_set():
+                time.sleep(0.001)
+                ticks.append(time.perf_counter_ns())
 
-    thread = threading.Thread(target=ticker)
-    thread.start()
-    busy(200_000_000)
-    stop.set()
-    thread.join()
-    # 200 ms: ~150 ticks when the thread gets the GIL at once, at most 40 behind a 5 ms hold.
-    assert len(ticks) > 60, len(ticks)
+        thread = threading.Thread(target=ticker)
+        thread.start()
+        spin(200_000_000)
+        stop.set()
+        thread.join()
+        return len(ticks)
+
+    def python_spin(ns: int) -> None:
+        end = time.perf_counter_ns() + ns
+        while time.perf_counter_ns() < end:
+            pass
+
+    held = ticks_during(python_spin)  # at most 200 ms / 5 ms = 40
+    # ~180 on an idle machine: the ticker waits for the GIL only between products.
+    assert ticks_during(busy) > 2 * held, held
 
 
 # ---------------------------------------------------------------------------------- one rank
@@ -375,3 +385,28 @@ def test_a_program_on_one_rank_records_its_ops_and_steps(world_of_one: None) -> 
     assert t0 <= int(ops["t_issue_ns"][1]) and t1 <= t2
     # The async all-reduce was waited by the reduce's row, after its 2 ms of compute.
     assert int(ops["t_wait_start_ns"][1]) - int(ops["t_issue_ns"][1]) >= 2_000_000
+
+
+def test_empty_ops_still_run(world_of_one: None) -> None:
+    """Ops of zero elements (a rank's empty share of an uneven all-to-all) are issued on an
+    empty slice of their dtype's buffer and recorded with numel 0."""
+    program = frame(
+        [
+            op_row(op="alltoall", numel=0, group_ranks="0", split_bytes="0", recv_split_bytes="0"),
+            op_row(op="allreduce", numel=0, group_ranks="0", dtype="int32"),
+            end_row(),
+        ]
+    )
+    rows = program_rows(program, 0, 1)
+    sizes = buffer_elements(rows, 0)
+    assert sizes == {"float32": 0, "int32": 0}
+    buffers = {d: torch.zeros(n, dtype=getattr(torch, d)) for d, n in sizes.items()}
+    capture.reset()
+    capture.enable(True)
+    try:
+        execute(rows, Issuer(0, 1, buffers, {}), busy, torch.device("cpu"))
+    finally:
+        capture.enable(False)
+    ops = capture.frame()
+    assert ops["op"].tolist() == ["alltoall", "allreduce"]
+    assert ops["numel"].tolist() == [0, 0] and ops["bytes"].tolist() == [0, 0]
