@@ -127,3 +127,25 @@ def test_the_store_listens_on_the_experiment_address_only(
         thread.join(timeout=120)
     assert not thread.is_alive(), "the cell did not end after its ranks were killed"
     assert errors and isinstance(errors[0], CellFailed), errors
+
+
+@pytest.mark.parametrize("launcher", ["warm", "torchrun"])
+def test_a_cell_trains_with_the_bound_store(
+    netns_cluster: Cluster, tmp_path: Path, launcher: str
+) -> None:
+    """2 nodes x 2 ranks train to the end with the store bound: node 0's second rank and node
+    1's ranks reach it as clients; only rank 0 (or torchrun's agent) binds it."""
+    cell = CellSettings.from_mapping(
+        {
+            "strategy": "ddp", "model": "tiny", "nodes": 2, "ranks_per_node": 2, "bw": "none",
+            "delay": "0ms", "jitter": "0ms", "loss": "0pct", "steps": 2, "repeat": 0,
+        }
+    )  # fmt: skip
+    run = RunSettings.from_mapping(
+        {"timeout_s": 90, "sample_hz": 50, "master_port": PORT, "launcher": launcher}
+    )
+    workload = training_workload(cell, MODEL, BUILTIN_STRATEGIES["ddp"], run)
+    started = time.monotonic()
+    raw = run_cell(netns_cluster, cell, workload, run, tmp_path)
+    print(f"{launcher}: 2x2 cell trained in {time.monotonic() - started:.1f} s")
+    assert sorted(p.name for p in raw.rglob("rank*.json")) == [f"rank{r}.json" for r in range(4)]
