@@ -416,7 +416,7 @@ def test_missing_ranks_and_mirror(dlrm_ops: pd.DataFrame) -> None:
         build_program(rank0, None, s)
     mirrored = settings(source={"import": "dlrm"}, nodes=8, ranks_per_node=1, mirror=True)
     with pytest.raises(ValueError, match=r"replays\.r\.mirror: rank 0's program cannot stand "
-                       r"for every rank: its 4 uneven all-to-alls receive what the other ranks "
+                       r"for every rank: its uneven all-to-alls \(1\) receive what the other ranks "
                        r"send"):  # fmt: skip
         build_program(rank0, None, mirrored)
     ddp = cell_source(CELLS / "ddp-2rank")
@@ -477,3 +477,36 @@ def test_memory_limit_names_the_scale_that_fits(scenario_spec: dict[str, Any]) -
     assert max(build_replay(small, src, memory_per_node=2 << 30).meta["memory_per_node_bytes"]) <= (
         2 << 30
     )
+
+
+def test_single_rank_imports_mirror_with_what_their_format_omits() -> None:
+    """The ResNet-50 DDP execution trace of rank 1 of 2 mirrors onto rank 0 (its groups are
+    the world); the HTA Kineto trace of rank 0 names no broadcast root (rooted at the group's
+    first rank) and keeps its recorded gaps; PARAM's DLRM Kineto trace of rank 0 names no
+    group, so its world is the placement's. Each says so in the meta."""
+    ext = ROOT / "tests" / "data" / "external"
+    resnet = load_trace(ext / "param" / "resnet_2gpu_et.json.gz")
+    assert set(resnet["rank"]) == {1}
+    prog = build_program(resnet, None, settings(mirror=True, steps=3))
+    t = ops_rows(prog.table)
+    cols = ["op", "numel", "dtype", "group_ranks", "root"]
+    assert t[t["rank"] == 0][cols].values.tolist() == t[t["rank"] == 1][cols].values.tolist()
+    assert prog.meta["source_steps"] == [4, 5, 6]
+    assert "mirror: ranks 0 run rank 1's program" in " ".join(prog.meta["not_reproduced"])
+
+    hta = load_trace(ext / "hta" / "nccl_parser_config__nccl_data.json.gz")
+    prog = build_program(hta, None, settings(mirror=True, steps=3))
+    t = ops_rows(prog.table)
+    assert (t.loc[t["op"] == "broadcast", "root"] == 0).all()
+    assert prog.meta["compute_source"] == "recorded"
+    assert (t.loc[t["op"] == "allreduce", "pre_ns"] > 0).all()
+    assert "rooted at their group's first rank" in " ".join(prog.meta["not_reproduced"])
+
+    dlrm0 = load_trace(
+        ext / "param" / "dlrm_kineto__worker0_step_12.1694128201545.pt.trace.json.gz"
+    )
+    s = settings(source={"import": "k"}, nodes=2, ranks_per_node=4, steps=1, mirror=True)
+    prog = build_program(dlrm0, None, s)
+    assert prog.world == 8
+    assert set(ops_rows(prog.table)["group_ranks"]) == {"0,1,2,3,4,5,6,7"}
+    assert "names no group" in " ".join(prog.meta["not_reproduced"])

@@ -43,7 +43,8 @@ per action of one rank, by these rules (docs/replay.md):
   reordered to match.
 * **Checks** (ValueError naming ``replays.<name>.<key>`` and the fix, before anything runs):
   the trace's ranks against the placement, ranks missing from the trace (unless ``mirror``
-  gives every rank rank 0's program, where that is consistent), ops gloo cannot run, ranks
+  gives every rank rank 0's program, or the lowest rank's, where that is consistent: world
+  groups only, no send/recv, no uneven all-to-all), ops gloo cannot run, ranks
   that disagree on a group's collectives or a P2P pair's messages, and the buffer memory per
   node against ``memory_per_node``.
 """
@@ -162,9 +163,9 @@ def build_program(
     world = int(src.attrs["world"])
     launched = settings.launched_ranks(world)
     src = _complete_ranks(src, settings, world, notes)
-    if src.attrs.get("mirrored") and steps is not None and "rank" in steps.columns:
-        # every rank runs rank 0's program: rank 0's step windows time it
-        base = steps[steps["rank"] == 0]
+    if src.attrs.get("mirrored") is not None and steps is not None and "rank" in steps.columns:
+        # every rank runs one rank's program: that rank's step windows time it
+        base = steps[steps["rank"] == src.attrs["mirrored"]]
         steps = pd.concat([base.assign(rank=r) for r in range(world)], ignore_index=True)
     order = _rank_order(src)
     sstep, source_steps = _assign_steps(src, order, warmup_steps, notes)
@@ -246,6 +247,14 @@ def _normalize(
         int(out["root"].max()) + 1,
         max((max(m) + 1 for m in members if m), default=0),
     )
+    if not world and not ((out["group_size"] > 0).any() or any(members)):
+        # No op names its group (e.g. a Kineto trace without collective args): the world is
+        # the placement's, and every group is taken as the world.
+        world = max(settings.world_size, inferred)
+        notes.append(
+            f"the trace names no group: its world is taken as the placement's {world} ranks "
+            "and every op's group as the world"
+        )
     world = int(world) if world else inferred
     if inferred > world:
         raise ValueError(
@@ -268,6 +277,15 @@ def _normalize(
                 f"{out.at[i, 'group']!r} of {size} unknown ranks"
             )
     out["members"] = full
+    rootless = out["op"].isin(ROOTED_OPS) & (out["root"] < 0) & (out["members"].map(len) > 0)
+    if rootless.any():
+        # Kineto's collective args name no root; DDP's and FSDP's broadcasts are from the
+        # group's first rank, and the bytes each member moves do not depend on it.
+        out.loc[rootless, "root"] = out.loc[rootless, "members"].map(lambda m: m[0])
+        notes.append(
+            f"{int(rootless.sum())} rooted ops whose root the trace omits rooted at their "
+            "group's first rank"
+        )
     problems += _unsupported(out)
     if problems:
         shown = "; ".join(sorted(set(problems))[:8])
@@ -348,7 +366,8 @@ def _fix_dtypes(out: pd.DataFrame, notes: list[str]) -> None:
 def _complete_ranks(
     src: pd.DataFrame, settings: ReplaySettings, world: int, notes: list[str]
 ) -> pd.DataFrame:
-    """Every rank's rows: the trace's, or with ``mirror`` rank 0's for every rank."""
+    """Every rank's rows: the trace's, or with ``mirror`` its lowest rank's (rank 0's for a
+    trace of rank 0) for every rank, where that is consistent."""
     present = sorted(set(src["rank"].tolist()))
     missing = sorted(set(range(world)) - set(present))
     if not missing:
@@ -359,37 +378,41 @@ def _complete_ranks(
         raise ValueError(
             f"{f('source')}: the trace has ranks {_ranges(present)} of a world of {world}; "
             f"ranks {listed} are missing. Import every rank's trace, or set {f('mirror')}: "
-            "true to give every rank rank 0's program (SPMD traces only)"
+            f"true to give every rank rank {present[0]}'s program (SPMD traces only)"
         )
-    if 0 not in present:
-        raise ValueError(f"{f('mirror')}: the trace has no rank 0 to mirror (it has "
-                         f"{_ranges(present)})")  # fmt: skip
-    base = src[src["rank"] == 0]
+    model = present[0]  # SPMD: any rank's program stands for all; the lowest one given
+    base = src[src["rank"] == model]
     world_group = tuple(range(world))
     why = []
     if (base["op"].isin(P2P_OPS)).any():
         why.append("it sends and receives (each rank's peers differ)")
     if any(m != world_group for m in base["members"]):
         why.append("it uses groups smaller than the world (each rank's groups differ)")
-    uneven = base[(base["op"] == "alltoall") & base["split"].notna()]
+    uneven = base[
+        (base["op"] == "alltoall") & base["split"].map(lambda s: s is not None and len(set(s)) > 1)
+    ]
     if len(uneven):
         why.append(
-            f"its {len(uneven)} uneven all-to-alls receive what the other ranks send, which "
+            f"its uneven all-to-alls ({len(uneven)}) receive what the other ranks send, which "
             "the trace does not have"
         )
     if why:
         raise ValueError(
-            f"{f('mirror')}: rank 0's program cannot stand for every rank: "
+            f"{f('mirror')}: rank {model}'s program cannot stand for every rank: "
             + "; ".join(why)
             + f". Import the traces of ranks {listed} instead"
         )
     frames = [base]
-    for r in range(1, world):
-        frames.append(base.assign(rank=r))
+    for r in range(world):
+        if r != model:
+            frames.append(base.assign(rank=r))
     out = pd.concat(frames, ignore_index=True)
     out.attrs.update(src.attrs)
-    out.attrs["mirrored"] = True
-    notes.append(f"mirror: ranks {listed} run rank 0's program (the trace has rank 0 only)")
+    out.attrs["mirrored"] = model
+    notes.append(
+        f"mirror: ranks {_ranges([r for r in range(world) if r != model])} run rank {model}'s "
+        f"program (the trace has ranks {_ranges(present)} only)"
+    )
     return out
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import pandas as pd
 
-from commscope.contracts import CELL_FILE, OPS_FILE, STEPS_FILE
+from commscope.contracts import CELL_FILE, OPS_FILE, STEPS_FILE, parse_ranks
 from commscope.predict.scenarios import predict_scenario
 from commscope.replay.program import Program, build_program
 from commscope.spec.replay import ReplaySettings
@@ -44,13 +44,13 @@ __all__ = [
 @dataclass
 class SourceTrace:
     """A loaded source: ``ops`` (every rank's rows, the ops table's columns), ``steps`` (the
-    steps table, None without one), ``world`` (the trace's ranks), ``warmup_steps`` (source
-    steps not replayed), ``measured`` (its compute ran on this CPU: ``compute: auto`` is busy)
-    and ``description`` (what replay.json says about it)."""
+    steps table, None without one), ``world`` (the trace's ranks; None when it does not say),
+    ``warmup_steps`` (source steps not replayed), ``measured`` (its compute ran on this CPU:
+    ``compute: auto`` is busy) and ``description`` (what replay.json says about it)."""
 
     ops: pd.DataFrame
     steps: pd.DataFrame | None
-    world: int
+    world: int | None
     warmup_steps: int = 0
     measured: bool = False
     description: dict[str, Any] = field(default_factory=dict)
@@ -173,14 +173,16 @@ def build_replay(
     )
 
 
-def _world_of(ops: pd.DataFrame) -> int:
+def _world_of(ops: pd.DataFrame) -> int | None:
     """The world a table's ops imply: its largest rank, group member, peer or root + 1, or its
-    largest group size."""
-    from commscope.contracts import parse_ranks
-
+    largest group size; None when no op names its group (the builder then takes the
+    placement's)."""
     if ops.empty:
-        return 0
+        return None
     members = [max(parse_ranks(g), default=-1) for g in ops.get("group_ranks", [])]
+    sizes = pd.to_numeric(ops.get("group_size", pd.Series([], dtype="int64")), errors="coerce")
+    if max(members, default=-1) < 0 and not (sizes > 0).any():
+        return None
     candidates = [int(ops["rank"].max()) + 1, max(members, default=-1) + 1]
     for col, plus in (("group_size", 0), ("peer", 1), ("root", 1)):
         if col in ops.columns:
