@@ -955,6 +955,10 @@ def _meta(
         st = st[st["step"].isin(source_steps)]
         step_times = (st["t_end_ns"] - st["t_start_ns"]).groupby(st["step"]).max().tolist()
     rank0 = per[per["rank"] == 0].set_index("step")["bytes"]
+    # The source's own bytes per steady step, before scaling (the ops table's bytes).
+    steady_rows = kept[kept["sstep"] >= 0]
+    dsizes = steady_rows["dtype"].map(DTYPE_SIZES)
+    src_bytes = steady_rows["bytes"].where(steady_rows["bytes"] >= 0, steady_rows["numel"] * dsizes)
     return {
         "replay": settings.name,
         "description": settings.description,
@@ -979,6 +983,8 @@ def _meta(
         "setup_bytes": int(per_step["bytes"].get(-1, 0)),
         "ops_per_step": float(steady["ops"].mean()) if len(steady) else 0.0,
         "bytes_per_step": float(steady["bytes"].mean()) if len(steady) else 0.0,
+        "source_ops_per_step": len(steady_rows) / len(source_steps),
+        "source_bytes_per_step": float(src_bytes.sum()) / len(source_steps),
         "rank0_bytes_per_step": float(rank0[rank0.index >= 0].mean()) if len(rank0) else 0.0,
         "per_step": [
             {
