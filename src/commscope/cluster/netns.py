@@ -48,6 +48,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import signal
 import sys
@@ -197,7 +198,7 @@ def _disable_ipv6(dev: str | None = None, ns: str | None = None) -> None:
             with contextlib.suppress(OSError):
                 Path(path).write_text("1\n")
         else:
-            run_quiet(["ip", "netns", "exec", ns, "sh", "-c", f"echo 1 > {path}"])
+            run_quiet(["ip", "netns", "exec", ns, "sh", "-c", f"echo 1 > {shlex.quote(path)}"])
 
 
 @contextlib.contextmanager

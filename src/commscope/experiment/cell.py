@@ -278,7 +278,8 @@ def _prepare(host: Host, rdir: str, workload: Workload, run: RunSettings, obj: P
     wire = f"; {cached_wire_script(host, obj, rdir)}" if obj is not None else ""
     res = host.run(
         f"{check}mkdir -p {shlex.quote(rdir)} && {warm}"
-        f"printf '%s' {shlex.quote(json.dumps(spec, indent=2))} > {rdir}/spec.json || exit 4"
+        f"printf '%s' {shlex.quote(json.dumps(spec, indent=2))} > "
+        f"{shlex.quote(f'{rdir}/spec.json')} || exit 4"
         f"{wire}; true",
         warn=True,
     )
@@ -290,6 +291,9 @@ def _prepare(host: Host, rdir: str, workload: Workload, run: RunSettings, obj: P
     if res.failed:
         raise CellFailed(f"{host.name}: preparing the run failed: {res.stderr.strip()}")
     for name, local in workload.files.items():
+        # A plain file name: the file lands in the run directory, nowhere else.
+        if "/" in name or name in ("", ".", ".."):
+            raise CellFailed(f"workload file name {name!r} is not a plain file name")
         host.put(local, f"{rdir}/{name}")
     return "@@wire-ok" in res.stdout
 
@@ -299,7 +303,8 @@ def _build_sampler(host: Host, rdir: str) -> None:
     cell), so the sampler starts sampling at once instead of compiling first."""
     build = "import commscope.node.sampler as s; s.native_binary()"
     res = host.run(
-        f"{shlex.quote(host.spec.python)} -c {shlex.quote(build)} > {rdir}/build.log 2>&1",
+        f"{shlex.quote(host.spec.python)} -c {shlex.quote(build)} "
+        f"> {shlex.quote(f'{rdir}/build.log')} 2>&1",
         warn=True,
     )
     if res.failed:

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from commscope.collectives.ring import bench_wire_bytes
+from commscope.config import REPLAY_STRATEGY
 from commscope.metrics.summary import link_numbers
 from commscope.metrics.volume import size_cdf
 from commscope.spec.link import LINK_AXES, LinkSetting
@@ -357,3 +358,13 @@ def crosscheck_per_cell(check: pd.DataFrame, matrix: pd.DataFrame) -> pd.DataFra
     table["agree"] = table["nodes_passed"] & table["matrix_passed"]
     table = table.drop(columns=["cell"]).sort_values(keys[1:]).reset_index(drop=True)
     return table
+
+
+def strategy_label(frame: pd.DataFrame) -> pd.Series:
+    """What ran each row, in words: its strategy, or for a replay cell ``replayed NAME`` (a
+    replay's name is its model axis), so replays of different traces are told apart wherever
+    rows are grouped by strategy."""
+    replay = frame["strategy"] == REPLAY_STRATEGY
+    if not replay.any():
+        return frame["strategy"]
+    return frame["strategy"].where(~replay, "replayed " + frame["model"].astype(str))

@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator
 
 from commscope.contracts import STUDY_FIGURE_TABLES, STUDY_FIGURES, table_file
-from commscope.metrics.study import SERIES_AXES, SETUP_AXES
+from commscope.metrics.study import SERIES_AXES, SETUP_AXES, strategy_label
 from commscope.metrics.summary import link_numbers
 from commscope.plots._style import _new_figure, _no_data, _palette, _save, _styled
 from commscope.plots.bursts import plot_bursts
@@ -124,6 +124,8 @@ def cap_series(step_times: pd.DataFrame) -> pd.DataFrame:
     at one cap only says nothing about the cap (the slowdown figure has it) and is left out;
     one that sweeps the cap under an impairment stays."""
     series = [c for c in SERIES_AXES if c in step_times]
+    if not step_times.empty:
+        step_times = step_times.assign(strategy=strategy_label(step_times))
     rows = step_times.assign(label=step_times.apply(_series_label, axis=1, varying=series))
     caps = rows.groupby("label")["bw"].transform("nunique")
     rows = rows[(caps > 1) | ~_impaired(rows)]
@@ -294,6 +296,8 @@ def slowdown_figure(slowdown: pd.DataFrame) -> Figure:
     the figure; a panel without such setups says so.
     """
     fig, axes = _new_figure(len(_SLOWDOWN_PANELS), width=5.0, height=4.4)
+    if not slowdown.empty:
+        slowdown = slowdown.assign(strategy=strategy_label(slowdown))
     drawn = {
         axis: _slowdown_series(slowdown, axis) if not slowdown.empty else slowdown
         for axis, *_ in _SLOWDOWN_PANELS

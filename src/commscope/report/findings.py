@@ -29,7 +29,7 @@ from typing import Any
 import pandas as pd
 
 from commscope.config import REPLAY_STRATEGY
-from commscope.metrics.study import unshaped_rows
+from commscope.metrics.study import strategy_label, unshaped_rows
 from commscope.units import fmt_bytes, fmt_count, fmt_ms
 
 # Section anchors of the report (report.html.j2); tables added by title get anchor(title).
@@ -147,18 +147,10 @@ def volume_findings(summary: pd.DataFrame) -> list[Finding]:
     return out
 
 
-def who(frame: pd.DataFrame) -> pd.Series:
-    """What ran each row, in words: its strategy, or for a replay cell ``replayed NAME`` (the
-    replay's name is its model axis)."""
-    replay = frame["strategy"] == REPLAY_STRATEGY
-    if not replay.any():
-        return frame["strategy"]
-    return frame["strategy"].where(~replay, "replayed " + frame["model"].astype(str))
-
-
 def _sensitivity_at(slowdown: pd.DataFrame, varied: str, column: str, pick: str) -> list[Finding]:
     rows = slowdown[(slowdown["varied"] == varied) & slowdown["slowdown_mean"].notna()]
-    rows = rows.assign(strategy=who(rows)) if len(rows) else rows
+    # Replayed traces are compared with the strategies in replay_findings, at equal settings.
+    rows = rows[rows["strategy"] != REPLAY_STRATEGY]
     if rows.empty:
         return []
     value = rows[column].min() if pick == "min" else rows[column].max()
@@ -612,17 +604,24 @@ def study_findings(
     put on the network and how (burstiness, synchronization), how sensitive they are,
     placement and scale, then the checks."""
     empty = pd.DataFrame()
+
+    def named(frame: pd.DataFrame | None) -> pd.DataFrame:
+        """``frame`` with each replay cell's strategy read as ``replayed NAME``."""
+        if frame is None:
+            return empty
+        if frame.empty or "strategy" not in frame or "model" not in frame:
+            return frame
+        return frame.assign(strategy=strategy_label(frame))
+
     return [
-        *volume_findings(summary),
-        *structure_findings(
-            empty if sync is None else sync, empty if temporal is None else temporal
-        ),
+        *volume_findings(named(summary)),
+        *structure_findings(named(sync), named(temporal)),
         *sensitivity_findings(slowdown),
-        *link_findings(summary),
-        *congestion_findings(summary),
-        *placement_findings(summary),
+        *link_findings(named(summary)),
+        *congestion_findings(named(summary)),
+        *placement_findings(named(summary)),
         *mapping_findings(empty if predictions is None else predictions),
-        *scale_findings(summary),
+        *scale_findings(named(summary)),
         *replay_findings(
             empty if comparison is None else comparison,
             empty if timing is None else timing,
