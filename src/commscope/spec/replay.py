@@ -80,8 +80,8 @@ class ReplaySettings:
     trace rank in trace-rank order, else block placement: trace rank r on node
     r // ranks_per_node), ``scale`` (every message's size x scale, > 0), ``time_scale``
     (every compute gap x time_scale, >= 0), ``steps`` (replayed steps, >= 1), ``compute``
-    (:data:`COMPUTE_MODES`) and ``mirror`` (give every rank rank 0's program when the trace
-    has rank 0 only)."""
+    (:data:`COMPUTE_MODES`) and ``mirror`` (give every rank the program of the trace's lowest
+    rank, rank 0's for a trace of rank 0 only, where that is consistent)."""
 
     name: str
     source: ReplaySource
