@@ -334,7 +334,9 @@ def _replay_problems(config: dict[str, Any], cells: pd.DataFrame) -> list[str]:
             f"(defined: {sorted(replays)})"
         )
     measured = {tuple(c) for c in cells[list(SWEEP_AXES)].itertuples(index=False)}
-    for name, entry in sorted(replays.items()):
+    # Only the replays the sweep runs: a study merged over another (config/full.yaml) keeps
+    # the other's entries without running them.
+    for name, entry in sorted((n, e) for n, e in replays.items() if n in set(used["model"])):
         source = entry["source"]
         kind, ref = next(iter(source.items()))
         where = f"replays.{name}.source.{kind}"

@@ -112,8 +112,9 @@ def test_default_config_validates_and_expands(default_config: dict[str, Any]) ->
     assert list(cells.columns) == list(SWEEP_AXES)
     assert not cells.duplicated().any()
     # Every strategy the sweep names exists and resolves on every world size it runs at.
-    assert set(cells["strategy"]) <= strategy_names(default_config)
-    for strategy, world in {(c.strategy, c.nodes * c.ranks_per_node) for c in cells.itertuples()}:
+    assert set(cells["strategy"]) <= strategy_names(default_config) | {"replay"}
+    trained = cells[cells["strategy"] != "replay"]
+    for strategy, world in {(c.strategy, c.nodes * c.ranks_per_node) for c in trained.itertuples()}:
         ParallelPlan.from_dict(strategy_spec(default_config, strategy)).resolve(int(world))
     ids = [cell_id(row) for row in cells.to_dict("records")]
     assert len(set(ids)) == len(ids)
@@ -937,3 +938,21 @@ def test_the_estimate_counts_what_is_left_at_its_own_or_the_typical_time(
 def test_an_output_outside_results_is_named(pattern: str, why: str | None) -> None:
     got = path_escapes(pattern, {"strategy", "name"})
     assert got == why if why is None else why in got
+
+
+def test_replay_entries_are_checked_before_anything_runs(default_config: dict[str, Any]) -> None:
+    cfg = copy.deepcopy(default_config)
+    cfg["replays"]["ddp-replayed"]["source"]["cell"]["bw"] = "33mbit"
+    cfg["replays"]["dlrm-8gpu"]["source"] = {"import": "nope"}
+    cfg["replays"]["dlrm-8gpu"]["ranks"] = [0, 0, 0, 1, 1, 2, 2, 3]
+    cfg["strategies"]["replay"] = {"dp": -1}
+    cfg["sweep"].append({**cfg["sweep"][-1], "strategy": ["replay"], "model": ["missing"]})
+    with pytest.raises(ConfigError) as err:
+        check_study(cfg)
+    text = str(err.value)
+    assert "strategies.replay: the name is reserved for replay cells" in text
+    assert "sweep.model: 'missing' (strategy replay) is not defined under replays:" in text
+    assert "replays.ddp-replayed.source.cell: strategy~ddp/model~gpt-tiny/nodes~2/" in text
+    assert "bw~33mbit" in text and "is not a cell of this study's sweep" in text
+    assert "replays.dlrm-8gpu.source.import: 'nope' is not defined under imports:" in text
+    assert "replays.dlrm-8gpu.ranks: [0, 0, 0, 1, 1, 2, 2, 3] does not put ranks_per_node=2" in text

@@ -197,7 +197,12 @@ def replay_timing(
     row.update(
         bandwidth_source="replay",
         intranode_source="replay",
-        compute_source="replay: the source's measured step on the same link",
+        # Whether the source recorded the compute between its ops (findings say when not).
+        compute_source=(
+            "replay: recorded compute"
+            if meta.get("compute_source") == "recorded"
+            else "replay: no compute in the source (communication back to back)"
+        ),
         critical_rank=int(per_rank["step_s"].idxmax()) if len(per_rank) else -1,
         predicted_step_s=expected,
         **measured_step(steps, warmup_steps, per_rank, expected),

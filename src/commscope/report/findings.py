@@ -579,7 +579,21 @@ def replay_findings(
                 if varied == "bw"
                 else f"a one-way delay of {value:g} ms"
             )
-            text = f"The replayed trace {name} takes {mine:.2f}x as long under {setting}"
+            bare = "compute_source" in timing and (
+                timing[(timing.get("model") == name)]["compute_source"]
+                .astype(str)
+                .str.contains("no compute")
+                .any()
+            )
+            text = (
+                f"The replayed trace {name}"
+                + (
+                    " (its communication back to back: the source records no compute)"
+                    if bare
+                    else ""
+                )
+                + f" takes {mine:.2f}x as long under {setting}"
+            )
             if len(others):
                 per = others.groupby("strategy")["slowdown_mean"].mean().sort_values()
                 text += "; our own workloads at the same setting: " + ", ".join(
