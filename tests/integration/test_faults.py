@@ -19,12 +19,13 @@ import pytest
 import yaml
 
 from commscope.cluster.hosts import Cluster
-from commscope.cluster.netns import ns_name, provision_netns
+from commscope.cluster.netns import list_netns, ns_name, provision_netns, teardown_netns
 from commscope.cluster.shaping import apply_shape, impairment_leftovers
 from commscope.experiment.cell import CellFailed
 from commscope.spec.link import LinkShape
 
 from .conftest import CLUSTER_NAME, EXP_SUBNET, MGMT_SUBNET
+from .test_pipeline import REPO, job_counts
 from .test_runner import DDP, MODEL, RUN, _rank_pids, assert_clean, cell, run_training
 
 pytestmark = pytest.mark.integration
@@ -293,3 +294,134 @@ def test_a_full_disk_on_a_node_fails_the_cell_naming_it(
     assert "No space left on device" in message, message
     assert took < RUN["timeout_s"]
     assert_clean(cluster)
+
+
+# A 2-cell study for Snakemake: a short cell, then one that trains until stopped. Its own
+# cluster name (csd4s) and subnets: the session's cluster (conftest) runs beside it.
+STUDY_CLUSTER = f"{CLUSTER_NAME}s"[:6]
+_STUDY_OCTET = int(MGMT_SUBNET.split(".")[2]) + 5
+STUDY = {
+    "cluster": {
+        "backend": "netns",
+        "name": STUDY_CLUSTER,
+        "mgmt_subnet": f"198.18.{_STUDY_OCTET}.0/24",
+        "exp_subnet": f"198.19.{_STUDY_OCTET}.0/24",
+    },
+    "run": {"timeout_s": 40, "warmup_steps": 1},
+    "models": {"tiny": MODEL},
+    "microbench": {"enabled": False},
+    "sweep": [
+        {"strategy": ["ddp"], "model": ["tiny"], "nodes": [2], "ranks_per_node": [1],
+         "bw": [bw], "steps": [steps]}
+        for bw, steps in (("none", 4), ("20mbit", 100000))
+    ],
+}  # fmt: skip
+_CELL_DIR = "results/runs/strategy~ddp/model~tiny/nodes~2/ranks_per_node~1/bw~{}/delay~0ms/"
+_CELL_DIR += "jitter~0ms/loss~0pct/cc~cubic/steps~{}/repeat~0/raw"
+FIRST, SECOND = _CELL_DIR.format("none", 4), _CELL_DIR.format("20mbit", 100000)
+
+
+def _snakemake(workdir: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
+            "--configfile", str(workdir / "study.yaml"), "--until", "run_cell", *args]  # fmt: skip
+
+
+def _study_leftovers(name: str) -> list[str]:
+    """What a stopped study left of cluster ``name``: its namespaces, a qdisc, nft table,
+    NFQUEUE rule or process (rank, sampler, delayer, fork server) in them."""
+    left = []
+    for ns in [n for n in list_netns() if n.startswith(f"cs-{name}-")]:
+        left.append(f"namespace {ns}")
+        qdiscs = subprocess.run(
+            ["ip", "netns", "exec", ns, "tc", "qdisc", "show"], capture_output=True, text=True
+        ).stdout
+        left += [f"{ns}: {q}" for q in qdiscs.splitlines() if " 0: " not in q]
+        tables = subprocess.run(
+            ["ip", "netns", "exec", ns, "nft", "list", "tables"], capture_output=True, text=True
+        ).stdout
+        left += [f"{ns}: {t}" for t in tables.splitlines() if "commscope_mgmt" not in t]
+        pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
+        for pid in pids.stdout.split():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if "sshd" not in cmd:
+                left.append(f"{ns}: {pid} {cmd}")
+    return left
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "SIGINT", "SIGTERM"])
+def test_snakemake_stopped_mid_cell_leaves_nothing_and_keeps_the_first_cell(
+    how: str, tmp_path: Path
+) -> None:
+    """Fault injection, end to end: Snakemake stopped while the second of two cells trains on
+    a shaped link, by a terminal's Ctrl-C (SIGINT to its whole process group, the job
+    included) or by SIGINT or SIGTERM to Snakemake's pid alone. Nothing is left (namespaces,
+    qdiscs, nft tables, ranks, samplers, fork servers), the first cell's results are kept, and
+    a rerun does only the missing cell.
+
+    Ctrl-C reaches the job, whose cell ends at once (KeyboardInterrupt). A signal to the pid
+    alone does not: Snakemake's local executor waits for its running job, so the cell runs to
+    its end (here its run.timeout_s) and cleans up as usual before Snakemake exits. After an
+    interrupt, Snakemake marks the stopped cell's raw/ incomplete: the rerun needs
+    --rerun-incomplete, as Snakemake's message says."""
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(STUDY, sort_keys=False))
+    log = tmp_path / "snakemake.log"
+    study = Cluster(STUDY_CLUSTER, "netns", [])
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            _snakemake(tmp_path, "--cores", "1", "--prioritize", FIRST),
+            cwd=tmp_path,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            # run.json is the first cell's last file; ranks after it are the second cell's.
+            if (tmp_path / FIRST / "run.json").exists() and _rank_pids(study, 1):
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, log.read_text()[-3000:]
+        assert (tmp_path / FIRST / "run.json").exists(), "the first cell did not finish first"
+        time.sleep(1.0)
+        start = time.monotonic()
+        if how == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.Signals[how])
+        proc.wait(timeout=STUDY["run"]["timeout_s"] + 120)
+        took = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        left = _study_leftovers(STUDY_CLUSTER)
+        teardown_netns(STUDY_CLUSTER)
+    text = log.read_text()
+    print(f"{how} to snakemake: it ended after {took:.1f} s, exit {proc.returncode}")
+    print(text[-1500:])
+    assert proc.returncode != 0
+    assert left == [], left
+    assert took < (30 if how == "ctrl-c" else STUDY["run"]["timeout_s"] + 60)
+    assert (tmp_path / FIRST / "run.json").exists()
+    plain = subprocess.run(
+        _snakemake(tmp_path, "-n"), cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    said = plain.stdout + plain.stderr
+    if plain.returncode != 0:  # the interrupted cell, and only it, is marked incomplete
+        assert "IncompleteFilesException" in said and SECOND in said, said[-3000:]
+        assert FIRST not in said, said[-3000:]
+    rerun = subprocess.run(
+        _snakemake(tmp_path, "-n", "--rerun-incomplete"),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+    assert job_counts(rerun.stdout) == {"run_cell": 1}, rerun.stdout[-3000:]
+    assert "bw~20mbit" in rerun.stdout and "bw~none" not in rerun.stdout
+    print(f"plain rerun: exit {plain.returncode}; with --rerun-incomplete: run_cell x1")
