@@ -77,15 +77,23 @@ class Program:
 
 
 def every_op_program(steps: int = 2) -> pd.DataFrame:
-    """Set-up ops at step -1, then ``steps`` steps of every op kind: an async all-reduce waited
-    two rows later, an all-gather across nodes, a reduce-scatter, even and uneven all-to-alls,
-    a gather, a scatter and a reduce on subgroups, a broadcast inside node 0, an async send
-    from rank 0 to rank 3 waited at the step's end, a blocking send on a subgroup, a barrier;
-    compute before and after waits."""
+    """Set-up ops at step -1, then ``steps`` steps of every op kind (after a barrier): an
+    async all-reduce waited two rows later, an all-gather across nodes, a reduce-scatter, even
+    and uneven all-to-alls, a gather, a scatter and a reduce on subgroups, a broadcast inside
+    node 0, an async send from rank 0 to rank 3 waited at the step's end, a blocking send on
+    a subgroup, a barrier; compute before and after waits."""
     p = Program()
     p.op(ALL, "broadcast", step=-1, root=0, numel=1000)
     p.op(ALL, "barrier", step=-1, dtype="uint8", numel=1)
     for s in range(steps):
+        # Ranks enter a step up to milliseconds apart on this shared machine. The
+        # cross-validation's window starts where no op crossing nodes is in flight, taking an
+        # op's bytes to move only once its last member issued it; a ring all-reduce's first
+        # chunks move between the members that issued it already (metrics/window.py), so a
+        # step opening with one, with a rank late, loses a chunk from the window's wire bytes.
+        # A barrier first (no payload) lines the ranks up, as a training step's first
+        # collective does.
+        p.op(ALL, "barrier", step=s, dtype="uint8", numel=1)
         ar = p.op(ALL, "allreduce", step=s, numel=20_000, async_op=True, pre_ns=2_000_000,
                   phase="bwd")  # fmt: skip
         for g in ("0,2", "1,3"):
@@ -188,7 +196,8 @@ def test_every_op_kind_replays_exactly_and_the_wire_agrees(
     assert sorted(steps.groupby("rank").step.apply(list).tolist()) == [[0, 1]] * WORLD
     for rank, op in ((0, "send"), (3, "recv")):
         mine = ops[(ops["rank"] == rank)].sort_values("t_issue_ns")
-        barrier_issue = mine[mine.op.eq("barrier") & mine.step.ge(0)]["t_issue_ns"].tolist()
+        barriers = mine[mine.op.eq("barrier") & mine.step.ge(0)]
+        barrier_issue = barriers.groupby("step")["t_issue_ns"].max().tolist()  # the step's last
         waits = mine[mine.op.eq(op)]["t_wait_start_ns"].tolist()
         ends = steps[steps["rank"] == rank].sort_values("step")["t_end_ns"].tolist()
         for b, w, e in zip(barrier_issue, waits, ends, strict=True):

@@ -313,8 +313,10 @@ def test_busy_compute_leaves_the_gil_to_other_threads() -> None:
             pass
 
     held = ticks_during(python_spin)  # at most 200 ms / 5 ms = 40
-    # ~180 on an idle machine: the ticker waits for the GIL only between products.
-    assert ticks_during(busy) > 2 * held, held
+    # ~180 on an idle machine (the ticker waits for the GIL only between products); a loaded
+    # machine delays the ticker's wake-ups in both runs.
+    free = ticks_during(busy)
+    assert free > 1.5 * held, (free, held)
 
 
 # ---------------------------------------------------------------------------------- one rank
