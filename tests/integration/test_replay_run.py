@@ -291,3 +291,50 @@ def test_a_measured_ddp_cell_replays_its_ops_and_its_step_time(
     source_s = measured[~measured["warmup"]]["duration_s"].median()
     assert 0.85 < replay_s / source_s < 1.15, (replay_s, source_s)
     assert_clean(netns_cluster)
+
+
+def test_the_dlrm_8_rank_job_replays_its_uneven_all_to_alls_byte_exact(
+    netns_cluster: Cluster, tmp_path: Path
+) -> None:
+    """PARAM's DLRM execution traces (8 V100s; tests/data/external/param) imported, built into
+    a program (commscope.replay) and replayed on 2 nodes x 4 ranks: every rank records its
+    traced ops (uneven all-to-alls with their splits, all-reduces) with the trace's numel,
+    bytes and bytes_out in every step, and the wire carries what they imply, per node and
+    per node pair."""
+    from commscope.importers import load_trace
+    from commscope.replay import build_replay, import_source, write_program
+    from commscope.replay.cell import replay_workload
+    from commscope.spec.replay import ReplaySettings
+
+    traces = sorted((Path(__file__).parents[1] / "data/external/param/dlrm_pytorch_et").iterdir())
+    imported = pd.concat([load_trace(p) for p in traces], ignore_index=True)
+    imported.to_parquet(tmp_path / "ops.parquet", index=False)
+    steps = 2
+    settings = ReplaySettings.from_mapping(
+        {"source": {"import": "dlrm"}, "nodes": 2, "ranks_per_node": 4, "steps": steps},
+        name="dlrm",
+    )
+    program = build_replay(settings, import_source(tmp_path / "ops.parquet", "dlrm"))
+    write_program(program, tmp_path / "program.parquet", tmp_path / "replay.json")
+    cell = CellSettings.from_mapping(CELL | {"model": "dlrm", "ranks_per_node": 4, "steps": steps})
+    run = RunSettings.from_mapping(RUN)
+    workload = replay_workload(tmp_path / "program.parquet", tmp_path / "replay.json", run)
+    raw = run_cell(netns_cluster, cell, workload, run, tmp_path / "raw")
+    trace = tmp_path / "trace"
+    tables = build_cell_tables(raw, cell, 0, cell_table_paths(trace))
+    ops = pd.read_parquet(tables["ops"])
+    uneven = ops[ops.op.eq("alltoall") & ops.split_bytes.notna()]
+    assert uneven["split_bytes"].nunique() > 1  # the uneven one is there, beside even ones
+    cols = ["op", "numel", "bytes", "bytes_out", "dtype", "split_bytes"]
+    for rank in range(8):
+        want = imported[imported["rank"] == rank][cols].reset_index(drop=True)
+        mine = ops[ops["rank"] == rank].sort_values("t_issue_ns")
+        for step in range(steps):
+            got = mine[mine.step == step][cols].reset_index(drop=True)
+            assert got.astype(str).equals(want.astype(str)), (rank, step)
+    compute_cell_metrics(trace, tmp_path / "metrics")
+    check = pd.read_parquet(tmp_path / "metrics" / "crosscheck.parquet")
+    assert len(check) == 4 and check["passed"].all(), check.T
+    matrix = pd.read_parquet(tmp_path / "metrics" / "matrix_check.parquet")
+    assert len(matrix) == 2 and matrix["passed"].all(), matrix.T
+    assert_clean(netns_cluster)
