@@ -41,9 +41,10 @@ from commscope.metrics.imported import analyze_import_files
 from commscope.metrics.io import compute_cell_metrics
 from commscope.predict.matrix import step_rank_matrix
 from commscope.predict.ops import predict_step
-from commscope.predict.scenarios import resolve_scenario
-from commscope.replay import program_bytes
+from commscope.predict.scenarios import predict_scenario, resolve_scenario
+from commscope.replay import build_replay, cell_source
 from commscope.replay.cell import build_cell_program, compare_program, replay_workload
+from commscope.spec.replay import ReplaySettings
 from commscope.spec.settings import CellSettings, RunSettings
 
 from .conftest import CLUSTER_NAME, EXP_SUBNET, MGMT_SUBNET, integration_skip_reason
@@ -83,8 +84,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 def replay_cell(name: str, nodes: int, ranks_per_node: int, steps: int) -> dict[str, Any]:
     """The sweep values of replay ``name``'s cell, unshaped."""
     return filled_cell(
-        {"strategy": "replay", "model": name, "nodes": nodes, "ranks_per_node": ranks_per_node,
-         "bw": "none", "steps": steps}  # fmt: skip
+        {
+            "strategy": "replay",
+            "model": name,
+            "nodes": nodes,
+            "ranks_per_node": ranks_per_node,
+            "bw": "none",
+            "steps": steps,
+        }  # fmt: skip
     )
 
 
@@ -118,12 +125,30 @@ def steady_step_s(steps: pd.DataFrame, warmup_steps: int = WARMUP) -> float:
     return float(table[~table["warmup"].astype(bool)]["duration_s"].median())
 
 
-def assert_exact(program: pd.DataFrame, ops: pd.DataFrame, warmup_steps: int = WARMUP) -> None:
-    """compare_program: every rank's steady steps are the program's, op by op."""
+def assert_exact(
+    program: pd.DataFrame, ops: pd.DataFrame, warmup_steps: int = WARMUP, sequence: bool = True
+) -> pd.DataFrame:
+    """Every rank's steady steps are the program's op by op: compare_program's bytes and
+    message counts (``match``) and sizes (``sizes_match``) per op kind, and ``sequence_match``
+    unless ``sequence`` is False (see test_compare_program_sequence_with_p2p); and, checked
+    here, each rank's ops in issue order (t_issue_ns) are the program's rows in idx order,
+    field by field (what sequence_match means to check)."""
     compare = compare_program(program, ops, warmup_steps)
     assert len(compare) > 0
-    bad = compare[~(compare["match"] & compare["sizes_match"] & compare["sequence_match"])]
-    assert bad.empty, bad.to_string()
+    ok = compare["match"] & compare["sizes_match"]
+    if sequence:
+        ok &= compare["sequence_match"]
+    assert ok.all(), compare[~ok].to_string()
+    rows = program[program["kind"] == "op"].assign(
+        bytes=lambda f: f["numel"] * f["dtype"].map(DTYPE_SIZES), t_issue_ns=program["idx"]
+    )
+    cols = ["op", "numel", "bytes", "dtype", "group_ranks", "peer", "root", "split_bytes"]
+    want = sequences(rows[rows["step"] >= warmup_steps], cols)
+    got = sequences(ops[ops["step"] >= warmup_steps], cols)
+    assert got.keys() == want.keys()
+    for key, seq in want.items():
+        assert got[key] == seq, key
+    return compare
 
 
 def assert_wire_agrees(metrics: Path, pairs: int) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -135,13 +160,19 @@ def assert_wire_agrees(metrics: Path, pairs: int) -> tuple[pd.DataFrame, pd.Data
     return check, matrix
 
 
-def sequences(ops: pd.DataFrame) -> dict[tuple[int, int], tuple[tuple[Any, ...], ...]]:
-    """Per (rank, step): the ops in issue order as (op, numel, bytes, bytes_out, dtype,
-    group_ranks, peer, root, split_bytes)."""
-    cols = ["op", "numel", "bytes", "bytes_out", "dtype", "group_ranks", "peer", "root",
-            "split_bytes"]  # fmt: skip
+SEQUENCE_COLUMNS = ["op", "numel", "bytes", "bytes_out", "dtype", "group_ranks", "peer",
+                    "root", "split_bytes"]  # fmt: skip
+
+
+def sequences(
+    ops: pd.DataFrame, cols: list[str] = SEQUENCE_COLUMNS
+) -> dict[tuple[int, int], tuple[tuple[Any, ...], ...]]:
+    """Per (rank, step): the ops in issue order (t_issue_ns) as tuples of ``cols``."""
     frame = ops.sort_values(["rank", "t_issue_ns"]).copy()
-    frame["split_bytes"] = frame["split_bytes"].map(lambda s: s if isinstance(s, str) else "")
+    # An even op has no splits (None or NaN); a table from before splits were recorded has
+    # no column.
+    splits = frame["split_bytes"] if "split_bytes" in frame else pd.Series("", frame.index)
+    frame["split_bytes"] = splits.map(lambda s: s if isinstance(s, str) else "")
     return {
         (int(rank), int(step)): tuple(g[cols].itertuples(index=False, name=None))
         for (rank, step), g in frame.groupby(["rank", "step"])
@@ -175,7 +206,10 @@ def test_a_measured_cell_replays_exactly_and_in_its_step_time(
         tmp_path / "replay",
     )  # fmt: skip
     ops = pd.read_parquet(tables["ops"])
-    assert_exact(program, ops)
+    # compare_program's sequence_match orders by the capture's seq, which is not issue order
+    # for send/recv (test_compare_program_sequence_with_p2p): pp's is checked in issue order
+    # by assert_exact only.
+    assert_exact(program, ops, sequence=strategy != "pp")
     # Each replayed steady step is one of the source's steady steps, op for op (the builder
     # maps replay step i to source steady step i mod 4).
     src_ops = pd.read_parquet(source["ops"])
@@ -189,6 +223,215 @@ def test_a_measured_cell_replays_exactly_and_in_its_step_time(
     replay_s = steady_step_s(pd.read_parquet(tables["steps"]))
     error = replay_s / source_s - 1
     print(f"\n(a) {strategy}: source step {source_s * 1e3:.1f} ms, replay {replay_s * 1e3:.1f} ms,"
-          f" error {error:+.1%}, ops/step {int((program['kind'] == 'op').sum() / 6)}")  # fmt: skip
+          f" error {error:+.1%}, {len(next(iter(got.values())))} ops a rank and step")  # fmt: skip
     assert abs(error) <= STEP_TOLERANCE, (strategy, source_s, replay_s)
+    assert_clean(cluster)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="replay.cell.compare_program orders the measured ops by the capture's seq, which "
+    "is per group, op and peer for send/recv (docs/traces.md), not issue order: a pipeline "
+    "step's interleaved sends and receives compare as a different sequence",
+)
+def test_compare_program_sequence_with_p2p() -> None:
+    """The measured pipeline cell of tests/data/cells (pp-2rank: async sends and receives
+    interleaved) against its own program: the builder's program of its steady steps, the
+    source's steady steps relabelled as the program's steps. The same ops in the same issue
+    order, so every comparison matches, sequence_match included."""
+    source = cell_source(ROOT / "tests" / "data" / "cells" / "pp-2rank")
+    steady = sorted(s for s in source.ops["step"].unique() if s >= source.warmup_steps)
+    settings = ReplaySettings.from_mapping(
+        {"source": {"cell": "strategy~pp/model~gpt-tiny"}, "nodes": 2, "ranks_per_node": 1,
+         "steps": len(steady)}, "pp",
+    )  # fmt: skip
+    program = build_replay(settings, source).table
+    ops = source.ops[source.ops["step"].isin(steady)]
+    ops = ops.assign(step=ops["step"].map({s: i for i, s in enumerate(steady)}))
+    assert set(ops["op"]) >= {"send", "recv"}
+    compare = assert_exact(program, ops, 0, sequence=False)  # issue order: the same
+    assert (compare["match"] & compare["sizes_match"]).all()
+    assert compare["sequence_match"].all(), compare[~compare["sequence_match"]].to_string()
+
+
+# --------------------------------------------------------------------- (b) DLRM, 8 ranks
+
+DLRM_IMPORT = "dlrm-8gpu-execution-trace"
+DLRM_STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def dlrm_import(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The study's import of the 8 ranks' execution traces (as rule import_trace writes it):
+    its ops table."""
+    out = tmp_path_factory.mktemp("dlrm-import")
+    files = [ROOT / p for p in CONFIG["imports"][DLRM_IMPORT]["paths"]]
+    assert len(files) == 8
+    analyze_import_files(files, DLRM_IMPORT, {t: out / f"{t}.parquet" for t in IMPORT_TABLES})
+    return out / "ops.parquet"
+
+
+def alltoalls(ops: pd.DataFrame) -> pd.DataFrame:
+    """The all-to-all rows of an ops table, each rank's in issue (trace: seq) order."""
+    order = "t_issue_ns" if ops["t_issue_ns"].notna().all() else "seq"
+    rows = ops[ops["op"] == "alltoall"].sort_values(["rank", order])
+    return rows.assign(
+        split_bytes=rows["split_bytes"].map(lambda s: s if isinstance(s, str) else "")
+    )
+
+
+def node_pair_bytes(ops: pd.DataFrame, ranks_per_node: int) -> pd.Series:
+    """Per (src_node, dst_node), src != dst: the bytes gloo's algorithms send for ``ops``."""
+    sends = op_sends(ops, backend="gloo")
+    sends = sends.assign(
+        src=sends["rank"] // ranks_per_node, dst=sends["dst_rank"] // ranks_per_node
+    )
+    sends = sends[sends["src"] != sends["dst"]]
+    return sends.groupby(["src", "dst"])["bytes"].sum().astype("int64")
+
+
+def test_b_dlrm_replays_its_uneven_alltoalls_byte_exact(
+    cluster: Cluster, tmp_path: Path, dlrm_import: Path
+) -> None:
+    """The study's dlrm-8gpu replay on 4 nodes x 2 ranks (block placement: launched rank =
+    trace rank), scale 1: every replayed step records each rank's all-to-alls with the
+    trace's splits, sizes and received bytes; the whole program op by op; the wire agrees."""
+    name = "dlrm-8gpu"
+    values = replay_cell(name, 4, 2, DLRM_STEPS)
+    program, metrics, tables = run_replay(
+        cluster, values, CONFIG["replays"][name], {"ops": dlrm_import}, tmp_path
+    )
+    ops = pd.read_parquet(tables["ops"])
+    assert sorted(ops["rank"].unique()) == list(range(8))
+    assert_exact(program, ops)
+    trace = alltoalls(pd.read_parquet(dlrm_import))
+    got = alltoalls(ops)
+    cols = ["split_bytes", "numel", "bytes", "bytes_out", "dtype", "group_ranks"]
+    uneven = 0
+    for rank in range(8):
+        want = trace[trace["rank"] == rank][cols].reset_index(drop=True)
+        mine = got[got["rank"] == rank]
+        assert sorted(mine["step"].unique()) == list(range(DLRM_STEPS))
+        for step in range(DLRM_STEPS):
+            rows = mine[mine["step"] == step][cols].reset_index(drop=True)
+            assert rows.equals(want), (rank, step, rows, want)
+        uneven += int(want["split_bytes"].map(lambda s: len(set(s.split(","))) > 1).sum())
+    assert uneven == 8  # one uneven all-to-all per rank (the embedding lengths)
+    # The program's splits are the recorded ones (what the executor was told, it did).
+    prog = alltoalls(program[program["kind"] == "op"].assign(t_issue_ns=program["idx"]))
+    assert prog["split_bytes"].tolist() == got["split_bytes"].tolist()
+    check, matrix = assert_wire_agrees(metrics, pairs=12)
+    steps = int(matrix["measured_steps"].iloc[0])
+    print(f"\n(b) DLRM 4x2: {len(ops) // DLRM_STEPS} ops/step, {uneven} uneven all-to-alls/step; "
+          f"crosscheck ratio {check['ratio'].min():.4f}-{check['ratio'].max():.4f}, "
+          f"matrix ratio {matrix['ratio'].min():.4f}-{matrix['ratio'].max():.4f}, "
+          f"wire {matrix['wire_payload_bytes'].sum() / steps / 1e6:.2f} MB/step")  # fmt: skip
+    assert_clean(cluster)
+
+
+def test_b_dlrm_alltoalls_alone_on_the_wire(
+    cluster: Cluster, tmp_path: Path, dlrm_import: Path
+) -> None:
+    """The DLRM trace's all-to-alls alone (the import's other ops dropped), replayed on 4 x 2:
+    the wire's node-pair bytes are what gloo's all-to-all sends for the trace's splits, per
+    pair (matrix_check's framework bytes are the traffic model of the trace's all-to-alls x
+    the measured steps, exactly; the wire's payload less framing within its tolerance)."""
+    trace = pd.read_parquet(dlrm_import)
+    only = trace[trace["op"] == "alltoall"].reset_index(drop=True)
+    only.to_parquet(tmp_path / "alltoalls.parquet", index=False)
+    name = "dlrm-8gpu"
+    values = replay_cell(name, 4, 2, DLRM_STEPS)
+    program, metrics, tables = run_replay(
+        cluster, values, CONFIG["replays"][name], {"ops": tmp_path / "alltoalls.parquet"},
+        tmp_path / "run",
+    )  # fmt: skip
+    ops = pd.read_parquet(tables["ops"])
+    assert_exact(program, ops)
+    assert set(ops["op"]) == {"alltoall"}
+    model = node_pair_bytes(only, 2)
+    assert len(model) == 12
+    _, matrix = assert_wire_agrees(metrics, pairs=12)
+    steps = int(matrix["measured_steps"].iloc[0])
+    pairs = matrix.set_index(["src_node", "dst_node"])
+    # The window holds exactly the measured steps' all-to-alls.
+    assert (pairs["framework_bytes"].astype("int64") == model.reindex(pairs.index) * steps).all()
+    payload = (pairs["wire_payload_bytes"] - pairs["protocol_bytes"]) / steps
+    error = payload / model.reindex(pairs.index) - 1
+    print(f"\n(b) DLRM all-to-alls alone, per node pair and step: model "
+          f"{model.min()}-{model.max()} B, wire payload less framing "
+          f"{payload.min():.0f}-{payload.max():.0f} B, error {error.min():+.2%}..{error.max():+.2%}"
+          f" ({steps} steps)")  # fmt: skip
+    assert_clean(cluster)
+
+
+# --------------------------------------------------------------------- (c) a prediction
+
+SCENARIO_STEPS = 2
+SCENARIO_WARMUP = 1
+
+
+def predicted_gloo(scenario: dict[str, Any]) -> tuple[pd.Series, pd.Series]:
+    """The scenario's predicted step under gloo's algorithms (the replay runs on gloo): bytes
+    per (src_node, dst_node) between distinct nodes, and bytes each rank transmits."""
+    sc = resolve_scenario(scenario, SCENARIO)
+    step = predict_step(
+        sc.model, sc.plan, sc.nodes, sc.gpus_per_node, sc.dtype_bytes, sc.options, "gloo"
+    )
+    ranks = step_rank_matrix(step)
+    between = ranks[ranks["src_node"] != ranks["dst_node"]]
+    nodes = between.groupby(["src_node", "dst_node"])["bytes"].sum()
+    sent = ranks.groupby("src_rank")["bytes"].sum()
+    return nodes, sent
+
+
+def test_c_predicted_gpt_1_5b_on_16_ranks_matches_its_node_matrix(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Seed 002's GPT-1.5B on 16 GPUs, (p, t, d) = (4, 2, 2), default mapping (the study's
+    prediction), scaled by 1e-4 and replayed on 2 nodes x 8 ranks (the scenario's 8 GPUs a
+    node): the wire's node x node matrix (payload less gloo's framing, per measured step) is
+    the prediction's x scale within the cross-validation's tolerance, and every rank records
+    the prediction's payload bytes x scale (to whole elements) and transmits its predicted
+    bytes x scale."""
+    scenario = CONFIG["predictions"][SCENARIO]
+    name = "gpt-1.5b-16gpu"
+    entry = {"source": {"prediction": SCENARIO}, "scale": SCENARIO_SCALE}
+    values = replay_cell(name, 2, 8, SCENARIO_STEPS)
+    program, metrics, tables = run_replay(
+        cluster, values, entry, {}, tmp_path, scenario=scenario, warmup_steps=SCENARIO_WARMUP
+    )
+    ops = pd.read_parquet(tables["ops"])
+    assert sorted(ops["rank"].unique()) == list(range(16))
+    assert_exact(program, ops, SCENARIO_WARMUP)
+    # Per rank: the recorded payload of a step is the prediction's x scale, each op rounded
+    # to whole elements (at most 2 B of fp16 each, up to one element for ops below one).
+    traffic = (
+        predict_scenario(scenario, SCENARIO).traffic.groupby("rank")[["messages", "bytes"]].sum()
+    )
+    per_rank = ops.groupby(["rank", "step"])["bytes"].agg(["sum", "size"]).reset_index()
+    for row in per_rank.itertuples():
+        want = traffic.loc[row.rank]
+        assert row.size == want["messages"], row
+        assert abs(row.sum - want["bytes"] * SCENARIO_SCALE) <= 2 * row.size, row
+    # The wire, per node pair: payload less framing per measured step vs predicted x scale.
+    nodes, sent = predicted_gloo(scenario)
+    _, matrix = assert_wire_agrees(metrics, pairs=2)
+    steps = int(matrix["measured_steps"].iloc[0])
+    pairs = matrix.set_index(["src_node", "dst_node"])
+    wire = (pairs["wire_payload_bytes"] - pairs["protocol_bytes"]) / steps
+    want = nodes.reindex(wire.index) * SCENARIO_SCALE
+    allowed = np.maximum(CROSSCHECK_TOLERANCE * want, CROSSCHECK_FLOOR_BYTES_PER_STEP)
+    for (src, dst), got in wire.items():
+        print(f"\n(c) node {src} -> {dst} per step: predicted x scale "
+              f"{want[(src, dst)] / 1e6:.4f} MB, wire {got / 1e6:.4f} MB, "
+              f"error {got / want[(src, dst)] - 1:+.3%}")  # fmt: skip
+    assert ((wire - want).abs() <= allowed).all(), (wire, want)
+    # Per rank: what each transmits in a measured step (gloo's algorithms on the recorded ops).
+    steady = ops[ops["step"] >= SCENARIO_WARMUP]
+    mine = op_sends(steady, backend="gloo").groupby("rank")["bytes"].sum() / steps
+    want_rank = sent.reindex(mine.index) * SCENARIO_SCALE
+    rank_err = mine / want_rank - 1
+    print(f"\n(c) per-rank sent bytes vs predicted x scale: error "
+          f"{rank_err.min():+.3%}..{rank_err.max():+.3%}")  # fmt: skip
+    assert (rank_err.abs() <= CROSSCHECK_TOLERANCE).all(), rank_err
     assert_clean(cluster)
