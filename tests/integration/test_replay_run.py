@@ -173,6 +173,19 @@ def assert_ops_are_the_program(ops: pd.DataFrame, program: pd.DataFrame) -> None
         assert p2p["wait_ns"].notna().all() and (p2p["t_wait_end_ns"] > 0).all(), rank
 
 
+def assert_pairs_agree(matrix: pd.DataFrame, check: pd.DataFrame) -> None:
+    """matrix_check passed for both node pairs, or its excess is the sender's TCP
+    retransmissions (crosscheck's retrans_bytes: on 2 nodes a node's sends all go to the
+    other), which crosscheck allows and matrix_check does not count (seen on this loaded
+    machine: 545 kB resent in a replayed DDP cell's 17 MB)."""
+    assert len(matrix) == 2, matrix.T
+    for row in matrix.itertuples():
+        sent = check[(check["node"] == row.src_node) & (check["direction"] == "tx")]
+        resent = float(sent["retrans_bytes"].fillna(0).iloc[0])
+        fits = row.passed or 0 <= row.unexplained_bytes <= row.tolerance_bytes + resent
+        assert fits, (matrix.T, resent)
+
+
 def test_every_op_kind_replays_exactly_and_the_wire_agrees(
     netns_cluster: Cluster, tmp_path: Path
 ) -> None:
@@ -219,8 +232,7 @@ def test_every_op_kind_replays_exactly_and_the_wire_agrees(
     check = pd.read_parquet(metrics / "crosscheck.parquet")
     assert len(check) == 4 and check["passed"].all(), check.T
     assert (check["framework_bytes"] > 100_000).all()
-    matrix = pd.read_parquet(metrics / "matrix_check.parquet")
-    assert len(matrix) == 2 and matrix["passed"].all(), matrix.T
+    assert_pairs_agree(pd.read_parquet(metrics / "matrix_check.parquet"), check)
     assert_clean(netns_cluster)
 
 
@@ -335,6 +347,5 @@ def test_the_dlrm_8_rank_job_replays_its_uneven_all_to_alls_byte_exact(
     compute_cell_metrics(trace, tmp_path / "metrics")
     check = pd.read_parquet(tmp_path / "metrics" / "crosscheck.parquet")
     assert len(check) == 4 and check["passed"].all(), check.T
-    matrix = pd.read_parquet(tmp_path / "metrics" / "matrix_check.parquet")
-    assert len(matrix) == 2 and matrix["passed"].all(), matrix.T
+    assert_pairs_agree(pd.read_parquet(tmp_path / "metrics" / "matrix_check.parquet"), check)
     assert_clean(netns_cluster)
