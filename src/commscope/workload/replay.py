@@ -20,6 +20,11 @@ error naming the row and field before any op is issued), then runs them in ``idx
 ``post_ns``; 4. ``op``: issue the op on its group (the default group when it is every rank),
 keeping its ``Work`` when ``async_op``; ``step_end``: the step ends (a steps-table row).
 
+The groups are created and one barrier lines the ranks up before recording starts, and one
+more barrier ends the run after it stops: the ops table holds the program's ops and nothing
+else (train.py records its two barriers at step -1; a program built from a measured cell
+carries the first as a set-up op).
+
 What the capture records per op is the program's op, numel, bytes, bytes_out, split_bytes,
 group_ranks, peer, root and dtype, given the torch call chosen per op (:func:`op_elements`):
 the program's ``numel`` is the input element count as the ops table counts it, which for some
