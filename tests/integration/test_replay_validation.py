@@ -271,10 +271,17 @@ def dlrm_import(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out / "ops.parquet"
 
 
+def world_groups(ops: pd.DataFrame, world: int = 8) -> pd.DataFrame:
+    """``ops`` with the execution trace's unnamed groups ("": the ET records no group ranks)
+    as the world, as the builder takes them."""
+    every = ",".join(map(str, range(world)))
+    return ops.assign(group_ranks=ops["group_ranks"].fillna("").replace("", every))
+
+
 def alltoalls(ops: pd.DataFrame) -> pd.DataFrame:
     """The all-to-all rows of an ops table, each rank's in issue (trace: seq) order."""
     order = "t_issue_ns" if ops["t_issue_ns"].notna().all() else "seq"
-    rows = ops[ops["op"] == "alltoall"].sort_values(["rank", order])
+    rows = world_groups(ops[ops["op"] == "alltoall"]).sort_values(["rank", order])
     return rows.assign(
         split_bytes=rows["split_bytes"].map(lambda s: s if isinstance(s, str) else "")
     )
@@ -320,25 +327,44 @@ def test_b_dlrm_replays_its_uneven_alltoalls_byte_exact(
     # The program's splits are the recorded ones (what the executor was told, it did).
     prog = alltoalls(program[program["kind"] == "op"].assign(t_issue_ns=program["idx"]))
     assert prog["split_bytes"].tolist() == got["split_bytes"].tolist()
-    check, matrix = assert_wire_agrees(metrics, pairs=12)
+    # The wire agrees per node and direction. Per node pair it does not always within the
+    # tolerance: the steps run back to back (no compute, no barrier), ranks enter a step ms
+    # apart, and an all-to-all's chunks from the ranks that issued it first cross the
+    # window's start before its last member issued it (metrics/window.py counts an op's
+    # bytes once its last member issued it), so a pair that carries only all-to-alls misses
+    # one or two 3 KB chunks (-3 to -13 KB over 2 steps against an 8 KB floor, measured).
+    # test_b_dlrm_alltoalls_alone_on_the_wire lines the ranks up and checks every pair.
+    check = pd.read_parquet(metrics / "crosscheck.parquet")
+    assert len(check) == 8 and check["passed"].all(), check.T.to_string()
+    matrix = pd.read_parquet(metrics / "matrix_check.parquet")
     steps = int(matrix["measured_steps"].iloc[0])
-    print(f"\n(b) DLRM 4x2: {len(ops) // DLRM_STEPS} ops/step, {uneven} uneven all-to-alls/step; "
-          f"crosscheck ratio {check['ratio'].min():.4f}-{check['ratio'].max():.4f}, "
-          f"matrix ratio {matrix['ratio'].min():.4f}-{matrix['ratio'].max():.4f}, "
-          f"wire {matrix['wire_payload_bytes'].sum() / steps / 1e6:.2f} MB/step")  # fmt: skip
+    print(f"\n(b) DLRM 4x2: {len(ops) // DLRM_STEPS} ops a step on 8 ranks, {uneven} uneven all-to-alls/step; "
+          f"crosscheck ratio {check['ratio'].min():.4f}-{check['ratio'].max():.4f}; "
+          f"matrix_check {int(matrix['passed'].sum())}/{len(matrix)} pairs pass, unexplained "
+          f"{matrix['unexplained_bytes'].min():.0f}..{matrix['unexplained_bytes'].max():.0f} B "
+          f"over {steps} steps; wire {matrix['wire_payload_bytes'].sum() / steps / 1e6:.2f} "
+          "MB/step")  # fmt: skip
     assert_clean(cluster)
 
 
 def test_b_dlrm_alltoalls_alone_on_the_wire(
     cluster: Cluster, tmp_path: Path, dlrm_import: Path
 ) -> None:
-    """The DLRM trace's all-to-alls alone (the import's other ops dropped), replayed on 4 x 2:
-    the wire's node-pair bytes are what gloo's all-to-all sends for the trace's splits, per
-    pair (matrix_check's framework bytes are the traffic model of the trace's all-to-alls x
-    the measured steps, exactly; the wire's payload less framing within its tolerance)."""
+    """The DLRM trace's all-to-alls alone (the import's other ops dropped), each step opened
+    by a barrier (no payload: it lines the ranks up, so no all-to-all straddles the
+    cross-validation window's edge), replayed on 4 x 2: the wire's node-pair bytes are what
+    gloo's all-to-all sends for the trace's splits, per pair (matrix_check's framework bytes
+    are the traffic model of the trace's all-to-alls x the measured steps, exactly; the
+    wire's payload less framing within its tolerance)."""
     trace = pd.read_parquet(dlrm_import)
     only = trace[trace["op"] == "alltoall"].reset_index(drop=True)
-    only.to_parquet(tmp_path / "alltoalls.parquet", index=False)
+    first = only.groupby("rank", as_index=False).head(1)
+    barrier = first.assign(
+        op="barrier", dtype="uint8", numel=1, bytes=1, bytes_out=1, split_bytes=None,
+        seq=first["seq"] - 1, phase="other",
+    )  # fmt: skip
+    aligned = pd.concat([barrier, only]).sort_values("rank", kind="stable")
+    aligned.reset_index(drop=True).to_parquet(tmp_path / "alltoalls.parquet", index=False)
     name = "dlrm-8gpu"
     values = replay_cell(name, 4, 2, DLRM_STEPS)
     program, metrics, tables = run_replay(
@@ -347,8 +373,8 @@ def test_b_dlrm_alltoalls_alone_on_the_wire(
     )  # fmt: skip
     ops = pd.read_parquet(tables["ops"])
     assert_exact(program, ops)
-    assert set(ops["op"]) == {"alltoall"}
-    model = node_pair_bytes(only, 2)
+    assert set(ops["op"]) == {"alltoall", "barrier"}
+    model = node_pair_bytes(world_groups(only), 2)
     assert len(model) == 12
     _, matrix = assert_wire_agrees(metrics, pairs=12)
     steps = int(matrix["measured_steps"].iloc[0])
