@@ -338,7 +338,8 @@ def test_b_dlrm_replays_its_uneven_alltoalls_byte_exact(
     assert len(check) == 8 and check["passed"].all(), check.T.to_string()
     matrix = pd.read_parquet(metrics / "matrix_check.parquet")
     steps = int(matrix["measured_steps"].iloc[0])
-    print(f"\n(b) DLRM 4x2: {len(ops) // DLRM_STEPS} ops a step on 8 ranks, {uneven} uneven all-to-alls/step; "
+    print(f"\n(b) DLRM 4x2: {len(ops) // DLRM_STEPS} ops a step on 8 ranks, "
+          f"{uneven} uneven all-to-alls a step; "
           f"crosscheck ratio {check['ratio'].min():.4f}-{check['ratio'].max():.4f}; "
           f"matrix_check {int(matrix['passed'].sum())}/{len(matrix)} pairs pass, unexplained "
           f"{matrix['unexplained_bytes'].min():.0f}..{matrix['unexplained_bytes'].max():.0f} B "
