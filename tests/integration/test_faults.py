@@ -224,12 +224,6 @@ def test_a_node_sshd_stopped_mid_cell_fails_fast_and_the_next_provision_restores
     assert took < 30
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: an unreachable node's kill_tagged error (paramiko NoValidConnectionsError "
-    "'Unable to connect to port 22 on <addr>') escapes launch._collect's and run_cell's "
-    "on_all(kill_tagged) and replaces the cell's failure: not CellFailed, and node1 not named",
-)
 def test_a_node_sshd_stopped_mid_cell_names_the_node(
     netns_cluster: Cluster, tmp_path: Path
 ) -> None:

@@ -8,6 +8,7 @@ and reject unknown keys.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import select
@@ -297,14 +298,26 @@ def on_all(hosts: list[Host], fn: Callable[[Host], T]) -> list[T]:
 
     Each SSH round trip costs ~0.1-0.2 s, so per-node steps done one node after another add
     seconds per cell. Every host's call runs to the end even if another fails; then the first
-    failure (in host order) is raised, so cleanup steps never skip a node.
+    failure (in host order) is raised, so cleanup steps never skip a node. The exception
+    carries the host's name as ``node`` (set once: the innermost host that failed), so a
+    caller can say which node an SSH error came from.
     """
     if len(hosts) <= 1:
-        return [fn(h) for h in hosts]
+        return [_on(h, fn) for h in hosts]
     with ThreadPoolExecutor(len(hosts)) as pool:
-        futures = [pool.submit(fn, h) for h in hosts]
+        futures = [pool.submit(_on, h, fn) for h in hosts]
         wait(futures)
     for fut in futures:
         if fut.exception() is not None:
             raise fut.exception()
     return [fut.result() for fut in futures]
+
+
+def _on(host: Host, fn: Callable[[Host], T]) -> T:
+    try:
+        return fn(host)
+    except Exception as err:
+        if getattr(err, "node", None) is None:
+            with contextlib.suppress(AttributeError):  # an exception without a __dict__
+                err.node = host.name  # type: ignore[attr-defined]
+        raise

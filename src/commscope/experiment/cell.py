@@ -21,14 +21,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from paramiko.ssh_exception import SSHException
+
 from commscope.cluster.hosts import Cluster, Host, on_all
 from commscope.cluster.provision import provision, state_dir
-from commscope.cluster.shaping import shaped
+from commscope.cluster.shaping import ShapingError, shaped
 from commscope.contracts import RUN_FILE
 from commscope.experiment.launch import (
     Launcher,
     ensure_forkserver,
-    kill_tagged,
+    kill_everywhere,
     launch_everywhere,
     new_tag,
 )
@@ -143,13 +145,44 @@ def run_cell(
         _measure(
             hosts, Launcher(cluster, cell, run, tag, workload.module), workload, shape, out_dir
         )
+    except (OSError, EOFError, SSHException, ShapingError) as err:
+        # A node lost mid-cell (its sshd gone, its management link down): say which, and why.
+        # Unshaping it then fails too (ShapingError, naming it); the first error says why. A
+        # ShapingError of its own (a delayer that died) is the cell's failure as it is.
+        if isinstance(err, ShapingError) and _node_error(err) is None:
+            raise
+        raise CellFailed(_lost_node(err)) from err
     finally:
         try:
-            on_all(hosts, lambda h: kill_tagged(h, tag))
+            for why in kill_everywhere(hosts, tag):
+                log.warning("%s", why)
         finally:
             for h in hosts:
                 h.close()
     return out_dir
+
+
+def _node_error(err: BaseException) -> BaseException | None:
+    """The earliest exception in ``err``'s context chain that ``on_all`` marked with the node
+    it came from, or None."""
+    chain = [err]
+    while chain[-1].__context__ is not None and len(chain) < 5:
+        chain.append(chain[-1].__context__)
+    return next((e for e in reversed(chain) if getattr(e, "node", None)), None)
+
+
+def _lost_node(err: BaseException) -> str:
+    """The message of a cell whose node stopped answering over SSH: the node (``on_all``
+    marks the exception with it) and the first error, then what failed after it."""
+    first = _node_error(err) or err
+    node = getattr(first, "node", None) or "a node"
+    text = f"{node}: lost mid-cell: {type(first).__name__}: {first}"
+    if first is not err:
+        text += f"; then {type(err).__name__}: {err}"
+    return (
+        text + ". What could not be reached there is cleared when the cluster is next "
+        "provisioned (netns) or by `commscope cleanup --inventory` (ssh hosts)"
+    )
 
 
 def _measure(

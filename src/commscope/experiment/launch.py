@@ -77,6 +77,21 @@ def kill_tagged(host: Host, tag: str) -> None:
     )
 
 
+def kill_everywhere(hosts: list[Host], tag: str) -> list[str]:
+    """:func:`kill_tagged` on every host; never raises: a node that cannot be reached (its sshd
+    gone, its link down) is returned as ``"NODE: why"``, so the other nodes are still cleaned
+    and the cell's own failure is what the user sees."""
+
+    def kill(host: Host) -> str:
+        try:
+            kill_tagged(host, tag)
+            return ""
+        except Exception as err:
+            return f"{host.name}: could not kill the cell's processes ({type(err).__name__}: {err})"
+
+    return [why for why in on_all(hosts, kill) if why]
+
+
 def forkserver_log(host: Host) -> str:
     """Where a node's fork server logs: beside the cells' run directories (it outlives them)."""
     return f"{host.spec.workdir}/forkserver.log"
@@ -217,7 +232,7 @@ def launch_everywhere(
         except BaseException:
             # Interrupted (SIGTERM, Ctrl-C): end the ranks everywhere first, so the threads
             # still waiting on them return and leaving this block does not wait out the run.
-            on_all(hosts, lambda other: kill_tagged(other, launcher.tag))
+            kill_everywhere(hosts, launcher.tag)
             raise
     return failures
 
@@ -243,4 +258,5 @@ def _collect(
         if code is not None:
             reason = exit_reason(code, launcher.run.timeout_s, time.monotonic() - started)
             failures.append(f"{name}: {reason}\n{_failure_tail(h, remote_dirs[h.name])}")
-        on_all(hosts, lambda other: kill_tagged(other, launcher.tag))
+        for why in kill_everywhere(hosts, launcher.tag):
+            log.warning("%s", why)
