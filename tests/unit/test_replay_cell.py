@@ -51,7 +51,7 @@ def test_a_reordered_or_resized_op_is_caught() -> None:
     swapped = _measured(program)
     # Rank 1 issues step 2's two ops in the other order: totals agree, the sequence does not.
     sel = (swapped["rank"] == 1) & (swapped["step"] == 2)
-    swapped.loc[sel, "seq"] = swapped.loc[sel, "seq"].to_numpy()[::-1]
+    swapped.loc[sel, "t_issue_ns"] = swapped.loc[sel, "t_issue_ns"].to_numpy()[::-1]
     out = compare_program(program, swapped, warmup_steps=1)
     bad = out[~out["sequence_match"]]
     assert set(zip(bad["rank"], bad["step"], strict=True)) == {(1, 2)}

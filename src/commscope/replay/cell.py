@@ -145,7 +145,10 @@ def compare_program(
     sequence in issue order (``sequence_match``), in predict_cell's comparison columns."""
     want = _issued(program_ops(program))
     want = want[want["step"] >= warmup_steps]
-    meas = measured[measured["step"] >= warmup_steps].sort_values(["rank", "seq", "t_issue_ns"])
+    # Issue order: seq counts per group (and per op and peer for send/recv), not per rank.
+    meas = measured[measured["step"] >= warmup_steps].sort_values(
+        ["rank", "t_issue_ns"], kind="stable"
+    )
     got = _issued(meas)
     out = want.merge(got, on=["rank", "step", "op"], how="outer", suffixes=("_p", "_m"))
     out = out.rename(
