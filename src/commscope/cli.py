@@ -5,15 +5,16 @@ commscope cleanup [--name N]  remove the namespaces, bridges, veths and processe
 commscope cleanup --inventory FILE
                              on every host of an ssh inventory: unshape its experiment NIC and
                              kill every commscope process a crashed run left
-commscope check [CONFIG]     validate a study config (schema + combinations) without running it
+commscope check [CONFIG]     validate a study config (the workflow's own checks) without running it
                [--nodes]     ... and say what each node of its cluster lacks
+commscope replay (--trace F.. | --cell DIR | --scenario NAME) --nodes N --out DIR [...]
+                             re-issue a trace's communication on the cluster and measure it
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,11 +70,13 @@ def _config_cluster_name(path: Path) -> str:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from commscope.config import ConfigError, check_study, load_config
+    from commscope.config import ConfigError, load_config
+    from commscope.study import study_checks
 
     try:
         config = load_config(args.config, args.schema)
-        cells = check_study(config, engine_problem=_engine_probe(config))
+        # The workflow's own checks (the Snakefile calls the same function).
+        cells = study_checks(config)
     except (ConfigError, FileNotFoundError) as err:
         print(f"{args.config}: {err}", file=sys.stderr)
         return 2
@@ -85,16 +88,6 @@ def _check(args: argparse.Namespace) -> int:
     if args.nodes:
         return _check_nodes(config, int(cells["nodes"].max()))
     return 0
-
-
-def _engine_probe(config: dict) -> Callable[[str], str] | None:
-    """The workflow's own link engine check for the netns backend (its nodes run here); real
-    hosts are checked node by node with --nodes, and when a cell shapes them."""
-    if (config.get("cluster") or {}).get("backend", "netns") != "netns":
-        return None
-    from commscope.experiment.readiness import local_engine_problem
-
-    return local_engine_problem
 
 
 def _check_nodes(config: dict, nodes: int) -> int:
@@ -152,6 +145,92 @@ def _wire_note(config: dict) -> str | None:
     )
 
 
+_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+
+
+def _replay(args: argparse.Namespace) -> int:
+    """One replay cell outside a study (:func:`commscope.replay.run.replay_once`): 0 when it
+    ran and matched its program, 1 when the cell failed or did not match, 2 for bad input."""
+    import re
+
+    from commscope.config import ConfigError, load_config
+    from commscope.experiment.cell import CellFailed
+    from commscope.replay.run import replay_once
+    from commscope.spec.link import LinkSetting
+    from commscope.spec.settings import ClusterSettings, RunSettings
+
+    try:
+        if not re.match(_NAME, args.name):
+            raise ValueError(f"--name {args.name!r}: use letters, digits, '.', '_' or '-'")
+        config = load_config(args.config, args.schema)
+        scenario = None
+        if args.scenario is not None:
+            scenario = (config.get("predictions") or {}).get(args.scenario)
+            if scenario is None:
+                raise ValueError(
+                    f"--scenario {args.scenario!r} is not under predictions: in {args.config}"
+                )
+        link = dict(bw=args.bw, delay=args.delay, jitter=args.jitter, loss=args.loss, cc=args.cc)
+        LinkSetting(**link).shape()  # a bad link value names itself before anything runs
+        entry = {
+            "scale": args.scale,
+            "time_scale": args.time_scale,
+            "compute": args.compute,
+            "mirror": args.mirror,
+            **({"ranks": args.ranks} if args.ranks else {}),
+        }
+        cell = {"nodes": args.nodes, "ranks_per_node": args.ranks_per_node, "steps": args.steps}
+        result = replay_once(
+            name=args.name,
+            entry=entry,
+            cell={**cell, **link},
+            cluster=ClusterSettings.from_mapping(config["cluster"]),
+            run=RunSettings.from_mapping(config["run"]),
+            out_dir=args.out,
+            trace_files=args.trace or (),
+            cell_dir=args.cell,
+            scenario=scenario,
+        )
+    except (ConfigError, ValueError, FileNotFoundError) as err:
+        print(f"commscope replay: {err}", file=sys.stderr)
+        return 2
+    except CellFailed as err:
+        print(f"commscope replay: the cell failed: {err}", file=sys.stderr)
+        return 1
+    print(result.describe())
+    return 0 if result.exact else 1
+
+
+def _add_replay(sub: Any) -> None:
+    replay = sub.add_parser(
+        "replay",
+        help="re-issue a trace's communication on the cluster and measure it (docs/replay.md)",
+    )
+    source = replay.add_mutually_exclusive_group(required=True)
+    source.add_argument("--trace", type=Path, nargs="+", help="trace files (all ranks)")
+    source.add_argument("--cell", type=Path, help="a measured cell's directory (results/runs/...)")
+    source.add_argument("--scenario", help="a predictions: entry of --config")
+    replay.add_argument("--name", default="replay", help="the replay's name in tables")
+    replay.add_argument("--nodes", type=int, required=True)
+    replay.add_argument("--ranks-per-node", type=int, default=1)
+    replay.add_argument("--ranks", type=lambda t: [int(x) for x in t.split(",")],
+                        help="node of each trace rank, e.g. 0,1,0,1 (default: blocks)")  # fmt: skip
+    for axis, default in (("bw", "none"), ("delay", "0ms"), ("jitter", "0ms"), ("loss", "0pct")):
+        replay.add_argument(f"--{axis}", default=default)
+    replay.add_argument("--cc", default="cubic")
+    replay.add_argument("--steps", type=int, default=4, help="replayed steps (warmup included)")
+    replay.add_argument("--scale", type=float, default=1.0, help="message sizes x scale")
+    replay.add_argument("--time-scale", type=float, default=1.0, help="compute gaps x this")
+    replay.add_argument("--compute", choices=("auto", "busy", "sleep"), default="auto")
+    replay.add_argument("--mirror", action="store_true", help="every rank replays rank 0's ops")
+    replay.add_argument("--config", type=Path, default=Path("config/config.yaml"),
+                        help="the study config whose cluster: and run: blocks to use")  # fmt: skip
+    replay.add_argument("--schema", type=Path,
+                        default=Path("workflow/schemas/config.schema.yaml"))  # fmt: skip
+    replay.add_argument("--out", type=Path, required=True, help="output directory")
+    replay.set_defaults(func=_replay)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["predict"]:
@@ -205,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         help="also connect to the cluster's nodes and say what each lacks (BPF, tcpdump, ...)",
     )
     check.set_defaults(func=_check)
+    _add_replay(sub)
     args = parser.parse_args(argv)
     return args.func(args)
 
