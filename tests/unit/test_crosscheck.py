@@ -244,8 +244,9 @@ def test_ops_are_placed_at_their_last_issue() -> None:
 def test_matrix_check_against_captured_flows() -> None:
     cell = _cell()
     assert m.matrix_check(cell, pd.DataFrame()).empty
-    assert list(m.matrix_check(cell, pd.DataFrame()).columns[-3:]) == [
+    assert list(m.matrix_check(cell, pd.DataFrame()).columns[-4:]) == [
         "unexplained_bytes",
+        "retrans_bytes",
         "tolerance_bytes",
         "passed",
     ]

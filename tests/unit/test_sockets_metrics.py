@@ -150,6 +150,16 @@ def test_retransmitted_bytes_per_node_and_direction() -> None:
     assert table.loc[1, "retrans_tx_bytes"] == 0 and table.loc[0, "retrans_rx_bytes"] == 0
 
 
+def test_retransmitted_bytes_per_node_pair() -> None:
+    from commscope.metrics.sockets import retransmitted_pair_bytes
+
+    window = (T0 + STEP_NS, T0 + 4 * STEP_NS)
+    pairs = retransmitted_pair_bytes(_sockets(), window)
+    # The same 6000 B, on the pair they crossed (node 0 to node 1), for matrix_check.
+    assert pairs.to_dict() == {(0, 1): 6000.0, (1, 0): 0.0}
+    assert retransmitted_pair_bytes(pd.DataFrame(), window).empty
+
+
 def test_socket_stats_of_old_runs_is_an_empty_table_with_the_columns() -> None:
     for sockets in (pd.DataFrame(), pd.DataFrame(columns=["node", "t_ns", "src", "rtt_us"])):
         table = m.socket_stats(_traces(sockets))

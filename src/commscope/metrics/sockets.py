@@ -156,6 +156,29 @@ def socket_stats(traces: CellTraces) -> pd.DataFrame:
     return with_params(params, out)
 
 
+def retransmitted_pair_bytes(sockets: pd.DataFrame, window: tuple[int, int]) -> pd.Series:
+    """TCP payload retransmitted over ``window`` per ordered node pair (``src_node``,
+    ``dst_node``: the sending node's connections to the receiving node's address), as
+    :func:`retransmitted_bytes` counts it per node; empty without socket statistics."""
+    index = pd.MultiIndex.from_arrays([[], []], names=["src_node", "dst_node"])
+    empty = pd.Series([], index=index, dtype="float64", name="retrans_bytes")
+    if sockets.empty or not {"node", "t_ns", "bytes_retrans", "src"} <= set(sockets.columns):
+        return empty
+    grown = _connection_increase(_remote_connections(sockets), window)
+    node_of = {
+        str(a): int(n)
+        for n, a in sockets[["node", "src"]].drop_duplicates().itertuples(index=False)
+    }
+    grown = grown.assign(dst_node=grown["dst"].astype(str).map(node_of)).dropna(subset=["dst_node"])
+    if grown.empty:
+        return empty
+    out = grown.groupby([grown["node"].astype("int64"), grown["dst_node"].astype("int64")])[
+        "bytes_retrans"
+    ].sum()
+    out.index.names = ["src_node", "dst_node"]
+    return out.astype("float64").rename("retrans_bytes")
+
+
 def retransmitted_bytes(sockets: pd.DataFrame, window: tuple[int, int]) -> pd.DataFrame:
     """Per node, the TCP payload retransmitted over ``window`` on connections between nodes:
     ``retrans_tx_bytes`` by the node's own connections, ``retrans_rx_bytes`` by other nodes'
