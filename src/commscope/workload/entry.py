@@ -6,11 +6,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import torch
+
+from commscope.contracts import rank_table_file
+
+# The per-rank tables every entry point writes besides the ops (parse_cell reads them all).
+STEP_COLUMNS = ["step", "phase", "t_start_ns", "t_end_ns"]
+TRAIN_COLUMNS = ["step", "train_loss"]
+MOE_COLUMNS = ["step", "layer", "dst_rank", "tokens_sent", "tokens_received", "dropped"]
 
 
 def rank_device(spec: dict[str, Any]) -> tuple[torch.device, str]:
@@ -33,3 +41,31 @@ def main(run: Callable[[dict[str, Any]], Path], description: str | None) -> None
     parser.add_argument("--tag", default="")
     args = parser.parse_args()
     run(json.loads(args.spec.read_text()))
+
+
+def write_rank_tables(
+    out_dir: Path,
+    rank: int,
+    node: int,
+    local_rank: int,
+    ops: pd.DataFrame,
+    steps: Sequence[tuple],
+    train: Sequence[tuple] = (),
+    moe: Sequence[tuple] = (),
+) -> None:
+    """This rank's ``ops``, ``steps``, ``train`` and ``moe`` tables (rows as tuples in
+    :data:`STEP_COLUMNS`, :data:`TRAIN_COLUMNS`, :data:`MOE_COLUMNS`; ``ops`` the capture's
+    frame) into ``out_dir``, each led by the rank (and node) columns parse_cell expects."""
+    ops = ops.copy()
+    ops.insert(0, "rank", rank)
+    ops.insert(1, "node", node)
+    ops.insert(2, "local_rank", local_rank)
+    ops.to_parquet(out_dir / rank_table_file("ops", rank), index=False)
+    frame = pd.DataFrame(list(steps), columns=STEP_COLUMNS)
+    frame.insert(0, "rank", rank)
+    frame.insert(1, "node", node)
+    frame.to_parquet(out_dir / rank_table_file("steps", rank), index=False)
+    for name, rows, columns in (("train", train, TRAIN_COLUMNS), ("moe", moe, MOE_COLUMNS)):
+        frame = pd.DataFrame(list(rows), columns=columns)
+        frame.insert(0, "rank", rank)
+        frame.to_parquet(out_dir / rank_table_file(name, rank), index=False)

@@ -62,16 +62,12 @@ from commscope.contracts import (
     ROOTED_OPS,
     parse_ranks,
     rank_meta_file,
-    rank_table_file,
 )
 from commscope.workload import capture
-from commscope.workload.entry import main, rank_device
+from commscope.workload.entry import main, rank_device, write_rank_tables
 
 COMPUTE_MODES = ("busy", "sleep")
 # The columns of the empty train and moe tables (what train.py writes for a dense model).
-TRAIN_COLUMNS = ["step", "train_loss"]
-MOE_COLUMNS = ["step", "layer", "dst_rank", "tokens_sent", "tokens_received", "dropped"]
-STEP_COLUMNS = ["step", "phase", "t_start_ns", "t_end_ns"]
 
 
 def preload() -> None:
@@ -571,7 +567,6 @@ def read_program(path: Path, rank: int, world: int) -> tuple[list[Row], list[tup
 
 def run(spec: dict) -> Path:
     """Replay the program on this rank and write its traces; returns the output directory."""
-    import pandas as pd
 
     timeline = {"started": time.time_ns()}
     out_dir = Path(spec["out_dir"])
@@ -611,21 +606,8 @@ def run(spec: dict) -> Path:
     node = int(os.environ.get("GROUP_RANK", spec.get("node", 0)))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     capture.finish()  # drains pending completions before the table is read
-    ops = capture.frame()
-    ops.insert(0, "rank", rank)
-    ops.insert(1, "node", node)
-    ops.insert(2, "local_rank", local_rank)
-    ops.to_parquet(out_dir / rank_table_file("ops", rank), index=False)
-    steps = pd.DataFrame(steps_rows, columns=STEP_COLUMNS)
-    steps.insert(0, "rank", rank)
-    steps.insert(1, "node", node)
-    steps.to_parquet(out_dir / rank_table_file("steps", rank), index=False)
-    train = pd.DataFrame([], columns=TRAIN_COLUMNS)
-    train.insert(0, "rank", rank)
-    train.to_parquet(out_dir / rank_table_file("train", rank), index=False)
-    moe = pd.DataFrame([], columns=MOE_COLUMNS)
-    moe.insert(0, "rank", rank)
-    moe.to_parquet(out_dir / rank_table_file("moe", rank), index=False)
+    # What train.py writes, with no training loss and no MoE routing.
+    write_rank_tables(out_dir, rank, node, local_rank, capture.frame(), steps_rows)
     meta = {
         "rank": rank,
         "node": node,

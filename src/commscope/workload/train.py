@@ -15,14 +15,13 @@ from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
 
-import pandas as pd
 import torch
 import torch.distributed as dist
 
-from commscope.contracts import rank_meta_file, rank_table_file
+from commscope.contracts import rank_meta_file
 from commscope.spec.plan import ParallelPlan
 from commscope.workload import capture
-from commscope.workload.entry import main, rank_device
+from commscope.workload.entry import main, rank_device, write_rank_tables
 from commscope.workload.trainer import StepLog, Trainer
 
 
@@ -75,22 +74,10 @@ def run(spec: dict) -> Path:
     node = int(os.environ.get("GROUP_RANK", spec.get("node", 0)))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     capture.finish()  # drains pending completions before the table is read
-    ops = capture.frame()  # OpRecord's columns; t_end_ns nullable Int64 (ns exact)
-    ops.insert(0, "rank", rank)
-    ops.insert(1, "node", node)
-    ops.insert(2, "local_rank", local_rank)
-    ops.to_parquet(out_dir / rank_table_file("ops", rank), index=False)
-    steps = pd.DataFrame(log.rows, columns=["step", "phase", "t_start_ns", "t_end_ns"])
-    steps.insert(0, "rank", rank)
-    steps.insert(1, "node", node)
-    steps.to_parquet(out_dir / rank_table_file("steps", rank), index=False)
-    train = pd.DataFrame(trainer.stats, columns=["step", "train_loss"])
-    train.insert(0, "rank", rank)
-    train.to_parquet(out_dir / rank_table_file("train", rank), index=False)
-    moe_cols = ["step", "layer", "dst_rank", "tokens_sent", "tokens_received", "dropped"]
-    moe = pd.DataFrame(trainer.moe_rows, columns=moe_cols)
-    moe.insert(0, "rank", rank)
-    moe.to_parquet(out_dir / rank_table_file("moe", rank), index=False)
+    # The capture's frame: OpRecord's columns, t_end_ns nullable Int64 (ns exact).
+    write_rank_tables(
+        out_dir, rank, node, local_rank, capture.frame(), log.rows, trainer.stats, trainer.moe_rows
+    )
     meta = {
         "rank": rank,
         "node": node,
