@@ -48,7 +48,7 @@ from commscope.replay.cell import build_cell_program, compare_program, replay_wo
 from commscope.spec.replay import ReplaySettings
 from commscope.spec.settings import CellSettings, RunSettings
 
-from .conftest import CLUSTER_NAME, EXP_SUBNET, MGMT_SUBNET, integration_skip_reason
+from .conftest import CLUSTER_NAME, MGMT_SUBNET, integration_skip_reason
 from .test_runner import assert_clean
 
 pytestmark = pytest.mark.integration
@@ -66,6 +66,13 @@ SCENARIO = "gpt-1.5b-16gpu-default"
 SCENARIO_SCALE = 1e-4
 
 
+# A 4-node cluster of its own, beside the session's 2-node netns_cluster (same name would
+# rebuild and then tear down the session's cluster under the modules that follow): the suite's
+# name with an "r", subnets 3 above the suite's (+1 and +2 are test_cluster's scratch ones).
+NAME = f"{CLUSTER_NAME[:5]}r"
+OCTET = int(MGMT_SUBNET.split(".")[2]) + 3
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """4 nodes (DLRM's 4 x 2; the other cases take the first 2), torn down at the end."""
@@ -74,12 +81,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         pytest.skip(reason)
     state_dir = tmp_path_factory.mktemp("replay-validation")
     built = provision_netns(
-        CLUSTER_NAME, 4, state_dir, mgmt_subnet=MGMT_SUBNET, exp_subnet=EXP_SUBNET
+        NAME, 4, state_dir, mgmt_subnet=f"198.18.{OCTET}.0/24", exp_subnet=f"198.19.{OCTET}.0/24"
     )
     try:
         yield built
     finally:
-        teardown_netns(CLUSTER_NAME, state_dir)
+        teardown_netns(NAME, state_dir)
 
 
 def replay_cell(name: str, nodes: int, ranks_per_node: int, steps: int) -> dict[str, Any]:
