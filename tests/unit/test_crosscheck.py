@@ -475,31 +475,6 @@ def test_quiet_window_follows_chains_and_ignores_ops_inside_a_node() -> None:
     )
 
 
-def test_quiet_window_starts_a_ring_at_its_second_issue() -> None:
-    """Four ranks on four nodes: ranks 0 and 1 issue at 90 and 95 ms, the last two at 130;
-    neighbours that both issued exchange chunks from 95 ms, so an edge at 100 ms is busy."""
-    ops = pd.DataFrame(
-        [
-            {
-                "rank": r,
-                "node": r,
-                "op": "allreduce",
-                "group": "w",
-                "group_ranks": "0,1,2,3",
-                "peer": -1,
-                "seq": 0,
-                "t_issue_ns": T0 + int(t * 1e6),
-                "t_end_ns": T0 + 150_000_000,
-            }
-            for r, t in ((0, 90), (1, 95), (2, 130), (3, 130))
-        ]  # fmt: skip
-    )
-    window = (T0 + 100_000_000, T0 + 300_000_000)
-    assert m.quiet_window(ops, window, 1) == (T0 + 150_000_000, T0 + 300_000_000)
-    # Before the second issue nothing moves: an edge at 92 ms stays.
-    assert m.quiet_window(ops, (T0 + 92_000_000, window[1]), 1)[0] == T0 + 92_000_000
-
-
 # ------------------------------------------------------------------ TCP retransmissions
 
 

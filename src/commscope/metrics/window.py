@@ -61,11 +61,10 @@ def quiet_window(
     crosses nodes is moving bytes, so the interface counters and the ops counted by
     :func:`ops_in_window` cover the same transfers.
 
-    An op instance moves its bytes between its second member's issue (before that gloo sends
-    nothing but a 48 B recv-ready notice; with two members, the last one's) and its last
-    member's completion (``t_end_ns``; an instance without one counts as instantaneous). Only
-    instances whose members sit on more than one node matter: the others never reach the
-    experiment interface. An edge that falls
+    An op instance moves its bytes between its last member's issue (before that gloo sends
+    nothing but a 48 B recv-ready notice) and its last member's completion (``t_end_ns``; an
+    instance without one counts as instantaneous). Only instances whose members sit on more
+    than one node matter: the others never reach the experiment interface. An edge that falls
     inside such an instance (or a chain of overlapping ones) moves to the end of that busy
     stretch: a warm-up op still running when the first measured step begins is then left out
     whole, a last-step op still running at the end is counted whole. Steps of different
@@ -93,13 +92,6 @@ def quiet_window(
     inst = frame.groupby(keys, dropna=False).agg(
         start=("issued", "max"), end=("ended", "max"), remote=("remote", "any")
     )
-    # In a ring of more than two, a neighbour pair that has issued exchanges its first chunks
-    # before the last member issues (a replayed 8-rank all-to-all/all-reduce moved 20 kB
-    # before it): the instance is busy from its second issue. For two members that is the
-    # last one, as above.
-    order = frame.groupby(keys, dropna=False)["issued"].rank(method="first")
-    second = frame[order == 2].groupby(keys, dropna=False)["issued"].first()
-    inst["start"] = second.reindex(inst.index).fillna(inst["start"])
     inst = inst[inst["remote"] & inst["start"].notna()].sort_values("start")
     if inst.empty:
         return window
