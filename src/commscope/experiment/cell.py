@@ -245,7 +245,8 @@ def _measure(
     }
     log.info("samplers stopped, links unshaped")
     marks["unshaped"] = time.time_ns()
-    meta["nodes"] = on_all(hosts, lambda h: _fetch(h, remote_dirs[h.name], out_dir))
+    shipped = tuple(workload.files)  # inputs, not results: not fetched back from every node
+    meta["nodes"] = on_all(hosts, lambda h: _fetch(h, remote_dirs[h.name], out_dir, shipped))
     log.info("fetched every node's files")
     marks["fetched"] = time.time_ns()
     meta["timeline_ns"] = {**marks, "launched": meta["t_start_ns"], "ended": meta["t_end_ns"]}
@@ -344,9 +345,12 @@ def _build_sampler(host: Host, rdir: str) -> None:
         raise CellFailed(f"{host.name}: building the counter sampler failed (see build.log)")
 
 
-def _fetch(host: Host, rdir: str, out_dir: Path) -> dict[str, Any]:
+def _fetch(host: Host, rdir: str, out_dir: Path, shipped: tuple[str, ...] = ()) -> dict[str, Any]:
     """Copy every file of the node's run directory to ``out_dir/<node>/`` (one tar stream over
-    one SSH command), then remove it there; returns the node's entry of run.json."""
+    one SSH command), but the ``shipped`` inputs, then remove it there; returns the node's
+    entry of run.json."""
+    if shipped:
+        host.run("rm -f " + " ".join(shlex.quote(f"{rdir}/{name}") for name in shipped))
     # Fetch whatever exists, also after a failure: logs explain it, nothing measured is lost.
     host.fetch_tree(rdir, out_dir / host.name)
     return {

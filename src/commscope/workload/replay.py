@@ -523,12 +523,17 @@ def execute(
     step = None
     t_step = 0
     cuda = device.type == "cuda"
+    # Where the compute before the next row is counted from. The builder counts an async op's
+    # issue call as compute (the source's gap runs from the call's start: its issue stamp) and
+    # a blocking op's call as blocked time (the gap runs from its return), so an async issue
+    # moves this mark to the call's start, anything else to now.
+    mark = time.perf_counter_ns()
     for row in rows:
         if row.step != step:
             step = row.step
             capture.set_step(step)
             t_step = time.time_ns()
-        compute(row.pre_ns)
+        compute(mark + row.pre_ns - time.perf_counter_ns())
         for w in row.waits:
             pending.pop(w).wait()  # exactly once: a gloo send/recv waited twice blocks forever
         compute(row.post_ns)
@@ -536,9 +541,12 @@ def execute(
             if cuda:
                 torch.cuda.synchronize()
             steps.append((row.step, "step", t_step, time.time_ns()))
+            mark = time.perf_counter_ns()
             continue
         capture.set_phase(row.phase)
+        called = time.perf_counter_ns()
         work = issuer.issue(row)
+        mark = called if row.async_op else time.perf_counter_ns()
         if row.async_op:
             pending[row.idx] = work
     for idx in sorted(pending):
