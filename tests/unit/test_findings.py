@@ -240,7 +240,7 @@ def test_replay_findings_say_fidelity_and_compare_sensitivity() -> None:
     )
     texts = [f.text for f in replay_findings(comparison, timing, slowdown)]
     assert texts[0].startswith("Replays re-issued their programs message for message")
-    assert "in 1 of 2 replay cells" in texts[0] and "ddp-replay +4 %" in texts[0]
+    assert "in 1 of 2 replay cells" in texts[0] and "ddp-replay 0.96x" in texts[0]
     assert texts[1] == (
         "The replayed trace dlrm takes 1.50x as long under a cap of 50 Mbit/s; our own "
         "workloads at the same setting: ddp 2.00x, tp 4.00x."

@@ -776,7 +776,8 @@ def findings(
         _read(crosscheck),
         _read(matrix_check),
         comparison_table(list(compare)),
-        timing_section(list(timing)),
+        # Every cell's row: the replays' (their source's step, their compute) included.
+        timing_table(list(timing)),
         sync=_read(sync_summary) if sync_summary else None,
         temporal=_read(temporal_onoff) if temporal_onoff else None,
         predictions=_read(predictions) if predictions else None,
