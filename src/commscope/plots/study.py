@@ -372,7 +372,8 @@ def slowdown_figure(slowdown: pd.DataFrame) -> Figure:
             title="strategy",
             # Below the panels: right of them it would cover the last panel's long title.
             loc="outside lower center",
-            ncols=min(len(handles), 5),
+            # As many columns as the longest label leaves room for across the three panels.
+            ncols=max(1, min(len(handles), 5, 150 // max(len(label) for label in handles))),
             fontsize="small",
         )
     return fig
