@@ -66,16 +66,30 @@ def predict_cell(
     step_rows = pd.read_parquet(steps)
     fits = pd.concat([pd.read_parquet(p) for p in fit_paths]) if fit_paths else None
     timing = predict_timing(pred, measured, step_rows, cell, warmup_steps, fits, backend=backend)
+    write_prediction(meta, pd.DataFrame(pred), compare, timing, out_ops, out_compare, out_timing)
+    return compare
+
+
+def write_prediction(
+    meta: dict[str, Any],
+    pred: pd.DataFrame,
+    compare: pd.DataFrame,
+    timing: pd.DataFrame,
+    out_ops: Path,
+    out_compare: Path,
+    out_timing: Path,
+) -> None:
+    """predict_cell's three tables, each led by the cell (``meta``: its cell.json) and its sweep
+    values as recorded, to their files (timing in :data:`TIMING_COLUMNS`' order)."""
     for frame in (pred, compare, timing):
         frame.insert(0, "cell", meta["cell"])
         for axis in SWEEP_AXES:
-            frame[axis] = params[axis]
+            frame[axis] = meta["params"][axis]
     for path in (out_ops, out_compare, out_timing):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(pred).to_parquet(out_ops, index=False)
+    pred.to_parquet(out_ops, index=False)
     compare.to_parquet(out_compare, index=False)
     timing[TIMING_COLUMNS].to_parquet(out_timing, index=False)
-    return compare
 
 
 def _as_recorded(plan_spec: dict[str, Any], recorded: dict[str, Any] | None) -> dict[str, Any]:
@@ -242,6 +256,14 @@ def predict_timing(
         **measured_step(steps, warmup_steps, per_rank, t["step_time_s"]),
     )
     return pd.DataFrame([row])
+
+
+def median_step_s(steps: pd.DataFrame, warmup_steps: int) -> float:
+    """A cell's step as the timing table measures it: the median over its steady steps of
+    first rank in to last rank out (:func:`~commscope.metrics.step_times`); NaN without one."""
+    table = step_times(steps, warmup_steps)
+    steady = table[~table["warmup"]]
+    return float(steady["duration_s"].median()) if len(steady) else math.nan
 
 
 def measured_step(

@@ -15,8 +15,13 @@ import pandas as pd
 
 from commscope.config import filled_cell
 from commscope.contracts import DTYPE_SIZES, SWEEP_AXES
-from commscope.metrics import step_times
-from commscope.predict.cell import TIMING_COLUMNS, measured_step, rank_step_split
+from commscope.predict.cell import (
+    TIMING_COLUMNS,
+    measured_step,
+    median_step_s,
+    rank_step_split,
+    write_prediction,
+)
 from commscope.replay import write_program
 from commscope.replay.program import Program
 from commscope.replay.sources import SourceTrace, build_replay, load_source
@@ -61,9 +66,8 @@ def _source_step_s(source: SourceTrace, warmup_steps: int) -> float | None:
     first rank in to last rank out); None for sources without a steps table."""
     if source.steps is None or source.steps.empty:
         return None
-    table = step_times(source.steps, warmup_steps)
-    steady = table[~table["warmup"]]
-    return float(steady["duration_s"].median()) if len(steady) else None
+    step_s = median_step_s(source.steps, warmup_steps)
+    return None if math.isnan(step_s) else step_s
 
 
 def build_cell_program(
@@ -237,13 +241,5 @@ def compare_replay(
     pred = program_ops(prog).reset_index(drop=True)
     compare = compare_program(prog, measured, warmup_steps)
     timing = replay_timing(described, params, measured, step_rows, warmup_steps)
-    for frame in (pred, compare, timing):
-        frame.insert(0, "cell", meta["cell"])
-        for axis in SWEEP_AXES:
-            frame[axis] = params[axis]
-    for path in (out_ops, out_compare, out_timing):
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-    pred.to_parquet(out_ops, index=False)
-    compare.to_parquet(out_compare, index=False)
-    timing[TIMING_COLUMNS].to_parquet(out_timing, index=False)
+    write_prediction(meta, pred, compare, timing, out_ops, out_compare, out_timing)
     return compare

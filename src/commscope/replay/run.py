@@ -20,9 +20,9 @@ from commscope.cluster.provision import teardown
 from commscope.config import filled_cell
 from commscope.contracts import REPLAY_META_FILE, REPLAY_PROGRAM_FILE
 from commscope.experiment.cell import provision_and_run
-from commscope.metrics import step_times
 from commscope.metrics.imported import load_import
 from commscope.metrics.io import compute_cell_metrics
+from commscope.predict.cell import median_step_s
 from commscope.replay.cell import build_cell_program, compare_program, replay_workload
 from commscope.spec.settings import CellSettings, ClusterSettings, RunSettings
 
@@ -148,13 +148,11 @@ def replay_once(
     compute_cell_metrics(out_dir / "trace", out_dir / "metrics")
     measured = pd.read_parquet(paths["ops"])
     compare = compare_program(built.table, measured, run.warmup_steps)
-    steps = step_times(pd.read_parquet(paths["steps"]), run.warmup_steps)
-    steady = steps[~steps["warmup"]]
     check_path = out_dir / "metrics" / "crosscheck.parquet"
     return ReplayRun(
         meta=built.meta,
         compare=compare,
-        step_s=float(steady["duration_s"].median()) if len(steady) else float("nan"),
+        step_s=median_step_s(pd.read_parquet(paths["steps"]), run.warmup_steps),
         crosscheck=pd.read_parquet(check_path) if check_path.exists() else pd.DataFrame(),
         out_dir=out_dir,
     )
