@@ -6,14 +6,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import torch
+import torch.distributed as dist
 
-from commscope.contracts import rank_table_file
+from commscope.contracts import rank_meta_file, rank_table_file
 
 # The per-rank tables every entry point writes besides the ops (parse_cell reads them all).
 STEP_COLUMNS = ["step", "phase", "t_start_ns", "t_end_ns"]
@@ -69,3 +71,20 @@ def write_rank_tables(
         frame = pd.DataFrame(list(rows), columns=columns)
         frame.insert(0, "rank", rank)
         frame.to_parquet(out_dir / rank_table_file(name, rank), index=False)
+
+
+def close_rank(
+    out_dir: Path, rank: int, meta: dict[str, Any], timeline: dict[str, int], linger_s: float
+) -> None:
+    """End this rank: keep its connections open ``linger_s`` more, tear the process group down,
+    then write ``meta`` with the ``timeline`` of its phases as ``rank{R}.json``."""
+    timeline["written"] = time.time_ns()
+    # The connections close with the process group: keep them open for one more period of
+    # the node's socket sampler, so its last sample has their final counters (a rank forked
+    # by the warm launcher exits at once; torchrun's slow exit used to give that time).
+    time.sleep(linger_s)
+    dist.destroy_process_group()
+    timeline["closed"] = time.time_ns()
+    (out_dir / rank_meta_file(rank)).write_text(
+        json.dumps({**meta, "timeline_ns": timeline}, indent=2)
+    )

@@ -37,7 +37,6 @@ program says (that is what a measured barrier is).
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import socket
@@ -61,10 +60,9 @@ from commscope.contracts import (
     REPLAY_PROGRAM_FILE,
     ROOTED_OPS,
     parse_ranks,
-    rank_meta_file,
 )
 from commscope.workload import capture
-from commscope.workload.entry import main, rank_device, write_rank_tables
+from commscope.workload.entry import close_rank, main, rank_device, write_rank_tables
 
 COMPUTE_MODES = ("busy", "sleep")
 # The columns of the empty train and moe tables (what train.py writes for a dense model).
@@ -634,13 +632,7 @@ def run(spec: dict) -> Path:
             "buffer_bytes": {d: int(b.numel() * b.element_size()) for d, b in buffers.items()},
         },
     }
-    timeline["written"] = time.time_ns()
-    # As train.py: keep the connections open for one socket-sampler period more.
-    time.sleep(float(spec.get("linger_s", 0.0)))
-    dist.destroy_process_group()
-    timeline["closed"] = time.time_ns()
-    meta["timeline_ns"] = timeline
-    (out_dir / rank_meta_file(rank)).write_text(json.dumps(meta, indent=2))
+    close_rank(out_dir, rank, meta, timeline, float(spec.get("linger_s", 0.0)))
     return out_dir
 
 

@@ -7,7 +7,6 @@ output directory on the node.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import time
@@ -18,10 +17,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from commscope.contracts import rank_meta_file
 from commscope.spec.plan import ParallelPlan
 from commscope.workload import capture
-from commscope.workload.entry import main, rank_device, write_rank_tables
+from commscope.workload.entry import close_rank, main, rank_device, write_rank_tables
 from commscope.workload.trainer import StepLog, Trainer
 
 
@@ -89,15 +87,7 @@ def run(spec: dict) -> Path:
         "plan": asdict(trainer.plan),
         "torch": torch.__version__,
     }
-    timeline["written"] = time.time_ns()
-    # The connections close with the process group: keep them open for one more period of
-    # the node's socket sampler, so its last sample has their final counters (a rank forked
-    # by the warm launcher exits at once; torchrun's slow exit used to give that time).
-    time.sleep(float(spec.get("linger_s", 0.0)))
-    dist.destroy_process_group()
-    timeline["closed"] = time.time_ns()
-    meta["timeline_ns"] = timeline
-    (out_dir / rank_meta_file(rank)).write_text(json.dumps(meta, indent=2))
+    close_rank(out_dir, rank, meta, timeline, float(spec.get("linger_s", 0.0)))
     return out_dir
 
 
