@@ -157,9 +157,15 @@ def apply_script(
             f"bin=$({py} -m {DELAYER_MODULE} build 2>{build_log}) || "
             f"{{ echo 'nfqueue engine: building the delayer ({DELAYER_MODULE} build)' >&2; "
             f"cat {build_log} >&2; exit 3; }}",
-            # Background only the delayer, its output to a file: the SSH channel must not stay
+            # A fresh, empty log, made here in the foreground before the wait below reads it:
+            # the wait must never see an earlier start's "ready". (The background command's own
+            # redirection runs whenever that subshell gets the CPU; under load a truncation
+            # there came after the wait had read the previous cell's line: issue 23.)
+            f"rm -f {log} && : > {log} || "
+            f"{{ echo 'nfqueue engine: cannot create the delayer log {paths.log}' >&2; exit 4; }}",
+            # Background only the delayer, appending to that log: the SSH channel must not stay
             # open on it.
-            f'({sudo}nohup setsid "$bin" {args} > {log} 2>&1 < /dev/null &)',
+            f'({sudo}nohup setsid "$bin" {args} >> {log} 2>&1 < /dev/null &)',
             # A deadline, not a count of polls: under load each poll takes longer than its sleep.
             f"end=$(( $(date +%s) + {int(READY_TIMEOUT_S)} ))",
             f"while [ $(date +%s) -le $end ]; do grep -q '^ready' {log} 2>/dev/null && break; "
@@ -202,6 +208,7 @@ def remove_script(iface: str, paths: NodePaths, sudo: str, report: bool = True) 
         ]
     lines.append(f"{sudo}nft delete table ip {NFT_TABLE} 2>/dev/null")
     # The statistics are read (above) once: a later cell without a delayer must not report them.
+    # (The log stays: it explains a delayer that died; the next start makes a fresh one.)
     lines.append(f"{sudo}rm -f {shlex.quote(paths.pidfile)} {shlex.quote(paths.stats)}")
     if report:
         lines += [f"echo {_MARK}left", leftovers_script(paths, sudo)]
