@@ -90,4 +90,3 @@ def test_a_start_waits_for_its_own_ready_not_a_stale_one(netns: str, tmp_path: P
             capture_output=True,
         )
         subprocess.run(["pkill", "-f", f"[-]-pidfile {paths.pidfile}"], capture_output=True)
-
