@@ -254,12 +254,51 @@ def rank_from_filename(name: str | Path) -> int:
     return -1
 
 
-def read_bytes(path: str | Path) -> bytes:
-    """A file's content, gunzipped when it is gzip (by magic number, not by name)."""
-    data = Path(path).read_bytes()
-    if data[:2] == b"\x1f\x8b":
-        data = gzip.decompress(data)
+# The most bytes a trace file may hold once decompressed: a gzip member can expand 1000-fold
+# (a 1 MB ``.json.gz`` of spaces is 1 GB of text), and parsing holds several times the text in
+# memory. Real traces are far smaller (a rank's Kineto trace of a large model: some 100 MB).
+# Raise it for a bigger trace by assigning ``commscope.importers.MAX_TRACE_BYTES`` (read at each
+# call) or passing ``limit=`` to :func:`read_bytes`.
+MAX_TRACE_BYTES = 1 << 30
+# What :func:`sniff_format` reads (decompressed) to tell the formats apart: both JSON writers put
+# their telling key in a small header, and a NCCL log says ``NCCL INFO`` from its first lines.
+SNIFF_BYTES = 1 << 20
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+class TraceTooLarge(ValueError):
+    """A trace file holds more than the importers' limit (:data:`MAX_TRACE_BYTES`)."""
+
+
+def read_bytes(path: str | Path, limit: int | None = None) -> bytes:
+    """A file's content, gunzipped when it is gzip (by magic number, not by name), at most
+    ``limit`` bytes (default :data:`MAX_TRACE_BYTES`) once decompressed: more raises
+    :class:`TraceTooLarge` naming the file and the limit. Decompression stops at the limit, so
+    a small file that would inflate to gigabytes costs no more than the limit."""
+    limit = MAX_TRACE_BYTES if limit is None else limit
+    data, gzipped = _read_prefix(path, limit + 1)
+    if len(data) > limit:
+        what = "once decompressed " if gzipped else ""
+        raise TraceTooLarge(
+            f"{path}: holds more than {limit} bytes {what}(the importers' limit, "
+            "commscope.importers.MAX_TRACE_BYTES: raise it for a trace this large)"
+        )
     return data
+
+
+def _read_prefix(path: str | Path, size: int) -> tuple[bytes, bool]:
+    """Up to ``size`` bytes of a file's content, gunzipped through a stream (only as much is
+    decompressed as is returned), and whether it was gzip."""
+    with open(path, "rb") as raw:
+        gzipped = raw.read(2) == _GZIP_MAGIC
+        raw.seek(0)
+        if not gzipped:
+            return raw.read(size), False
+        try:
+            with gzip.GzipFile(fileobj=raw) as stream:
+                return stream.read(size), True
+        except (OSError, EOFError) as err:  # a corrupt or truncated gzip stream
+            raise ValueError(f"{path}: unreadable gzip data ({err})") from err
 
 
 def read_json(path: str | Path, exact_floats: bool = False) -> Any:
@@ -329,28 +368,41 @@ def concat_ops(frames: Sequence[pd.DataFrame], source: str) -> pd.DataFrame:
 def sniff_format(path: str | Path) -> str:
     """``kineto``, ``pytorch_et``, ``chakra`` or ``nccl_log`` from a file's content.
 
-    JSON is told apart by its top-level keys (Kineto: ``traceEvents``; ET: ``nodes``); text
-    with ``NCCL INFO`` lines is a NCCL log; anything else is tried as Chakra protobuf.
+    Only the first :data:`SNIFF_BYTES` (decompressed) are read. JSON is told apart by its
+    top-level keys there (Kineto: ``traceEvents``; ET: ``nodes``; a list of events is Kineto's
+    old form); text with ``NCCL INFO`` lines is a NCCL log; anything else is tried as Chakra
+    protobuf.
     """
-    data = read_bytes(path)
-    head = data[: 1 << 16]
-    if head.lstrip()[:1] in (b"{", b"["):
+    head, _ = _read_prefix(path, SNIFF_BYTES + 1)
+    whole = len(head) <= SNIFF_BYTES
+    head = head[:SNIFF_BYTES]
+    start = head.lstrip()
+    if start[:1] in (b"{", b"["):
         # Both writers put their big list after a small header: look there before parsing.
         if b'"traceEvents"' in head:
             return "kineto"
         if b'"nodes"' in head:
             return "pytorch_et"
-        try:
-            doc = json.loads(data)
-        except ValueError:
-            doc = None  # text that starts with a bracket, e.g. "[rank0]:" log prefixes
+        doc: Any = None
+        if whole:
+            try:
+                doc = json.loads(head)
+            except ValueError:
+                doc = None  # text that starts with a bracket, e.g. "[rank0]:" log prefixes
+        elif re.match(rb"\[\s*[{\]]", start):
+            doc = []  # a list of objects, too long to parse here: Kineto's old form
+        elif re.match(rb'\{\s*"', start):
+            raise ValueError(
+                f"{path}: JSON whose first {SNIFF_BYTES} bytes name neither traceEvents (Kineto) "
+                "nor nodes (execution trace)"
+            )
         if isinstance(doc, list) or (isinstance(doc, dict) and "traceEvents" in doc):
             return "kineto"
         if isinstance(doc, dict) and "nodes" in doc:
             return "pytorch_et"
         if doc is not None:
             raise ValueError(f"{path}: JSON that is neither a Kineto nor an execution trace")
-    if b"NCCL INFO" in data or b"NCCL WARN" in data:
+    if b"NCCL INFO" in head or b"NCCL WARN" in head:
         return "nccl_log"
     name = Path(path).name.lower()
     if name.endswith((".log", ".txt", ".out", ".err")):
@@ -373,7 +425,14 @@ def load_trace(path: str | Path) -> pd.DataFrame:
 def text_of(path_or_text: str | Path | io.TextIOBase) -> str:
     """Log text from a path, an open text stream or the text itself."""
     if isinstance(path_or_text, io.TextIOBase):
-        return path_or_text.read()
+        text = path_or_text.read(MAX_TRACE_BYTES + 1)
+        if len(text) > MAX_TRACE_BYTES:
+            name = getattr(path_or_text, "name", "the log stream")
+            raise TraceTooLarge(
+                f"{name}: more than {MAX_TRACE_BYTES} characters (the importers' limit, "
+                "commscope.importers.MAX_TRACE_BYTES: raise it for a log this large)"
+            )
+        return text
     if isinstance(path_or_text, Path):
         return read_bytes(path_or_text).decode("utf-8", errors="replace")
     if "\n" not in path_or_text and len(path_or_text) < 4096:
@@ -396,7 +455,9 @@ __all__ = [
     "KNOWN_OPS",
     "OPS_COLUMNS",
     "OPS_DTYPES",
+    "MAX_TRACE_BYTES",
     "SPLIT_COLUMN",
+    "TraceTooLarge",
     "load_chakra",
     "load_execution_trace",
     "load_kineto",

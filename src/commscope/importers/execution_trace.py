@@ -110,7 +110,9 @@ def _tensors(values: Any, shapes: Any, types: Any) -> Iterator[tuple[list[Any], 
 def _element_type(type_name: Any) -> Any:
     """``GenericList[Tensor(float)]`` → ``Tensor(float)`` (lists share one element type)."""
     if isinstance(type_name, str):
-        match = re.search(r"Tensor\([^)]*\)", type_name)
+        # "[^()]": each try stops at the next parenthesis, so a long run of "Tensor(" is read
+        # once, not once per occurrence.
+        match = re.search(r"Tensor\([^()]*\)", type_name)
         if match:
             return match.group(0)
     return type_name

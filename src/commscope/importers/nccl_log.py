@@ -77,20 +77,50 @@ NCCL_DTYPES = {
 }
 
 # NCCL's prefix "%s:%d:%d [%d] NCCL INFO " (host, pid, tid, cudaDev); launchers may prepend
-# their own ("[rank0]:", "0: "), so the prefix is searched, not anchored.
+# their own ("[rank0]:", "0: "), so the prefix is searched, not anchored. Linear on any line:
+# the lookbehind lets a try start only where a run of host characters starts (the leftmost match
+# starts there anyway), and every repeated class is followed by a character outside it, so each
+# character is read by a bounded number of tries. (Without the lookbehind, a long run of host
+# characters that is no prefix was rescanned from each of its positions: 10 s for 64 KB.)
+_HOST = r"[A-Za-z0-9_.\-]"
 _PREFIX = re.compile(
-    r"(?P<host>[A-Za-z0-9_.\-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] NCCL INFO (?P<msg>.*)$"
+    rf"(?<!{_HOST})(?P<host>{_HOST}+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] NCCL INFO "
+    r"(?P<msg>.*)$"
 )
+# Anchored at the message's start; the one backtrack (``.*`` back to the last ``count N``) tries
+# each position once.
 _COLL = re.compile(r"^(?P<name>[A-Za-z]+): (?P<rest>.*\bcount \d+.*)$")
 _FIELD = re.compile(
     r"\b(opCount|sendbuff|recvbuff|count|datatype|op|root|peer|comm|stream|task"
     r"|globalrank) (\S+)"
 )
 _NRANKS = re.compile(r"\[nranks=(\d+)")
-_INIT = re.compile(
+# "comm 0x.. rank R nranks N ... [commId 0x..] - Init COMPLETE", read in two linear steps (one
+# regex with a lazy ".*?" before "\s*- Init COMPLETE" rescanned a run of spaces from each of its
+# positions): the head, then the commId right before the first "- Init COMPLETE" after it.
+_INIT_DONE = "- Init COMPLETE"
+_INIT_HEAD = re.compile(
     r"\bcomm (?P<comm>0x[0-9a-fA-F]+|\(nil\)) rank (?P<rank>\d+) nranks (?P<nranks>\d+)"
-    r".*?(?:commId (?P<commid>0x[0-9a-fA-F]+))?\s*- Init COMPLETE"
 )
+_COMM_ID_AT_END = re.compile(r"commId (0x[0-9a-fA-F]+)\s*\Z")
+
+
+def _init_line(msg: str) -> tuple[str, int, int, str] | None:
+    """(comm pointer, rank, nranks, commId or "") of an ``Init COMPLETE`` message, else None."""
+    done = msg.rfind(_INIT_DONE)
+    if done < 0:
+        return None
+    head = _INIT_HEAD.search(msg, 0, done)
+    if head is None:
+        return None
+    between = msg[head.end() : msg.find(_INIT_DONE, head.end())]
+    comm_id = _COMM_ID_AT_END.search(between)
+    return (
+        head.group("comm"),
+        int(head.group("rank")),
+        int(head.group("nranks")),
+        comm_id.group(1) if comm_id else "",
+    )
 
 
 @dataclass(frozen=True)
@@ -128,17 +158,10 @@ def load_nccl_log(
             continue
         msg = match.group("msg")
         process = (match.group("host"), int(match.group("pid")))
-        init = _INIT.search(msg)
+        init = _init_line(msg)
         if init:
-            comms.append(
-                _Comm(
-                    process=process,
-                    pointer=init.group("comm"),
-                    rank=int(init.group("rank")),
-                    nranks=int(init.group("nranks")),
-                    comm_id=init.group("commid") or "",
-                )
-            )
+            pointer, comm_rank, nranks, comm_id = init
+            comms.append(_Comm(process, pointer, comm_rank, nranks, comm_id))
             continue
         coll = _COLL.match(msg)
         if not coll or normalize_op(coll.group("name")) is None:
