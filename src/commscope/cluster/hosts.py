@@ -4,6 +4,14 @@ Every action on a node (commands, file transfer) goes through :class:`Host`, a t
 around a fabric ``Connection`` that *verifies host keys*: fabric sets paramiko's AutoAddPolicy and
 loads no known_hosts file (fabric #2071, #1804), so we load the cluster's known_hosts ourselves
 and reject unknown keys.
+
+Everything commscope writes on a node lives below the node's ``workdir`` (run directories, the
+fork server's log, the BPF object cache), and root writes and loads it there. So before its
+first command a Host makes sure nobody else can plant a file in it: it creates a missing
+workdir with mode 0700 and refuses (:class:`WorkdirError`) one owned by another user, writable
+by group or others, a symbolic link, or below a directory another user could swap it in
+(:func:`workdir_script`). The default ``/tmp/commscope`` is a guessable name in a directory
+everyone writes: a workdir another user created first is refused, never used.
 """
 
 from __future__ import annotations
@@ -35,6 +43,72 @@ from invoke.runners import Result
 COMMAND_TIMEOUT_S = 300.0
 # What `export NAME=value` accepts as NAME (POSIX shell names).
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# The line :func:`workdir_script` prints, then what is wrong, when it refuses the workdir.
+_WORKDIR_MARK = "@@commscope-workdir"
+
+
+class WorkdirError(RuntimeError):
+    """A node's workdir is not private to the SSH user (another user owns it or could write
+    or swap files in it): nothing was run there. The message names the node, the path, what is
+    wrong and the fix (the inventory's ``workdir``)."""
+
+
+def workdir_script(workdir: str) -> str:
+    """Shell lines that create ``workdir`` (mode 0700) unless it exists, then check it: a
+    directory (not a symbolic link) owned by the connecting user and writable by nobody else;
+    every directory above it, as written and as resolved, owned by root or that user and not
+    writable by others unless sticky (/tmp): else nobody but root and the user can rename or
+    replace it. Each check is one ``stat`` of the path itself (``lstat``: a symbolic link is
+    seen, never followed). Exit 0, or print ``@@commscope-workdir REASON...`` and exit 1."""
+    d = shlex.quote(workdir)
+    bad = f'{{ echo {_WORKDIR_MARK} "$@"; exit 1; }}'
+    return (
+        f"cs_bad() {bad}; me=$(id -u); d={d}; "
+        'mkdir -m 700 -p -- "$d" 2>/dev/null; '
+        'set -- $(stat -c "%u %a %F" -- "$d" 2>/dev/null); '
+        '[ "$3" = directory ] || { [ -L "$d" ] && cs_bad symlink; '
+        '[ -e "$d" ] && cs_bad notdir; cs_bad missing; }; '
+        '[ "$1" = "$me" ] || cs_bad owner "$1" "$me"; '
+        '[ $(( 0$2 & 022 )) -eq 0 ] || cs_bad mode "$2"; '
+        'real=$(cd -P -- "$d" && pwd -P) || cs_bad missing; '
+        'for p in "$d" "$real"; do while [ "$p" != / ] && [ "$p" != . ]; do p=$(dirname -- "$p"); '
+        'set -- $(stat -c "%u %a %F" -- "$p"); '
+        '[ "$1" = 0 ] || [ "$1" = "$me" ] || cs_bad parent owner "$1" "$me" "$p"; '
+        '[ "$3" = symbolic ] || [ $(( 0$2 & 022 )) -eq 0 ] || [ $(( 0$2 & 01000 )) -ne 0 ] '
+        '|| cs_bad parent mode "$2" "$p"; done; done'
+    )
+
+
+def workdir_problem(spec: NodeSpec, words: list[str]) -> str:
+    """The message of :class:`WorkdirError` for ``words``, what :func:`workdir_script` printed
+    after its mark (pure)."""
+    where = f"node {spec.name} ({spec.ssh_host}): workdir {spec.workdir}"
+    what, rest = (words[0], words[1:]) if words else ("", [])
+    if what == "owner":
+        why = f"is owned by uid {rest[0]}, not by {spec.user} (uid {rest[1]}) who connects"
+    elif what == "mode":
+        why = f"is writable by group or others (mode {rest[0]})"
+    elif what == "symlink":
+        why = "is a symbolic link"
+    elif what == "notdir":
+        why = "is not a directory"
+    elif what == "missing":
+        why = "cannot be created (or entered)"
+    elif what == "parent" and len(rest) >= 4 and rest[0] == "owner":
+        parent = " ".join(rest[3:])
+        why = f"is in {parent}, owned by uid {rest[1]} (neither root nor {spec.user})"
+    elif what == "parent" and len(rest) >= 3 and rest[0] == "mode":
+        parent = " ".join(rest[2:])
+        why = f"is in {parent}, writable by group or others and not sticky (mode {rest[1]})"
+    else:
+        why = f"failed its check ({' '.join(words)})"
+    return (
+        f"{where} {why}: another user could plant files there (a symbolic link as a log, a "
+        "BPF object) that commscope writes through or loads as root, so nothing runs there. "
+        f"Remove {spec.workdir} on the node if you did not make it, or set workdir in the "
+        "inventory (for the node or at the top) to a directory only the SSH user can write, "
+        f"e.g. /root/commscope or /var/lib/commscope (a missing one is created with mode 0700)"
+    )
 
 
 @dataclass(frozen=True)
@@ -119,13 +193,14 @@ class _Shell:
     stdin from /dev/null; a marker line with its exit status ends its output on both streams.
     """
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection, setup: str = "true") -> None:
         conn.open()
         self.channel = conn.client.get_transport().open_session()
         # bash -c 'exec /bin/sh': the login shell's start-up runs once, here.
         self.channel.exec_command("exec /bin/sh")
         self.lock = threading.Lock()
-        self.run("true", 60.0)  # whatever the login shell's start-up printed goes with it
+        # Whatever the login shell's start-up printed goes with the first command's output.
+        self.setup = self.run(setup, 60.0)
 
     def run(self, cmd: str, timeout: float | None) -> tuple[str, str, int]:
         mark = f"@@commscope-end-{uuid.uuid4().hex}"
@@ -235,12 +310,28 @@ class Host:
         return result
 
     def _free_shell(self) -> _Shell | None:
-        """The node's shell, locked for the caller; None when another command holds it."""
+        """The node's shell, locked for the caller; None when another command holds it. A new
+        shell first checks the workdir (:func:`workdir_script`): WorkdirError when it is not
+        private, and nothing else runs."""
         with self._shell_lock:
             if self._shell is None:
-                self._shell = _Shell(self.conn)
+                setup = workdir_script(self.spec.workdir) if self.spec.workdir else "true"
+                shell = _Shell(self.conn, setup)
+                out, _, code = shell.setup
+                if code != 0:
+                    shell.close()
+                    mark = [ln for ln in out.splitlines() if ln.startswith(_WORKDIR_MARK)]
+                    words = mark[-1].split()[1:] if mark else [f"exit {code}"]
+                    raise WorkdirError(workdir_problem(self.spec, words))
+                self._shell = shell
             shell = self._shell
         return shell if shell.lock.acquire(blocking=False) else None
+
+    def _checked(self) -> None:
+        """Open the node's shell (and so check its workdir) before a file transfer."""
+        shell = self._free_shell()
+        if shell is not None:
+            shell.lock.release()
 
     def _drop_shell(self, shell: _Shell) -> None:
         with self._shell_lock:
@@ -249,9 +340,11 @@ class Host:
         shell.close()
 
     def put(self, local: str | Path, remote: str) -> None:
+        self._checked()
         self.conn.put(str(local), remote)
 
     def get(self, remote: str, local: str | Path) -> None:
+        self._checked()
         Path(local).parent.mkdir(parents=True, exist_ok=True)
         self.conn.get(remote, str(local))
 
@@ -262,7 +355,7 @@ class Host:
         Path(local).mkdir(parents=True, exist_ok=True)
         d = shlex.quote(remote)
         rm = f"rm -rf {d}; " if remove else ""
-        self.conn.open()
+        self._checked()
         _, stdout, stderr = self.conn.client.exec_command(
             f"test -d {d} || exit 2; tar -C {d} -cf - .; rc=$?; {rm}exit $rc"
         )
