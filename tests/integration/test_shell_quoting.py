@@ -245,6 +245,7 @@ def test_the_wire_object_cache(node: Node, tmp_path: Path) -> None:
     """cached_wire_script copies a checked object into the run directory; check_wire's
     command gets the interface and paths as one argument each."""
     obj = tmp_path / "commscope-wire-x.bpf.o"
+    obj.write_text("object")  # each copy the node loads is compared with it
     rdir = node.workdir / "cell"
     rdir.mkdir()
     cache = Path(probes.wire_cache(node.host, obj))
@@ -254,6 +255,7 @@ def test_the_wire_object_cache(node: Node, tmp_path: Path) -> None:
     Path(f"{cache}.ok-{release}").write_text("")
     out = node.host.run(probes.cached_wire_script(node.host, obj, str(rdir))).stdout
     assert "@@wire-ok" in out and (rdir / probes.WIRE_OBJECT).read_text() == "object"
+    obj.write_text("new")
     node.host.put = lambda local, remote: Path(remote).write_text("new")  # type: ignore[method-assign]
     assert probes.check_wire(node.host, obj, str(rdir)) is None
     (check,) = node.calls("python")

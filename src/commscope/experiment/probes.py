@@ -11,6 +11,7 @@ that same command while, on a second SSH channel, the clock probe runs.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -254,31 +255,50 @@ class WireAccounting:
 def wire_cache(host: Host, obj: Path) -> str:
     """Where ``host`` keeps the BPF object ``obj`` between cells (its name carries the hash of
     the source and parameters). Beside it, ``<path>.ok-<kernel release>`` marks that the node's
-    running kernel accepted it (:func:`check_wire`), so later cells skip the check."""
+    running kernel accepted it (:func:`check_wire`), so later cells skip the check; the marker
+    says nothing of the bytes: every copy a cell loads is compared with ``obj`` first."""
     return f"{host.spec.workdir}/cache/{obj.name}"
+
+
+def same_bytes_script(path: str, obj: Path) -> str:
+    """A shell test, true when the node's file ``path`` holds exactly the orchestrator's
+    ``obj`` (their SHA-256 agree): what tc loads is what was built, whatever the cache holds."""
+    digest = hashlib.sha256(obj.read_bytes()).hexdigest()
+    return f'[ "$(sha256sum < {quote(path)})" = "{digest}  -" ]'
 
 
 def cached_wire_script(host: Host, obj: Path, rdir: str) -> str:
     """Shell lines that copy the cached, checked object into ``rdir`` and print ``@@wire-ok``
-    (nothing when the node has not checked this object on its running kernel yet)."""
+    (nothing when the node has not checked this object on its running kernel yet, or when the
+    copy is not ``obj`` byte for byte: then the copy and the marker go, and :func:`check_wire`
+    ships ``obj`` again)."""
     cache = wire_cache(host, obj)
     ok = f'{quote(f"{cache}.ok-")}"$(uname -r)"'  # the kernel release appended inside the word
-    return f"test -e {ok} && cp {quote(cache)} {quote(f'{rdir}/{WIRE_OBJECT}')} && echo @@wire-ok"
+    copy = f"{rdir}/{WIRE_OBJECT}"
+    return (
+        f"if test -e {ok}; then cp {quote(cache)} {quote(copy)} && "
+        f"{same_bytes_script(copy, obj)} && echo @@wire-ok || rm -f {quote(copy)} {ok}; fi"
+    )
 
 
 def check_wire(host: Host, obj: Path, rdir: str) -> str | None:
     """Ship the BPF object ``obj`` to ``host``'s cache and attach it there once (``python -m
     commscope.node.wire check``), then copy it to ``rdir``: None when it can, else why not (the
-    node's answer, its tail)."""
+    node's answer, its tail). The shipped file and the copy are compared with ``obj`` before
+    they are loaded."""
     spec = host.spec
     cache = wire_cache(host, obj)
     host.run(f"mkdir -p {quote(str(Path(cache).parent))}")
     host.put(obj, f"{cache}.tmp")
     tmp, ok = quote(f"{cache}.tmp"), f'{quote(f"{cache}.ok-")}"$(uname -r)"'
+    copy = f"{rdir}/{WIRE_OBJECT}"
+    changed = "{ echo 'the BPF object on the node is not the one shipped to it' >&2; exit 1; }"
     res = host.run(
+        f"{{ {same_bytes_script(f'{cache}.tmp', obj)} || {changed}; }} && "
         f"{sudo(spec)}{quote(spec.python)} -m {WIRE_MODULE} check "
         f"--iface {quote(spec.exp_iface)} --obj {tmp} && mv {tmp} {quote(cache)} && "
-        f"touch {ok} && cp {quote(cache)} {quote(f'{rdir}/{WIRE_OBJECT}')}",
+        f"touch {ok} && cp {quote(cache)} {quote(copy)} && "
+        f"{{ {same_bytes_script(copy, obj)} || {changed}; }}",
         warn=True,
     )
     return None if res.ok else (res.stdout + res.stderr).strip()[-400:]

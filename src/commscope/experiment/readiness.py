@@ -78,8 +78,10 @@ def node_engine_problem(host: Host, requested: str) -> str:
         f"PATH=$PATH:/usr/sbin:/sbin command -v {t} >/dev/null || echo @@missing {t}"
         for t in ENGINE_TOOLS
     )
-    script += f"; {py} -m {DELAYER_MODULE} build >/dev/null 2>/tmp/.cs-delayer-build.$$ || "
-    script += "{ echo @@build; cat /tmp/.cs-delayer-build.$$; }; rm -f /tmp/.cs-delayer-build.$$"
+    # The build's stderr through a command substitution: no file (a fixed or guessable name in
+    # /tmp is one another user can plant a symbolic link at, and root writes through it).
+    script += f"; why=$({py} -m {DELAYER_MODULE} build 2>&1 >/dev/null) || "
+    script += '{ echo @@build; printf "%s\\n" "$why"; }'
     out = host.run(script, warn=True).stdout
     missing = [line.split()[1] for line in out.splitlines() if line.startswith("@@missing ")]
     build = out.split("@@build\n", 1)[1].strip() if "@@build\n" in out else None

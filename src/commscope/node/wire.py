@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from commscope.node.native import own_file, private_dir
 from commscope.node.sampler import interface_fields
 
 if TYPE_CHECKING:
@@ -104,14 +105,24 @@ def build_object(
 ) -> Path:
     """Compile ``wire.bpf.c`` for these parameters into ``cache_dir`` (reused when the source
     and parameters are unchanged: the name carries their hash) and return the object's path.
+    Root loads it on every node, so the cache must be private to this user (created with mode
+    0700, :func:`~commscope.node.native.private_dir`) and a cached object is reused only while
+    it is this user's file that nobody else can write (else it is built again).
 
-    Raises WireError naming what is missing (clang, headers) with the compiler's message."""
+    Raises WireError naming what is missing (clang, headers) with the compiler's message, or
+    why the cache is not private."""
     if slots & (slots - 1) or slots <= 0:
         raise ValueError(f"slots={slots} must be a power of two")
     defines = [f"-DBIN_NS={int(bin_ns)}ULL", f"-DRING_SLOTS={slots}", f"-DMAX_PEERS={max_peers}"]
     digest = hashlib.sha256(source.read_bytes() + " ".join(defines).encode()).hexdigest()[:16]
+    why = private_dir(Path(cache_dir))
+    if why:
+        raise WireError(
+            f"the BPF object cache {cache_dir} is not private ({why}): another user could swap "
+            "the object root loads; remove it, or use a directory only this user can write"
+        )
     obj = Path(cache_dir) / f"commscope-wire-{digest}.bpf.o"
-    if obj.exists():
+    if own_file(obj):
         return obj
     clang = shutil.which(os.environ.get("BPF_CLANG") or "clang")
     if clang is None:
@@ -119,7 +130,6 @@ def build_object(
             f"{os.environ.get('BPF_CLANG') or 'clang'} not found on the orchestrator: install "
             "clang, llvm and libbpf-dev (envs/bootstrap.sh does) to build the BPF wire accounting"
         )
-    obj.parent.mkdir(parents=True, exist_ok=True)
     tmp = obj.with_name(f"{obj.name}.{os.getpid()}.tmp")
     cmd = [clang, "-O2", "-g", "-target", "bpf", *_multiarch_include(), *defines]
     res = subprocess.run(
@@ -128,6 +138,7 @@ def build_object(
     if res.returncode != 0:
         tmp.unlink(missing_ok=True)
         raise WireError(f"clang could not build {source.name}: {res.stderr.strip()[-800:]}")
+    tmp.chmod(0o600)  # whatever the umask: own_file() accepts it next time
     tmp.rename(obj)  # atomic: concurrent builds never see half an object
     return obj
 
