@@ -20,11 +20,20 @@ Two commands (``python -m commscope.node.forkserver ...``):
   imports overlap shaping and probe start).
 - ``stop``: ask the server to exit (it does when no ranks run).
 
-Only processes of the server's own user may connect (SO_PEERCRED).
+Both ends check who is at the other (SO_PEERCRED): the server serves only its own user, and a
+client talks only to a server of its own user. An abstract name is open to every local user, and
+nothing stops another user from binding it while no server holds it; such a "server" must get
+neither the module, the working directory and the environment a launch sends, nor a say in the
+exit code (:class:`ForeignServer`).
 
-One server per node and code version: its name (an abstract Unix socket, private to the
-node's network namespace) carries a fingerprint of the interpreter, of commscope's and torch's
-files and of the thread-count variables read at import, so edited code gets a fresh server.
+One server per node, user and code version: its name (an abstract Unix socket, private to the
+node's network namespace) carries the user's uid and a fingerprint of the interpreter, of
+commscope's and torch's files and of the thread-count variables read at import, so edited code
+gets a fresh server.
+
+A start sees only itself: what a failed start reports from the (shared, appended) log is what
+was written after it began, and a client that reached a server on its way out (idle, or asked
+to stop) before it took the request asks a fresh one.
 A server exits after ``IDLE_EXIT_S`` without a request. This module imports only the standard
 library above the ``serve`` command, so ``launch`` starts in tens of milliseconds.
 """
@@ -53,6 +62,11 @@ from typing import Any
 IDLE_EXIT_S = 600.0
 START_TIMEOUT_S = 180.0
 KILL_GRACE_S = 2.0
+# How often a launch asks again when a server closes the connection before taking the request
+# (it was exiting), and how many servers one connect may start (one that lost the start race to
+# a server that has gone since starts another).
+REQUEST_TRIES = 3
+MAX_SPAWNS = 5
 # Read by the OpenMP/MKL runtimes when torch is imported: a server imported with other values
 # would give its ranks other thread pools, so they are part of its identity.
 IMPORT_TIME_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONPATH", "CUDA_VISIBLE_DEVICES")
@@ -60,6 +74,28 @@ IMPORT_TIME_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONPATH", "CUDA_VIS
 
 class LaunchError(RuntimeError):
     """The fork server could not be reached or started."""
+
+
+class ForeignServer(LaunchError):
+    """The server's name is held by a process of another user: nothing is sent to it."""
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end of a connected Unix socket, as the
+    kernel recorded them when it connected (client) or listened (server): SO_PEERCRED."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, gid = struct.unpack("3i", creds)
+    return pid, uid, gid
+
+
+def _user(uid: int) -> str:
+    """``uid N (name)`` for messages."""
+    import pwd
+
+    try:
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        return f"uid {uid}"
 
 
 def fingerprint(preload: Sequence[str]) -> str:
@@ -84,8 +120,9 @@ def fingerprint(preload: Sequence[str]) -> str:
 
 
 def address(fp: str) -> str:
-    """The server's abstract socket name (no file: it vanishes with the server or namespace)."""
-    return f"\0commscope-forkserver-{fp}"
+    """The server's abstract socket name (no file: it vanishes with the server or namespace).
+    Each user's servers have their own names, so two users' launches never meet."""
+    return f"\0commscope-forkserver-{os.geteuid()}-{fp}"
 
 
 # ────────────────────────────────────────────────────────────────────────────── server
@@ -163,9 +200,11 @@ def _start_ranks(req: _Request, msg: dict[str, Any]) -> None:
 
 def _same_user(conn: socket.socket) -> bool:
     """Whether the peer runs as this server's user (SO_PEERCRED): only it may fork ranks."""
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _pid, uid, _gid = struct.unpack("3i", creds)
-    return uid == os.getuid()
+    pid, uid, _gid = peer_credentials(conn)
+    if uid != os.geteuid():
+        print(f"refused a connection from pid {pid} of {_user(uid)}", flush=True)
+        return False
+    return True
 
 
 def _signal(req: _Request, sig: int) -> None:
@@ -218,7 +257,16 @@ def serve(name: str, preload: Sequence[str]) -> int:
                 buffers[sock] += data
                 if b"\n" not in buffers[sock]:
                     continue
-                msg = json.loads(buffers[sock].split(b"\n", 1)[0])
+                try:
+                    msg = json.loads(buffers[sock].split(b"\n", 1)[0])
+                    if not isinstance(msg, dict):
+                        raise ValueError("not an object")
+                except ValueError as err:  # one client's garbage must not end the server
+                    print(f"dropped a malformed request: {err}", flush=True)
+                    sel.unregister(sock)
+                    sock.close()
+                    buffers.pop(sock, None)
+                    continue
                 if msg.get("op") in ("ping", "exit"):
                     sock.sendall(json.dumps({"pid": os.getpid()}).encode() + b"\n")
                     if msg["op"] == "exit" and not requests:
@@ -274,47 +322,125 @@ def serve(name: str, preload: Sequence[str]) -> int:
 
 
 def _connect(name: str) -> socket.socket | None:
+    """A connection to the server at ``name``, None when none listens there. Raises
+    :class:`ForeignServer` (sending nothing) when another user's process holds the name."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(name)
     except (ConnectionRefusedError, FileNotFoundError):
         sock.close()
         return None
+    pid, uid, _gid = peer_credentials(sock)
+    if uid != os.geteuid():
+        sock.close()
+        raise ForeignServer(
+            f"the fork server's name {name[1:]!r} is held by pid {pid} of {_user(uid)}, not "
+            f"by this user ({_user(os.geteuid())}): refusing to send it anything (another user "
+            "bound the name while no server of ours held it; end that process, or run as that "
+            "user)"
+        )
     return sock
 
 
-def _spawn_server(fp: str, preload: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
+@dataclass
+class _Start:
+    """A server this client started: its process, and where its lines begin in the log (the
+    log is appended to by every start: what came before is an earlier start's)."""
+
+    process: subprocess.Popen[bytes]
+    log: Path
+    offset: int
+
+    def lines(self, last: int = 15) -> str:
+        """The last ``last`` lines this start wrote to the log (only this start's)."""
+        with open(self.log, "rb") as fh:
+            fh.seek(self.offset)
+            text = fh.read().decode(errors="replace")
+        return "\n".join(text.splitlines()[-last:]) or "(nothing)"
+
+    def failure(self) -> str:
+        return (
+            f"the fork server (pid {self.process.pid}) exited with code "
+            f"{self.process.returncode} while starting; what it logged ({self.log}):\n"
+            f"{self.lines()}"
+        )
+
+
+def _spawn_server(fp: str, preload: Sequence[str], log: Path) -> _Start:
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
-        return subprocess.Popen(
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        out.write(f"--- {stamp} fork server started by pid {os.getpid()}\n".encode())
+        out.flush()
+        offset = out.tell()  # appended: the end, wherever an earlier start left it
+        process = subprocess.Popen(
             [sys.executable, "-m", __spec__.name if __spec__ else "commscope.node.forkserver",
              "serve", "--fingerprint", fp, "--preload", ",".join(preload)],
             stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
             close_fds=True,
         )  # fmt: skip
+    return _Start(process, log, offset)
 
 
-def connect(preload: Sequence[str], log: Path, timeout_s: float = START_TIMEOUT_S) -> socket.socket:
-    """A connection to this node's server for ``preload``, starting one if none runs."""
+def connect(
+    preload: Sequence[str], log: Path, timeout_s: float = START_TIMEOUT_S
+) -> tuple[socket.socket, _Start | None]:
+    """A connection to this node's server for ``preload``, starting one if none runs; and the
+    start, when this call made one."""
     fp = fingerprint(preload)
     name = address(fp)
     sock = _connect(name)
     if sock is not None:
-        return sock
-    server = _spawn_server(fp, preload, log)
+        return sock, None
+    start = _spawn_server(fp, preload, log)
+    spawned = 1
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         time.sleep(0.05)
         # Polled before connecting: a server that lost the start race (NAME_TAKEN) leaves
         # the name to the one that won, which answers on a later try.
-        ended = server.poll() not in (None, NAME_TAKEN)
+        code = start.process.poll()
         sock = _connect(name)
         if sock is not None:
-            return sock
-        if ended:
-            tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
-            raise LaunchError(f"the fork server exited while starting; its log ({log}):\n{tail}")
+            return sock, start
+        if code == NAME_TAKEN and spawned < MAX_SPAWNS:
+            # The winner is gone already (it exited, or failed): nobody holds the name.
+            start = _spawn_server(fp, preload, log)
+            spawned += 1
+        elif code is not None and code != NAME_TAKEN:
+            raise LaunchError(start.failure())
     raise LaunchError(f"no fork server answered within {timeout_s:.0f} s (its log: {log})")
+
+
+def _request(
+    preload: Sequence[str], log: Path, msg: dict[str, Any]
+) -> tuple[socket.socket, Any, dict[str, Any]]:
+    """Send ``msg`` to this node's server; (the connection, its line reader, the server's
+    first reply: the ranks' pids). A server that closes the connection before it took the
+    request was on its way out (idle, or asked to stop): a fresh one is asked. A server this
+    call started that ended meanwhile is a failed start."""
+    for _ in range(REQUEST_TRIES):
+        sock, start = connect(preload, log)
+        try:
+            sock.sendall(json.dumps(msg).encode() + b"\n")
+            lines = sock.makefile("r")
+            first = lines.readline()
+        except (BrokenPipeError, ConnectionResetError):
+            first = ""
+        if first:
+            return sock, lines, json.loads(first)
+        sock.close()
+        if start is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                start.process.wait(timeout=KILL_GRACE_S)
+            if start.process.returncode not in (None, 0, NAME_TAKEN):
+                raise LaunchError(start.failure())
+        print("the fork server closed the connection before starting the ranks (it was "
+              "exiting): asking a fresh one", flush=True)  # fmt: skip
+    raise LaunchError(
+        f"the fork server closed the connection before starting the ranks {REQUEST_TRIES} "
+        f"times (its log: {log})"
+    )
 
 
 def rank_env(
@@ -338,14 +464,6 @@ def launch(args: argparse.Namespace) -> int:
     """Run this node's ranks in the server; the exit code of the rank that failed first (0
     when none did; the others may have been ended by the server because of it)."""
     preload = args.preload.split(",")
-    sock = connect(preload, Path(args.server_log))
-
-    def gone(signum: int, _frame: object) -> None:
-        sock.close()  # the server kills the ranks when it sees the connection close
-        os._exit(128 + signum)
-
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, gone)
     cwd = os.getcwd()
     ranks = []
     for local in range(args.nproc):
@@ -357,9 +475,14 @@ def launch(args: argparse.Namespace) -> int:
         )  # fmt: skip
         ranks.append({"env": env, "log": os.path.join(cwd, f"rank{rank}.log")})
     msg = {"module": args.module, "argv": args.argv, "cwd": cwd, "ranks": ranks}
-    sock.sendall(json.dumps(msg).encode() + b"\n")
-    lines = sock.makefile("r")
-    started = json.loads(lines.readline())
+    sock, lines, started = _request(preload, Path(args.server_log), msg)
+
+    def gone(signum: int, _frame: object) -> None:
+        sock.close()  # the server kills the ranks when it sees the connection close
+        os._exit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, gone)
     numbers = [r["env"]["RANK"] for r in ranks]
     print(f"ranks {numbers} started as pids {started['pids']}", flush=True)
     reply = lines.readline()
@@ -392,6 +515,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     lp.add_argument("--module", required=True)
     lp.add_argument("argv", nargs=argparse.REMAINDER, help="the module's arguments (after --)")
     args = ap.parse_args(argv)
+    try:
+        return _run(args)
+    except LaunchError as err:
+        print(f"fork server {args.cmd}: {err}", file=sys.stderr, flush=True)
+        return 1
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.cmd == "serve":
         return serve(address(args.fingerprint), args.preload.split(","))
     if args.cmd == "stop":
@@ -400,7 +531,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         with sock:
             sock.sendall(b'{"op": "exit"}\n')
-            print(f"asked fork server {json.loads(sock.makefile('r').readline())['pid']} to exit")
+            reply = sock.makefile("r").readline()
+        pid = json.loads(reply)["pid"] if reply else "(it was exiting already)"
+        print(f"asked fork server {pid} to exit")
         return 0
     if args.cmd == "ensure":
         preload = args.preload.split(",")
