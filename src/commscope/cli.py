@@ -92,22 +92,77 @@ def _check(args: argparse.Namespace) -> int:
 
 def _check_nodes(config: dict, nodes: int) -> int:
     """Connect to the cluster's nodes (provisioning a netns cluster if needed) and say, node by
-    node, what the cells' probes would lack there; 1 when any node lacks something."""
+    node, what the cells' probes would lack there; 1 when any node lacks something or the
+    nodes cannot be checked (the cluster busy, a node unreachable: one line says why).
+
+    Provisioning replaces a netns cluster's sshds and the check attaches on the experiment
+    interfaces, so the cluster's name is claimed first, as a study's preflight claims it: while
+    a live run holds it, nothing is touched."""
+    import os
+
+    from commscope.cluster.netns import ClusterBusy, claim_cluster
     from commscope.cluster.provision import provision
     from commscope.experiment.readiness import check_nodes
     from commscope.spec.settings import ClusterSettings, RunSettings
 
     cluster_cfg = ClusterSettings.from_mapping(config.get("cluster", {}))
-    cluster = provision(cluster_cfg, nodes, Path.cwd())
-    hosts = cluster.hosts()[:nodes]
     try:
-        found = check_nodes(hosts, RunSettings.from_mapping(config.get("run", {})))
+        claim = claim_cluster(
+            cluster_cfg.name, f"pid {os.getpid()} (commscope check --nodes in {Path.cwd()})"
+        )
+    except ClusterBusy as busy:
+        print(f"cluster.name: {busy}. {_BUSY_FIX}", file=sys.stderr)
+        return 1
+    try:
+        cluster = provision(cluster_cfg, nodes, Path.cwd())
+        hosts = cluster.hosts()[:nodes]
+        try:
+            found = check_nodes(hosts, RunSettings.from_mapping(config.get("run", {})))
+        finally:
+            for host in hosts:
+                host.close()
+    except _node_errors() as err:
+        print(f"cluster: {_node_error_line(err)}", file=sys.stderr)
+        return 1
     finally:
-        for host in hosts:
-            host.close()
+        claim.close()
     for name, problems in found.items():
         print(f"{name}: " + ("; ".join(problems) if problems else "ready"))
     return 1 if any(found.values()) else 0
+
+
+_BUSY_FIX = (
+    "Wait for that run to end, or give this command its own cluster.name (and subnets) in "
+    "the config"
+)
+
+
+def _node_errors() -> tuple[type[BaseException], ...]:
+    """What stops a command at the cluster (provisioning it, or a node: a refused workdir, an
+    SSH error, a node command that failed), said in one line by :func:`_node_error_line`."""
+    from invoke.exceptions import Failure
+    from paramiko import SSHException
+
+    return (RuntimeError, OSError, EOFError, SSHException, Failure)
+
+
+def _node_error_line(err: BaseException) -> str:
+    """One line for an error met on the cluster: the node it came from (``on_all`` marks it)
+    and the cause. A node command that failed (invoke's UnexpectedExit) is said by its
+    stderr's first line (what failed) and last line (its reason: a tool's log ends with it)."""
+    node = getattr(err, "node", None)
+    result = getattr(err, "result", None)
+    if result is not None and hasattr(result, "stderr"):
+        lines = [ln.strip() for ln in (result.stderr or "").splitlines() if ln.strip()]
+        text = f"exit {result.exited}"
+        if lines:
+            text = lines[0] if len(lines) == 1 else f"{lines[0]} {lines[-1]}"
+    elif node and node in str(err):
+        text = str(err)  # it names its node itself (a refused workdir)
+    else:
+        text = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+    text = " ".join(text.split())
+    return f"{node}: {text}" if node and node not in text else text
 
 
 def _estimate_line(config: dict, cells: Any) -> str:
@@ -153,6 +208,7 @@ def _replay(args: argparse.Namespace) -> int:
     ran and matched its program, 1 when the cell failed or did not match, 2 for bad input."""
     import re
 
+    from commscope.cluster.netns import ClusterBusy
     from commscope.config import ConfigError, load_config
     from commscope.experiment.cell import CellFailed
     from commscope.replay.run import replay_once
@@ -196,6 +252,14 @@ def _replay(args: argparse.Namespace) -> int:
         return 2
     except CellFailed as err:
         print(f"commscope replay: the cell failed: {err}", file=sys.stderr)
+        return 1
+    except ClusterBusy as busy:
+        print(f"commscope replay: cluster.name: {busy}. {_BUSY_FIX}", file=sys.stderr)
+        return 1
+    except _node_errors() as err:
+        # A node tool that did not start, a node unreachable, the cluster not provisioned: the
+        # cause in one line (the node's log keeps the rest), not a traceback.
+        print(f"commscope replay: {_node_error_line(err)}", file=sys.stderr)
         return 1
     print(result.describe())
     return 0 if result.exact else 1
