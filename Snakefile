@@ -44,7 +44,8 @@ rule all:
     default_target: True
     input:
         rules.report.output,
-        expand(f"{RUNS}/{{cell}}/export/trace.json", cell=cellspace.instance_patterns),
+        # Every cell's status: its exports too, when it ran.
+        STATUSES,
 
 
 onstart:
@@ -52,12 +53,16 @@ onstart:
 
 
 # The cluster lives only while the workflow runs: taken down on success and on failure alike.
+# Every job ran; cells that failed after their attempts are in the report, and named here: the
+# command exits non-zero once the report is written. Either way they run again next time.
 onsuccess:
     teardown_cluster()
+    fail_on_failed_cells(release_failed_cells())
 
 
 onerror:
     teardown_cluster()
+    release_failed_cells()
 
 
 # Nothing is written outside results/: every rule's outputs, logs and benchmarks are checked

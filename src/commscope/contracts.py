@@ -79,6 +79,12 @@ CELL_TABLE_FILES: dict[str, str] = {
 
 # raw/: the runner's record of the cell (link shape, nodes, start/end, qdisc stats, clock).
 RUN_FILE = "run.json"
+# raw/: written instead of the traces when a cell still failed after its attempts (its phase,
+# node and reason; commscope.experiment.attempts): the workflow leaves the cell out of the
+# findings, names it in the report and runs it again on the next invocation.
+CELL_FAILED_FILE = "failed.json"
+# Per cell, beside raw/: whether the cell ran, and if not its failure (the report's input).
+CELL_STATUS_FILE = "status.json"
 # raw/<node>/: what the interface counter sampler and the socket sampler of a node write.
 NODE_COUNTERS_FILE = "counters.parquet"
 NODE_SOCKETS_FILE = "sockets.parquet"

@@ -31,13 +31,8 @@ from commscope.contracts import STUDY_TABLES
 
 rule aggregate:
     input:
-        **{
-            table: expand(
-                f"{RUNS}/{{cell}}/metrics/{table_file(table)}",
-                cell=cellspace.instance_patterns,
-            )
-            for table in METRIC_TABLES
-        },
+        # Every cell's status: the metric tables of the cells that ran (run.smk: cell_status).
+        status=STATUSES,
     output:
         **{
             table: f"results/aggregate/{table_file(table)}"

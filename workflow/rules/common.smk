@@ -1,5 +1,7 @@
 # Shared helpers: the sweep cells (Paramspace, one directory level per axis) and their settings.
+import json
 import logging
+import shutil
 import os
 from pathlib import Path
 
@@ -13,7 +15,14 @@ from commscope.config import (
     replay_source_cell,
     strategy_spec,
 )
-from commscope.contracts import CELL_TABLE_FILES
+from commscope.contracts import (
+    CELL_FAILED_FILE,
+    CELL_STATUS_FILE,
+    CELL_TABLE_FILES,
+    METRIC_TABLES,
+    REPLAY_META_FILE,
+    table_file,
+)
 from commscope.bench.analysis import BENCH_FILES, fit_links, link_settings
 from commscope.spec.link import LINK_AXES, LinkSetting
 from commscope.spec.settings import MICROBENCH_SCOPE_KEYS, ClusterSettings
@@ -63,6 +72,103 @@ def strategy_params(wildcards):
 
 def all_cells(pattern):
     return expand(pattern, cell=cellspace.instance_patterns)
+
+
+# Cells that still fail after their attempts (commscope.experiment.attempts) are recorded, not
+# fatal: run_cell is a checkpoint, each cell's status (rule cell_status) names what the cell
+# made or why it failed, and the study-wide rules read the statuses. When the workflow ends,
+# each failed cell's record moves out of its raw/ (release_failed_cells): the next invocation
+# runs the cell again.
+def cell_wildcards(cell):
+    """A cell's wildcards from its path below results/runs/ (``axis~value/...``)."""
+    return dict(part.split("~", 1) for part in cell.split("/"))
+
+
+def failed_record(raw):
+    return Path(raw) / CELL_FAILED_FILE
+
+
+def cell_ran(cell):
+    """Whether the cell ran (raises Snakemake's IncompleteCheckpointException before it has)."""
+    raw = checkpoints.run_cell.get(**cell_wildcards(cell)).output[0]
+    return not failed_record(raw).exists()
+
+
+# Every cell's status: what the study-wide rules read (static inputs: a rule whose inputs come
+# from a checkpoint is never remade while its output exists, and a failed cell must be).
+STATUSES = all_cells(f"{RUNS}/{{cell}}/{CELL_STATUS_FILE}")
+
+
+# The cells released when the last workflow ended (rule failed_cells makes it empty at first).
+FAILED_CELLS = "results/failed_cells.json"
+
+
+def release_failed_cells():
+    """When the workflow ends: the records of the cells that failed after their attempts,
+    each moved from its raw/ to attempts/failed.json beside it (raw/ and the cell's status
+    removed, so the next invocation, its dry run too, runs the cell again; the report already
+    written names it)."""
+    failed = []
+    for cell in cellspace.instance_patterns:
+        raw = Path(f"{RUNS}/{cell}/raw")
+        if failed_record(raw).exists():
+            failed.append((cell, json.loads(failed_record(raw).read_text())))
+            kept = raw.parent / "attempts" / CELL_FAILED_FILE
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            failed_record(raw).replace(kept)
+            shutil.rmtree(raw)
+            Path(f"{RUNS}/{cell}/{CELL_STATUS_FILE}").unlink(missing_ok=True)
+    if failed:
+        # Snakemake does not remake a missing intermediate file (the status, raw/) whose
+        # consumers are up to date: the report reads this list, and rewriting it makes the
+        # report out of date, so the next invocation remakes what it reads.
+        Path(FAILED_CELLS).write_text(
+            json.dumps([cell for cell, _ in failed], indent=2)
+        )
+    return failed
+
+
+def fail_on_failed_cells(failed):
+    """Raise naming each failed cell (``release_failed_cells``), so the command exits
+    non-zero once the report is written."""
+    if failed:
+        lines = [
+            f"{cell}: {rec['phase']}{' on ' + rec['node'] if rec.get('node') else ''}: "
+            f"{rec['reason']} (log {rec['log']})"
+            for cell, rec in failed
+        ]
+        raise WorkflowError(
+            f"{len(failed)} cell(s) failed after their attempts; the report "
+            "(results/report/index.html) lists them and leaves them out of its findings. "
+            "`snakemake --cores 8 report` runs them again:\n  " + "\n  ".join(lines)
+        )
+
+
+def cell_products(wildcards):
+    """What the study reads of one cell once it ran, by name (nothing when it failed):
+    requested per cell, so a cell's analysis runs as soon as the cell has. Its status lists
+    them (commscope.experiment.attempts.write_status) for the study-wide rules."""
+    cell = CELL.format(**wildcards)
+    raw = checkpoints.run_cell.get(**wildcards).output[0]
+    if failed_record(raw).exists():
+        return {}
+    base = f"{RUNS}/{cell}"
+    products = {
+        **{f"metrics_{t}": f"{base}/metrics/{table_file(t)}" for t in METRIC_TABLES},
+        **{f"trace_{t}": f"{base}/trace/{CELL_TABLE_FILES[t]}" for t in TRACE_PRODUCTS},
+        "figure": f"{base}/figures/throughput.png",
+        "export_trace": f"{base}/export/trace.json",
+        "export_chakra": f"{base}/export/chakra",
+        "predict_compare": f"{base}/predict/compare.parquet",
+        "predict_timing": f"{base}/predict/timing.parquet",
+    }
+    if wildcards.strategy == REPLAY_STRATEGY:
+        products["replay_meta"] = f"{base}/replay/{REPLAY_META_FILE}"
+    return products
+
+
+# The trace tables the study-wide rules read (the op timeline, the learning curves).
+TRACE_PRODUCTS = ("ops", "steps", "cell", "train", "moe")
 
 
 # The claim on the cluster's name while this run lives (see preflight).
@@ -166,6 +272,12 @@ def replay_program(wildcards):
     nothing for a training cell."""
     if wildcards.strategy != REPLAY_STRATEGY:
         return {}
+    kind, _ = next(iter(config["replays"][wildcards.model]["source"].items()))
+    if kind == "cell":
+        source = cell_id(replay_source_cell(config, wildcards.model))
+        if not cell_ran(source):
+            # Nothing to replay: run_cell records the failure (the source's record named).
+            return {"source_failed": str(failed_record(f"{RUNS}/{source}/raw"))}
     out = rules.build_replay.output
     return {
         "program": out.program.format(**wildcards),

@@ -1,7 +1,6 @@
 # Figures per cell and across cells, and the learning-run tables and figures.
 from commscope.contracts import table_file
 from commscope.contracts import STUDY_FIGURE_TABLES, STUDY_FIGURES
-from commscope.contracts import CELL_FILE, OPS_FILE, STEPS_FILE
 
 
 rule cell_figure:
@@ -31,15 +30,8 @@ rule study_figures:
         },
         step_times=f"results/aggregate/{table_file('step_times')}",
         throughput=f"results/aggregate/{table_file('throughput')}",
-        ops=expand(
-            f"{RUNS}/{{cell}}/trace/{OPS_FILE}", cell=cellspace.instance_patterns
-        ),
-        steps=expand(
-            f"{RUNS}/{{cell}}/trace/{STEPS_FILE}", cell=cellspace.instance_patterns
-        ),
-        cell_json=expand(
-            f"{RUNS}/{{cell}}/trace/{CELL_FILE}", cell=cellspace.instance_patterns
-        ),
+        # Every cell's status: the ops, steps and cell.json of the cells that ran.
+        status=STATUSES,
     output:
         **{name: f"results/figures/{name}.png" for name in STUDY_FIGURES},
         # Its stem is commscope.plots.timeline.TIMELINE_FIGURE (the caption's key); spelled out
@@ -49,20 +41,14 @@ rule study_figures:
         "results/logs/study_figures.log",
     conda:
         "../../envs/commscope.yaml"
-    params:
-        cells=list(cellspace.instance_patterns),
     script:
         "../scripts/study_figures.py"
 
 
 rule learning:
     input:
-        train=expand(
-            f"{RUNS}/{{cell}}/trace/train.parquet", cell=cellspace.instance_patterns
-        ),
-        moe=expand(
-            f"{RUNS}/{{cell}}/trace/moe.parquet", cell=cellspace.instance_patterns
-        ),
+        # Every cell's status: the train and moe tables of the cells that ran.
+        status=STATUSES,
     output:
         loss="results/learning/loss.parquet",
         routing="results/learning/routing.parquet",

@@ -1,5 +1,5 @@
 # The final self-contained HTML report.
-from commscope.contracts import REPLAY_META_FILE, table_file
+from commscope.contracts import table_file
 
 
 rule report:
@@ -18,30 +18,6 @@ rule report:
         imports=expand(
             "results/imports/{name}/summary.parquet", name=sorted(config["imports"])
         ),
-        # Exports are part of a study's results: `report` makes them too; its export section
-        # reads each cell's ASTRA-sim input set (export/chakra/export_summary.json).
-        exports=expand(
-            f"{RUNS}/{{cell}}/export/trace.json", cell=cellspace.instance_patterns
-        ),
-        chakra=expand(
-            f"{RUNS}/{{cell}}/export/chakra", cell=cellspace.instance_patterns
-        ),
-        # Each replay cell's description (source, scale, scaling rule) for its section.
-        replays=expand(
-            f"{RUNS}/{{cell}}/replay/{REPLAY_META_FILE}",
-            cell=[
-                c
-                for c in cellspace.instance_patterns
-                if c.startswith(f"strategy~{REPLAY_STRATEGY}/")
-            ],
-        ),
-        compare=expand(
-            f"{RUNS}/{{cell}}/predict/compare.parquet",
-            cell=cellspace.instance_patterns,
-        ),
-        timing=expand(
-            f"{RUNS}/{{cell}}/predict/timing.parquet", cell=cellspace.instance_patterns
-        ),
         microbench=(
             [
                 rules.microbench_tables.output.summary,
@@ -55,9 +31,13 @@ rule report:
         ),
         predictions=rules.predictions_table.output,
         prediction_heatmaps=rules.predictions_heatmaps.output,
-        cell_figures=expand(
-            f"{RUNS}/{{cell}}/figures/throughput.png", cell=cellspace.instance_patterns
-        ),
+        # Every cell's status: what the cells that ran made (exports are part of a study's
+        # results: `report` makes them too; its export section reads each cell's ASTRA-sim
+        # input set; each replay cell's description, its predicted vs measured tables, its
+        # throughput figure), and the failure records of those that did not, listed first.
+        status=STATUSES,
+        # Rewritten when failed cells are released: the next invocation runs them again.
+        failed_cells=FAILED_CELLS,
         # The page's template and the figure captions (editing either remakes the report),
         # beside the Snakefile: a study may run in another working directory.
         template=str(Path(workflow.basedir) / "report" / "templates" / "report.html.j2"),
@@ -70,6 +50,5 @@ rule report:
         "../../envs/commscope.yaml"
     params:
         config=config,
-        cells=list(cellspace.instance_patterns),
     script:
         "../scripts/report.py"

@@ -3,7 +3,9 @@
 from commscope.contracts import CELL_TABLE_FILES
 
 
-rule run_cell:
+# A checkpoint: whether the cell ran or failed after its attempts (raw/failed.json) decides what
+# is read of it (common.smk: cell_products; rule cell_status below).
+checkpoint run_cell:
     input:
         # A replay cell's program (replay.smk); a training cell needs no input.
         unpack(replay_program),
@@ -20,6 +22,8 @@ rule run_cell:
         cluster_slot=1,
     params:
         cell=cell_params,
+        cell_id=lambda wildcards: CELL.format(**wildcards),
+        attempts=config["run"].get("attempts", 3),
         model=model_params,
         strategy=strategy_params,
         run=config["run"],
@@ -45,3 +49,31 @@ rule parse_cell:
         warmup_steps=config["run"]["warmup_steps"],
     script:
         "../scripts/parse_cell.py"
+
+
+# Per cell: whether it ran (and what of it the study reads, made as soon as it has) or failed.
+rule cell_status:
+    input:
+        unpack(cell_products),
+        raw=rules.run_cell.output[0],
+    output:
+        f"{RUNS}/{CELL}/{CELL_STATUS_FILE}",
+    log:
+        f"results/logs/cell_status/{CELL}.log",
+    params:
+        cell_id=lambda wildcards: CELL.format(**wildcards),
+    script:
+        "../scripts/cell_status.py"
+
+
+# The cells the last workflow released after they failed (common.smk: release_failed_cells
+# rewrites it then): an input of the report, so that the next invocation runs them again.
+rule failed_cells:
+    output:
+        FAILED_CELLS,
+    log:
+        "results/logs/failed_cells.log",
+    conda:
+        "../../envs/commscope.yaml"
+    shell:
+        "echo '[]' > {output} 2> {log}"

@@ -4,11 +4,14 @@ tables (means over repeats, message-size CDFs, bytes per step) the study figures
 from pathlib import Path
 
 from commscope.contracts import METRIC_TABLES, STUDY_TABLES
+from commscope.experiment.attempts import ran_products, read_statuses
 from commscope.logs import log_to
 from commscope.metrics.io import aggregate_tables
 
 with log_to(snakemake.log[0]):
+    # The cells that ran (their statuses name their tables); failed cells are left out.
+    statuses = read_statuses(snakemake.input.status)
     aggregate_tables(
-        {table: [Path(p) for p in snakemake.input[table]] for table in METRIC_TABLES},
+        {table: ran_products(statuses, f"metrics_{table}") for table in METRIC_TABLES},
         {table: Path(snakemake.output[table]) for table in (*METRIC_TABLES, *STUDY_TABLES)},
     )

@@ -1,8 +1,10 @@
 """Rule run_cell: bring the cluster up if needed and run one sweep cell on it (training, or a
-replay of its program)."""
+replay of its program), trying again what may be transient; a cell that still fails is
+recorded in raw/failed.json (commscope.experiment.attempts) instead of failing the study."""
 
 from pathlib import Path
 
+from commscope.experiment.attempts import record_failure, run_attempts
 from commscope.experiment.cell import provision_and_run
 from commscope.experiment.launch import training_workload
 from commscope.logs import log_to
@@ -12,18 +14,35 @@ from commscope.spec.settings import CellSettings, ClusterSettings, RunSettings
 with log_to(snakemake.log[0]):
     cell = CellSettings.from_mapping(snakemake.params.cell)
     run = RunSettings.from_mapping(snakemake.params.run)
-    if hasattr(snakemake.input, "program"):
-        workload = replay_workload(
-            Path(snakemake.input.program), Path(snakemake.input.replay_meta), run
+    cluster = ClusterSettings.from_mapping(snakemake.params.cluster)
+    out_dir = Path(snakemake.output[0])
+    where = dict(cell=snakemake.params.cell_id, out_dir=out_dir, log_path=snakemake.log[0])
+    if hasattr(snakemake.input, "source_failed"):
+        # A replay of a measured cell that failed: nothing to replay.
+        record_failure(
+            **where,
+            phase="prepare",
+            reason=f"its source cell failed (see {snakemake.input.source_failed})",
         )
     else:
-        workload = training_workload(
-            cell, dict(snakemake.params.model), dict(snakemake.params.strategy), run
+        if hasattr(snakemake.input, "program"):
+            workload = replay_workload(
+                Path(snakemake.input.program), Path(snakemake.input.replay_meta), run
+            )
+        else:
+            workload = training_workload(
+                cell, dict(snakemake.params.model), dict(snakemake.params.strategy), run
+            )
+        run_attempts(
+            lambda progress: provision_and_run(
+                cluster_cfg=cluster,
+                cell=cell,
+                workload=workload,
+                run=run,
+                out_dir=out_dir,
+                progress=progress,
+            ),
+            **where,
+            attempts=snakemake.params.attempts,
+            nodes=[f"node{i}" for i in range(cell.nodes)],
         )
-    provision_and_run(
-        cluster_cfg=ClusterSettings.from_mapping(snakemake.params.cluster),
-        cell=cell,
-        workload=workload,
-        run=run,
-        out_dir=Path(snakemake.output[0]),
-    )

@@ -103,6 +103,12 @@ class ShapingError(RuntimeError):
     """A tc command failed on a node, or a node did not return to its unshaped state."""
 
 
+class ShapingCannotRun(ShapingError):
+    """The link setting cannot be installed on these nodes as they are (a congestion control
+    the kernel lacks, nodes that would need different engines, a delayer that cannot be
+    built): trying the cell again would fail the same way."""
+
+
 def tbf_burst_bytes(rate_bps: int, mtu: int = 1500, offload: bool = False) -> int:
     """tbf bucket size in bytes: max(rate x 1 ms, largest packet room).
 
@@ -331,7 +337,9 @@ def apply_shape(host: Host, shape: LinkShape, engine: str = "auto", seed: int = 
         except Exception as cleanup_exc:  # keep the original error; log the cleanup one
             log.error("%s: unshaping after a failed apply also failed: %s", host.name, cleanup_exc)
         if isinstance(exc, ShapingError) and CC_SYSCTL in str(exc):
-            raise ShapingError(f"{exc} ({_cc_hint(str(exc), shape.cc)})") from None
+            raise ShapingCannotRun(f"{exc} ({_cc_hint(str(exc), shape.cc)})") from None
+        if isinstance(exc, ShapingError) and "building the delayer" in str(exc):
+            raise ShapingCannotRun(str(exc)) from None
         raise
     log.info("%s: shaped %s (%s, engine %s)", host.name, spec.exp_iface, shape.describe(), used)
     return used
@@ -518,7 +526,7 @@ def shaped(
     # Refuse before anything is touched: never emulate a delay by silently dropping it.
     used = set(on_all(hosts, lambda h: engine_for(h, shape, engine)))
     if len(used) > 1:
-        raise ShapingError(
+        raise ShapingCannotRun(
             f"the cell's nodes would use different link engines ({sorted(map(str, used))}): "
             "set run.link_engine to nfqueue so that every node runs the same one"
         )

@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,22 @@ log = logging.getLogger(__name__)
 
 class CellFailed(RuntimeError):
     """The cell's training did not finish on every node; the message carries the log tails."""
+
+
+class CellCannotRun(CellFailed):
+    """The cell cannot run on this cluster as configured (a missing tool, more nodes than the
+    cluster has): trying it again would fail the same way (commscope.experiment.attempts)."""
+
+
+# The phases of a cell's run, in order: a failure record names the one it failed in.
+PHASES = ("provision", "prepare", "shape", "probes", "train", "stop", "fetch")
+
+
+@dataclass
+class Progress:
+    """Where a cell's run is (set as it goes; read when it fails)."""
+
+    phase: str = PHASES[0]
 
 
 class CellInterrupted(BaseException):
@@ -102,10 +119,14 @@ def provision_and_run(
     run: RunSettings,
     out_dir: Path,
     root: Path | None = None,
+    progress: Progress | None = None,
 ) -> Path:
-    """Make sure the cluster is up with enough nodes (idempotent), then run the cell on it."""
+    """Make sure the cluster is up with enough nodes (idempotent), then run the cell on it
+    (``progress``, when given, follows its phases)."""
     root = root or Path.cwd()
+    progress = progress or Progress()
     with signals_end_the_cell(), cluster_lock(state_dir(cluster_cfg, root)):
+        progress.phase = "provision"
         cluster = provision(cluster_cfg, cell.nodes, root)
         log.info(
             "cell %s on %s cluster %s (%d nodes)",
@@ -115,7 +136,13 @@ def provision_and_run(
             cluster.size,
         )
         return run_cell(
-            cluster, cell, workload, run, out_dir, connect_timeout_s=cluster_cfg.connect_timeout_s
+            cluster,
+            cell,
+            workload,
+            run,
+            out_dir,
+            connect_timeout_s=cluster_cfg.connect_timeout_s,
+            progress=progress,
         )
 
 
@@ -127,14 +154,17 @@ def run_cell(
     out_dir: Path,
     *,
     connect_timeout_s: float = 10.0,
+    progress: Progress | None = None,
 ) -> Path:
     """Run ``workload`` on the first ``cell.nodes`` nodes; raw traces land in ``out_dir``.
 
     ``run.launcher`` starts ``workload.module`` on ``cell.ranks_per_node`` ranks per node with
     the path of ``workload.spec``; the cell's link axes (bw, delay, jitter, loss) set how links are
     shaped. The caller owns the cluster for the duration (see :func:`cluster_lock`)."""
+    progress = progress or Progress()
+    progress.phase = "prepare"
     if cell.nodes > cluster.size:
-        raise ValueError(
+        raise CellCannotRun(
             f"cell wants nodes={cell.nodes} but cluster {cluster.name} has {cluster.size}"
         )
     shape = cell.link_shape()
@@ -143,7 +173,12 @@ def run_cell(
     hosts = [Host(spec, connect_timeout=connect_timeout_s) for spec in cluster.nodes[: cell.nodes]]
     try:
         _measure(
-            hosts, Launcher(cluster, cell, run, tag, workload.module), workload, shape, out_dir
+            hosts,
+            Launcher(cluster, cell, run, tag, workload.module),
+            workload,
+            shape,
+            out_dir,
+            progress,
         )
     except (OSError, EOFError, SSHException, ShapingError) as err:
         # A node lost mid-cell (its sshd gone, its management link down): say which, and why.
@@ -186,7 +221,12 @@ def _lost_node(err: BaseException) -> str:
 
 
 def _measure(
-    hosts: list[Host], launcher: Launcher, workload: Workload, shape: LinkShape, out_dir: Path
+    hosts: list[Host],
+    launcher: Launcher,
+    workload: Workload,
+    shape: LinkShape,
+    out_dir: Path,
+    progress: Progress,
 ) -> None:
     """The cell's phases from preparing the nodes to writing run.json (see the module doc)."""
     run, tag, names = launcher.run, launcher.tag, [h.name for h in hosts]
@@ -216,9 +256,11 @@ def _measure(
     }
     # Jitter draws differ per repeat (and per node, see shaped) but are the same on a rerun.
     seed = 1000 * int(launcher.cell.repeat or 0)
+    progress.phase = "shape"
     with shaped(hosts, shape, run.link_engine, seed) as link:
         meta["link_engine"] = link
         marks["shaped"] = time.time_ns()
+        progress.phase = "probes"
         started = on_all(hosts, probes.start)
         meta["qdisc_before"] = {n: q for n, (q, _, _) in zip(names, started, strict=True)}
         # MTU, offloads and congestion control as the cell ran them: what a packet on the
@@ -230,9 +272,11 @@ def _measure(
             link["engine"],
         )
         meta["t_start_ns"] = time.time_ns()
+        progress.phase = "train"
         failures = launch_everywhere(hosts, launcher, remote_dirs)
         log.info("ranks ended on every node (%d failed, launcher %s)", len(failures), run.launcher)
         meta["t_end_ns"] = time.time_ns()
+        progress.phase = "stop"
         stopped = on_all(hosts, probes.stop)
         marks["probes_stopped"] = time.time_ns()
         meta["qdisc_after"] = {n: q for n, (q, _) in zip(names, stopped, strict=True)}
@@ -245,6 +289,7 @@ def _measure(
     }
     log.info("samplers stopped, links unshaped")
     marks["unshaped"] = time.time_ns()
+    progress.phase = "fetch"
     shipped = tuple(workload.files)  # inputs, not results: not fetched back from every node
     meta["nodes"] = on_all(hosts, lambda h: _fetch(h, remote_dirs[h.name], out_dir, shipped))
     log.info("fetched every node's files")
@@ -252,6 +297,7 @@ def _measure(
     meta["timeline_ns"] = {**marks, "launched": meta["t_start_ns"], "ended": meta["t_end_ns"]}
     (out_dir / RUN_FILE).write_text(json.dumps(meta, indent=2, default=str))
     if failures:
+        progress.phase = "train"
         raise CellFailed("training failed on " + "; ".join(failures))
 
 
@@ -318,7 +364,7 @@ def _prepare(host: Host, rdir: str, workload: Workload, run: RunSettings, obj: P
         warn=True,
     )
     if res.exited == 3:
-        raise CellFailed(
+        raise CellCannotRun(
             f"run.pcap is true but tcpdump is not installed on {host.name}: "
             "install it (Debian package tcpdump) or set run.pcap: false"
         )
@@ -327,7 +373,7 @@ def _prepare(host: Host, rdir: str, workload: Workload, run: RunSettings, obj: P
     for name, local in workload.files.items():
         # A plain file name: the file lands in the run directory, nowhere else.
         if "/" in name or name in ("", ".", ".."):
-            raise CellFailed(f"workload file name {name!r} is not a plain file name")
+            raise CellCannotRun(f"workload file name {name!r} is not a plain file name")
         host.put(local, f"{rdir}/{name}")
     return "@@wire-ok" in res.stdout
 

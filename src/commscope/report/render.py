@@ -24,7 +24,7 @@ import yaml
 
 import commscope
 from commscope.metrics.study import slowdown_table
-from commscope.report.findings import Finding, anchor
+from commscope.report.findings import Finding, anchor, failed_cell_words
 from commscope.report.sections import (
     SENSITIVITY_INTRO,
     cells_rows,
@@ -159,6 +159,26 @@ def _sensitivity(
     }
 
 
+def _failed_entry(rec: dict[str, Any]) -> dict[str, Any]:
+    """A failed cell's record as the report's table row shows it."""
+    attempts = rec.get("attempts") or []
+    earlier = [
+        f"attempt {a['attempt']}: {a['phase']}{' on ' + a['node'] if a.get('node') else ''}: "
+        f"{a['reason']}"
+        for a in attempts[:-1]
+    ]
+    return {
+        "cell": failed_cell_words(rec["cell"]),
+        "path": rec["cell"],
+        "phase": rec.get("phase", ""),
+        "node": rec.get("node") or "",
+        "reason": rec.get("reason", ""),
+        "log": rec.get("log", ""),
+        "attempts": len(attempts),
+        "earlier": earlier,
+    }
+
+
 def render_report(
     summary: Path,
     study_figures: list[Path],
@@ -172,13 +192,16 @@ def render_report(
     tables: list[dict[str, Any]] | None = None,
     slowdown: Path | None = None,
     findings: Sequence[Finding] = (),
+    failed: Sequence[dict[str, Any]] = (),
 ) -> None:
     """Write the study report to ``out_html`` as one self-contained HTML file.
 
     ``summary`` is the study's aggregated ``summary.parquet``, ``template`` the Jinja2 template
     file (``report/templates/report.html.j2``; it may include others next to it), ``captions``
     the figure captions (``report/captions.yaml``, keyed by figure file stem).
-    It opens with ``findings`` (:func:`commscope.report.findings.study_findings`: sentences
+    It opens with the cells that failed after their attempts, when any (``failed``: their
+    records, commscope.experiment.attempts), then ``findings``
+    (:func:`commscope.report.findings.study_findings`: sentences
     computed from the study, each linking to its section) and a table of contents.
     Sections: what was run (one row per cell, with its link engine; folded), a summary per strategy,
     the sensitivity to the link (``slowdown``, the aggregate's ``slowdown.parquet``, or the
@@ -216,6 +239,7 @@ def render_report(
     html = env.get_template(template.name).render(
         title=title,
         n_cells=len(summary_table),
+        failed=[_failed_entry(rec) for rec in failed],
         cells_header=cells_header,
         cells_rows=cell_rows,
         strategy_header=strategy_header,

@@ -24,7 +24,7 @@ from commscope.metrics import crosscheck_by_strategy
 from commscope.metrics.learning import learning_table
 from commscope.metrics.study import CI_LEVEL, SETUP_AXES, SHAPING_AXES, crosscheck_per_cell
 from commscope.predict.cell import comparison_table, timing_table
-from commscope.report.findings import Finding, study_findings
+from commscope.report.findings import Finding, lost_sides, study_findings
 from commscope.units import fmt_bps, fmt_bytes, fmt_count, fmt_ms, fmt_ratio, is_missing
 
 # Per-strategy table: (summary column, header, formatter name); means over the strategy's cells.
@@ -765,12 +765,14 @@ def findings(
     sync_summary: Path | None = None,
     temporal_onoff: Path | None = None,
     predictions: Path | None = None,
+    failed: Sequence[dict[str, Any]] = (),
 ) -> list[Finding]:
     """The report's findings (:func:`~commscope.report.findings.study_findings`) from the
     study's result files: the aggregated summary, slowdown and cross-validation tables, every
     cell's ``predict/compare.parquet`` and ``predict/timing.parquet``, and the scenario table
-    of the predictions beyond the cluster."""
-    return study_findings(
+    of the predictions beyond the cluster. A finding one of the ``failed`` cells' records
+    could have been a side of says so (:func:`~commscope.report.findings.lost_sides`)."""
+    found = study_findings(
         _read(summary),
         _read(slowdown),
         _read(crosscheck),
@@ -782,6 +784,14 @@ def findings(
         temporal=_read(temporal_onoff) if temporal_onoff else None,
         predictions=_read(predictions) if predictions else None,
     )
+    table = _read(summary)
+    strategies = {*table.get("strategy", []), *(_cell_strategy(r["cell"]) for r in failed)}
+    return lost_sides(found, list(failed), sorted(strategies))
+
+
+def _cell_strategy(cell: str) -> str:
+    """The strategy of a cell's path below results/runs/."""
+    return cell.split("/", 1)[0].removeprefix("strategy~")
 
 
 # ------------------------------------------------------- synchronization and temporal structure
