@@ -128,13 +128,16 @@ def release_failed_cells():
     return failed
 
 
+def node_words(rec):
+    return f" on {rec['node']}" if rec.get("node") else ""
+
+
 def fail_on_failed_cells(failed):
     """Raise naming each failed cell (``release_failed_cells``), so the command exits
     non-zero once the report is written."""
     if failed:
         lines = [
-            f"{cell}: {rec['phase']}{' on ' + rec['node'] if rec.get('node') else ''}: "
-            f"{rec['reason']} (log {rec['log']})"
+            f"{cell}: {rec['phase']}{node_words(rec)}: {rec['reason']} (log {rec['log']})"
             for cell, rec in failed
         ]
         raise WorkflowError(

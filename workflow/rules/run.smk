@@ -60,6 +60,8 @@ rule cell_status:
         f"{RUNS}/{CELL}/{CELL_STATUS_FILE}",
     log:
         f"results/logs/cell_status/{CELL}.log",
+    conda:
+        "../../envs/commscope.yaml"
     params:
         cell_id=lambda wildcards: CELL.format(**wildcards),
     script:
