@@ -7,7 +7,9 @@ physics, then that reruns follow only changed cells, then that nothing is left b
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -31,9 +33,13 @@ NAME = CONFIG["cluster"]["name"]
 BASE = CONFIG["sweep"][0]
 
 
-def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
+def snakemake(
+    workdir: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), *args]
-    return subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=900)
+    return subprocess.run(
+        cmd, cwd=workdir, capture_output=True, text=True, timeout=900, env=env or None
+    )
 
 
 def job_counts(dry_run_output: str) -> dict[str, int]:
@@ -159,15 +165,12 @@ def test_adding_a_cell_reruns_only_that_cell(study: Path, tmp_path: Path) -> Non
     result = snakemake(study, "-n", "report", "--configfile", str(changed))
     assert result.returncode == 0, result.stderr[-3000:]
     counts = job_counts(result.stdout)
-    # Two new cells (ddp and pp at 50mbit): their own jobs, the new link's microbenchmark,
-    # then one of each across-cell job. The predictions beyond the cluster stay as they are.
+    # Two new cells (ddp and pp at 50mbit): their runs and statuses (run_cell is a checkpoint:
+    # a cell's analysis joins the DAG once it ran), the new link's microbenchmark, then one of
+    # each across-cell job. The predictions beyond the cluster stay as they are.
     assert counts == {
         "run_cell": 2,
-        "parse_cell": 2,
-        "cell_metrics": 2,
-        "cell_figure": 2,
-        "predict_cell": 2,
-        "export_cell": 2,
+        "cell_status": 2,
         "microbench_run": 1,
         "microbench_analyse": 1,
         "microbench_tables": 1,
@@ -275,3 +278,40 @@ def test_microbenchmarks_reach_the_cap_and_feed_the_step_time(study: Path) -> No
         assert title in html
     table = pd.read_parquet(study / "results" / "predictions" / "table.parquet")
     assert set(table.scenario) == {"gpt-1.5b-16"}
+
+
+def test_a_failed_cell_still_ends_in_a_report_and_runs_again_next_time(
+    study: Path, tmp_path: Path
+) -> None:
+    """Issue 23: a cell that keeps failing is left out, listed at the top of the report and
+    named by the command's error (exit non-zero, the report written); the next invocation runs
+    only that cell again. On a copy of the study, with one cell added whose every attempt
+    fails (COMMSCOPE_FAULT_CELLS), then without the fault."""
+    work = tmp_path / "study"
+    shutil.copytree(study, work, symlinks=True)
+    config = dict(CONFIG, sweep=[dict(BASE, bw=["20mbit", "none", "50mbit"], strategy=["ddp"])])
+    changed = tmp_path / "changed.yaml"
+    changed.write_text(yaml.safe_dump(config, sort_keys=False))
+    new = "strategy~ddp/model~tiny/nodes~2/ranks_per_node~1/bw~50mbit/"
+    env = dict(os.environ, COMMSCOPE_FAULT_CELLS=re.escape(new))
+    failed = snakemake(work, "--cores", "2", "report", "--configfile", str(changed), env=env)
+    out = failed.stdout + failed.stderr
+    assert failed.returncode != 0, out[-3000:]
+    assert "1 cell(s) failed after their attempts" in out and new in out, out[-3000:]
+    log = next((work / "results" / "logs" / "run_cell").rglob("bw~50mbit/**/*.log")).read_text()
+    assert "attempt 3 of 3 (attempt 2 failed in provision: injected fault" in log
+    html = (work / "results" / "report" / "index.html").read_text()
+    assert "Failed cells" in html and "ddp (tiny, 2 x 1, bw 50mbit" in html
+    # The cells that ran are all in it; the findings that could have used the cell say so.
+    assert "Computed without 1 failed cell" in html
+    (released,) = json.loads((work / "results" / "failed_cells.json").read_text())
+    assert released.startswith(new)
+    # What the next invocation does: that one cell, then the study-wide jobs.
+    dry = snakemake(work, "-n", "report", "--configfile", str(changed))
+    counts = job_counts(dry.stdout)
+    assert counts["run_cell"] == 1 and counts["cell_status"] == 1, counts
+    again = snakemake(work, "--cores", "2", "report", "--configfile", str(changed))
+    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+    html = (work / "results" / "report" / "index.html").read_text()
+    assert "Failed cells" not in html and "Computed without" not in html
+    assert len(list((work / "results" / "runs").rglob("bw~50mbit/**/raw/run.json"))) == 1
