@@ -62,6 +62,8 @@ def workdir_script(workdir: str) -> str:
     seen, never followed). Exit 0, or print ``@@commscope-workdir REASON...`` and exit 1."""
     d = shlex.quote(workdir)
     bad = f'{{ echo {_WORKDIR_MARK} "$@"; exit 1; }}'
+    # Few processes (a new shell runs this, once per connection): the directories above come
+    # from parameter expansion and are stat'ed in one call, their type read off the raw mode.
     return (
         f"cs_bad() {bad}; me=$(id -u); d={d}; "
         'mkdir -m 700 -p -- "$d" 2>/dev/null; '
@@ -71,11 +73,13 @@ def workdir_script(workdir: str) -> str:
         '[ "$1" = "$me" ] || cs_bad owner "$1" "$me"; '
         '[ $(( 0$2 & 022 )) -eq 0 ] || cs_bad mode "$2"; '
         'real=$(cd -P -- "$d" && pwd -P) || cs_bad missing; '
-        'for p in "$d" "$real"; do while [ "$p" != / ] && [ "$p" != . ]; do p=$(dirname -- "$p"); '
-        'set -- $(stat -c "%u %a %F" -- "$p"); '
-        '[ "$1" = 0 ] || [ "$1" = "$me" ] || cs_bad parent owner "$1" "$me" "$p"; '
-        '[ "$3" = symbolic ] || [ $(( 0$2 & 022 )) -eq 0 ] || [ $(( 0$2 & 01000 )) -ne 0 ] '
-        '|| cs_bad parent mode "$2" "$p"; done; done'
+        'set --; for p in "$d" "$real"; do p=${p%/*}; '
+        'while [ "${p#/}" != "$p" ]; do set -- "$@" "$p"; p=${p%/*}; done; done; '
+        'stat -c "%u %a %f %n" -- / "$@" | { while read -r uid mode raw name; do '
+        '[ "$uid" = 0 ] || [ "$uid" = "$me" ] || cs_bad parent owner "$uid" "$me" "$name"; '
+        "[ $(( 0x$raw & 0xF000 )) -eq $(( 0xA000 )) ] || [ $(( 0$mode & 022 )) -eq 0 ] || "
+        '[ $(( 0$mode & 01000 )) -ne 0 ] || cs_bad parent mode "$mode" "$name"; '
+        "done; } || exit 1"
     )
 
 
