@@ -22,41 +22,100 @@ from typing import Any
 # Each subcommand imports what it needs when it runs (all downward): `commscope cleanup` after a
 # crash must not wait for pandas, matplotlib or torch to load.
 def _cleanup(args: argparse.Namespace) -> int:
+    """Remove what a crashed run left: 0 when done, 2 when a live run holds what was asked for
+    (it is named; --force removes it anyway) or the input is bad, 1 when something is left."""
     if args.inventory is not None:
-        return _cleanup_inventory(args.inventory)
-    from commscope.cluster.netns import cleanup_all, cluster_holder, teardown_netns
+        return _cleanup_inventory(args.inventory, force=args.force)
+    import os
+
+    from commscope.cluster.netns import claim_or_holder, cleanup_all, teardown_netns
 
     if args.all:
-        removed = cleanup_all(spare_claimed=not args.force)
-    else:
-        name = args.name or _config_cluster_name(Path("config/config.yaml"))
-        holder = cluster_holder(name)
-        if holder and not args.force:
+        spared: dict[str, str] = {}
+        removed = cleanup_all(spare_claimed=not args.force, spared=spared)
+        print("removed: " + (", ".join(removed) if removed else "nothing (already clean)"))
+        for name, holder in sorted(spared.items()):
             print(
-                f"cluster {name!r} is in use by {holder}: it is not a leftover. Stop that run "
-                "first, or pass --force to remove it anyway",
+                f"cluster {name!r} is in use by {holder}: it is not a leftover, left alone. "
+                "Stop that run first, or pass --force to remove it anyway",
                 file=sys.stderr,
             )
-            return 2
+        return 2 if spared else 0
+    name = args.name or _config_cluster_name(Path("config/config.yaml"))
+    try:
+        # Held while removing: no run claims the name between this check and the removal.
+        claim, holder = claim_or_holder(name, f"pid {os.getpid()} (commscope cleanup)")
+    except ValueError as err:
+        print(f"commscope cleanup: {err}", file=sys.stderr)
+        return 2
+    if holder and not args.force:
+        print(
+            f"cluster {name!r} is in use by {holder}: it is not a leftover. Stop that run "
+            "first, or pass --force to remove it anyway",
+            file=sys.stderr,
+        )
+        return 2
+    try:
         removed = teardown_netns(name)
+    finally:
+        if claim is not None:
+            claim.close()
     print("removed: " + (", ".join(removed) if removed else "nothing (already clean)"))
     return 0
 
 
-def _cleanup_inventory(path: Path) -> int:
+def _cleanup_inventory(path: Path, force: bool = False) -> int:
     """Clean every host of the ssh inventory at ``path``; print what was removed per host.
-    1 when a host is unreachable or something could not be removed, 2 for a bad inventory."""
+    2 for a bad inventory, or when a live run holds the study's cluster name or is running on
+    a host (without ``force``: that host is left as it is); 1 when a host is unreachable or
+    something could not be removed."""
+    from commscope.cluster.netns import cluster_holder
     from commscope.config import ConfigError
     from commscope.experiment.cleanup import cleanup_inventory
 
+    # A study on ssh hosts claims its cluster name on the machine it runs from, as a netns one
+    # does: while the study of this directory's config holds it, its hosts are not leftovers.
+    config = Path("config/config.yaml")
+    name = _config_cluster_name(config)
+    holder = None
+    if _config_cluster_backend(config) == "ssh" and not force:
+        try:
+            holder = cluster_holder(name)
+        except ValueError:  # a name no cluster can have: nobody holds it
+            holder = None
+    if holder:
+        print(
+            f"cluster {name!r} is in use by {holder}: its hosts hold no leftovers while it "
+            "runs. Stop that run first, or pass --force to clean them anyway",
+            file=sys.stderr,
+        )
+        return 2
     try:
-        reports = cleanup_inventory(path)
+        reports = cleanup_inventory(path, force=force)
     except (ConfigError, FileNotFoundError, ValueError) as err:
         print(f"{path}: {err}", file=sys.stderr)
         return 2
     for report in reports:
         print(report.describe())
+    if any(report.live for report in reports):
+        print(
+            "a live run was found on "
+            + ", ".join(r.node for r in reports if r.live)
+            + ": left as it is. Stop that run first, or pass --force to clean it anyway",
+            file=sys.stderr,
+        )
+        return 2
     return 0 if all(report.clean for report in reports) else 1
+
+
+def _config_cluster_backend(path: Path) -> str:
+    """``cluster.backend`` of the study config at ``path`` (``netns`` without one)."""
+    from commscope.config import ConfigError, read_yaml
+
+    try:
+        return str((read_yaml(path).get("cluster") or {}).get("backend", "netns"))
+    except (ConfigError, FileNotFoundError):
+        return "netns"
 
 
 def _config_cluster_name(path: Path) -> str:

@@ -141,11 +141,20 @@ def claim_cluster(name: str, owner: str) -> Any:
 def cluster_holder(name: str) -> str | None:
     """Who holds cluster ``name`` (the owner text of :func:`claim_cluster`), or None when no
     live process does."""
+    claim, holder = claim_or_holder(name, "commscope cleanup (probe)")
+    if claim is not None:
+        claim.close()
+    return holder
+
+
+def claim_or_holder(name: str, owner: str) -> tuple[Any, str | None]:
+    """(the claim, None) when ``name`` was free and is now this process's (close the claim to
+    release it), else (None, who holds it). What cleanup holds while it removes a cluster, so
+    that no run can claim the name between the check and the removal."""
     try:
-        claim_cluster(name, "commscope cleanup (probe)").close()
+        return claim_cluster(name, owner), None
     except ClusterBusy as busy:
-        return str(busy).split(" is in use by ", 1)[1]
-    return None
+        return None, str(busy).split(" is in use by ", 1)[1]
 
 
 def list_netns() -> list[str]:
@@ -303,19 +312,18 @@ def teardown_netns(name: str, state_dir: Path | None = None) -> list[str]:
 
 def _teardown(name: str, state_dir: Path | None) -> list[str]:
     removed: list[str] = []
-    ns_re = re.compile(rf"^{re.escape(NETNS_PREFIX + name)}-\d+$")
     for ns in list_netns():
-        if ns_re.match(ns):
+        if cluster_of_netns(ns) == name:
             _kill_netns_pids(ns)
             if run_quiet(["ip", "netns", "delete", ns]):
                 removed.append(ns)
     # Veth root ends vanish with their namespace peers; delete stragglers (e.g. a crash between
     # creating a veth and moving its peer) and the bridges. Match by our alias or by exact name.
-    link_re = re.compile(rf"^{re.escape(name)}(m|e)\d+$|^{re.escape(name)}-(mgmt|exp)$")
+    link_re = _link_names_re(name)
     alias = f"{_ALIAS_PREFIX}{NETNS_PREFIX}{name}"
     for link in _root_links():
         ifname = link.get("ifname", "")
-        ours = link_re.match(ifname) or link.get("ifalias") == alias
+        ours = link_re.fullmatch(ifname) or link.get("ifalias") == alias
         if ours and run_quiet(["ip", "link", "delete", "dev", ifname]):
             removed.append(ifname)
     if state_dir is not None:
@@ -326,49 +334,90 @@ def _teardown(name: str, state_dir: Path | None) -> list[str]:
     return removed
 
 
-def cleanup_all(prefix: str = NETNS_PREFIX, spare_claimed: bool = False) -> list[str]:
-    """Remove every namespace whose name starts with ``prefix`` and our links; return their names.
+# Exactly the names commscope gives: node namespaces ns_name(NAME, i) (NAME as _validate_name
+# allows, i as range() writes it), the netem probe's namespace, and the alias stamped on root-side
+# links. Nothing else that merely starts with "cs-" is ours.
+_NS_NAME_RE = re.compile(rf"{re.escape(NETNS_PREFIX)}([a-z0-9]{{1,6}})-(?:0|[1-9][0-9]*)")
+_PROBE_NS_RE = re.compile(r"csprobe([1-9][0-9]*)")
+_ALIAS_RE = re.compile(rf"{re.escape(_ALIAS_PREFIX + NETNS_PREFIX)}([a-z0-9]{{1,6}})")
+
+
+def cluster_of_netns(ns: str) -> str | None:
+    """The netns cluster whose node namespace ``ns`` is (``cs-NAME-i``, exactly as
+    :func:`ns_name` writes it), or None for any other name."""
+    match = _NS_NAME_RE.fullmatch(ns)
+    return match.group(1) if match else None
+
+
+def _link_names_re(name: str) -> re.Pattern[str]:
+    """The root-side links of cluster ``name``: its veth ends and its two bridges."""
+    n = re.escape(name)
+    return re.compile(rf"{n}[me](?:0|[1-9][0-9]*)|{n}-(?:mgmt|exp)")
+
+
+def cleanup_all(
+    prefix: str = NETNS_PREFIX,
+    spare_claimed: bool = False,
+    spared: dict[str, str] | None = None,
+) -> list[str]:
+    """Remove the namespaces and links of every netns cluster commscope left on this machine
+    (``prefix`` ``cs-``), or of cluster NAME alone (``prefix`` ``cs-NAME``); return their names.
 
     Backs ``commscope cleanup --all``: after a crash, kills the processes in each namespace
     (sshd, ranks, iperf3), deletes the namespaces, then the root-side veths and bridges stamped
-    with our alias (``commscope:<prefix>...``) or named after a cluster whose namespaces were
-    found; with the default prefix also the netem probe's namespaces (``csprobe<pid>``) whose
-    process is gone. With ``spare_claimed``, a cluster a live run has claimed
-    (:func:`claim_cluster`) is left alone.
+    with a cluster's alias (``commscope:cs-NAME``) or named as :func:`provision_netns` names
+    them for a cluster found; with the default prefix also the netem probe's namespaces
+    (``csprobe<pid>``) whose process is gone. Only names exactly as commscope makes them count:
+    ``cs-anything`` is not a node namespace, ``cs-ab`` does not select cluster ``abc``. Each
+    cluster is claimed (:func:`claim_cluster`) while it is removed, so no run starts on it
+    meanwhile. With ``spare_claimed``, a cluster a live run has claimed is left alone, and its
+    holder recorded in ``spared`` (name -> holder) when given.
     """
     _require_root()
+    only: str | None = None
+    if prefix != NETNS_PREFIX:
+        only = prefix.removeprefix(NETNS_PREFIX)
+        if not prefix.startswith(NETNS_PREFIX) or not _NAME_RE.match(only):
+            raise ValueError(
+                f"prefix={prefix!r}: use {NETNS_PREFIX!r} (every cluster) or "
+                f"'{NETNS_PREFIX}NAME' (cluster NAME alone)"
+            )
     removed: list[str] = []
-    names: set[str] = set()
-    spared: set[str] = set()
-    # The cluster a namespace belongs to, whatever prefix narrows the sweep.
-    ns_re = re.compile(rf"^{re.escape(NETNS_PREFIX)}([a-z0-9]{{1,6}})-\d+$")
+    spans: dict[str, list[str]] = {}  # cluster -> its node namespaces
     for ns in list_netns():
-        probe = re.fullmatch(r"csprobe(\d+)", ns)
-        if prefix == NETNS_PREFIX and probe and not Path(f"/proc/{probe[1]}").exists():
+        probe = _PROBE_NS_RE.fullmatch(ns)
+        if only is None and probe and not Path(f"/proc/{probe[1]}").exists():
             if run_quiet(["ip", "netns", "delete", ns]):
                 removed.append(ns)
             continue
-        if not ns.startswith(prefix):
+        cluster = cluster_of_netns(ns)
+        if cluster is not None and only in (None, cluster):
+            spans.setdefault(cluster, []).append(ns)
+    links = _root_links()
+    for link in links:  # a crash between a bridge and the first namespace: links alone
+        alias = _ALIAS_RE.fullmatch(str(link.get("ifalias", "")))
+        if alias and only in (None, alias.group(1)):
+            spans.setdefault(alias.group(1), [])
+    for cluster, namespaces in sorted(spans.items()):
+        claim, holder = claim_or_holder(cluster, f"pid {os.getpid()} (commscope cleanup)")
+        if holder is not None and spare_claimed:
+            if spared is not None:
+                spared[cluster] = holder
             continue
-        m = ns_re.match(ns)
-        if m and spare_claimed and (m.group(1) in spared or cluster_holder(m.group(1))):
-            spared.add(m.group(1))
-            continue
-        if m:
-            names.add(m.group(1))
-        _kill_netns_pids(ns)
-        if run_quiet(["ip", "netns", "delete", ns]):
-            removed.append(ns)
-    link_res = [re.compile(rf"^{re.escape(n)}(m|e)\d+$|^{re.escape(n)}-(mgmt|exp)$") for n in names]
-    spare_aliases = {f"{_ALIAS_PREFIX}{NETNS_PREFIX}{n}" for n in spared}
-    for link in _root_links():
-        ifname = link.get("ifname", "")
-        alias = str(link.get("ifalias", ""))
-        ours = (alias.startswith(_ALIAS_PREFIX + prefix) and alias not in spare_aliases) or any(
-            r.match(ifname) for r in link_res
-        )
-        if ours and run_quiet(["ip", "link", "delete", "dev", ifname]):
-            removed.append(ifname)
+        try:
+            for ns in namespaces:
+                _kill_netns_pids(ns)
+                if run_quiet(["ip", "netns", "delete", ns]):
+                    removed.append(ns)
+            names, alias = _link_names_re(cluster), f"{_ALIAS_PREFIX}{NETNS_PREFIX}{cluster}"
+            for link in links:
+                ifname = link.get("ifname", "")
+                ours = names.fullmatch(ifname) or link.get("ifalias") == alias
+                if ours and run_quiet(["ip", "link", "delete", "dev", ifname]):
+                    removed.append(ifname)
+        finally:
+            if claim is not None:
+                claim.close()
     return removed
 
 
