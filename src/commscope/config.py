@@ -8,7 +8,7 @@ without netem) and names the key and the fix.
 
 from __future__ import annotations
 
-import difflib
+import functools
 import ipaddress
 import itertools
 import re
@@ -23,6 +23,7 @@ import yaml
 from commscope.contracts import SWEEP_AXES
 from commscope.spec.link import LINK_AXES, LINK_DEFAULTS, LinkSetting
 from commscope.spec.plan import BUILTIN_STRATEGIES, validate_cell
+from commscope.spec.schema_errors import MAX_PROBLEMS, SchemaProblem, schema_problems
 from commscope.spec.settings import ClusterSettings, subnet_problem
 
 __all__ = [
@@ -62,10 +63,12 @@ def validate_config(
     """Validate against the schema with Snakemake's validator (fills defaults in place).
 
     ``schema_path`` is the workflow's schema; the Snakefile passes its own, the default is
-    relative to the working directory (the repository root). On failure the message names the
-    key path and the offending value: under ``oneOf`` (the sweep is one block or a list of
-    blocks) jsonschema's top-level error names neither, so we report its ``best_match`` instead.
-    ``what`` leads the message (another document validated the same way names itself).
+    relative to the working directory (the repository root). On failure the message lists each
+    problem on one line: the key's path (``sweep[2].bandwidth``), what is wrong, and for an
+    unknown key the closest known one (:func:`commscope.spec.schema_errors.schema_problems`,
+    which follows the branch of a ``oneOf`` the value was meant for instead of jsonschema's
+    whole-instance "not valid under any of the given schemas"). ``what`` leads each line
+    (another document validated the same way names itself).
     """
     import jsonschema
     from snakemake.exceptions import WorkflowError
@@ -77,43 +80,35 @@ def validate_config(
             f"schema {schema_path} not found (from {Path.cwd()}): run in the repository root "
             "or pass the workflow's schema, workflow/schemas/config.schema.yaml"
         )
+    # Our pass first, with the schema parsed once per process: it finds every problem and
+    # words it; Snakemake's pass then fills the defaults (and re-reads the schema each time).
+    schema = _load_schema(schema_path.resolve(), schema_path.stat().st_mtime_ns)
+    errors = jsonschema.Draft202012Validator(schema).iter_errors(config)
+    problems = schema_problems(errors, schema, AXIS_DEFAULTS)
+    if problems:
+        raise ConfigError(_problem_lines(problems, what, schema_path.name))
     try:
         validate(config, str(schema_path), set_default=True)
-    except WorkflowError as err:
-        schema = yaml.safe_load(schema_path.read_text())
-        validator = jsonschema.Draft202012Validator(schema)
-        best = jsonschema.exceptions.best_match(validator.iter_errors(config))
-        if best is None:
-            raise ConfigError(str(err)) from None
-        where = best.json_path.removeprefix("$.") if best.json_path != "$" else "(top level)"
-        # Shapes shared through $defs close their objects with unevaluatedProperties (plain
-        # additionalProperties would not see the keys the $ref brings): same rule, same words.
-        message = best.message.replace(
-            "Unevaluated properties are not allowed", "Additional properties are not allowed"
-        )
-        if best.validator in ("additionalProperties", "unevaluatedProperties"):
-            message += _did_you_mean(best, schema)
-        raise ConfigError(f"{what} {where}: {message} (schema: {schema_path.name})") from None
+    except WorkflowError as err:  # what our pass let through (none known): Snakemake's words
+        raise ConfigError(str(err)) from None
     return config
 
 
-def _did_you_mean(error: Any, schema: dict[str, Any]) -> str:
-    """``; did you mean 'delay'?`` for each unexpected key close to a known one (the keys of
-    the failing object's schema, with those a ``$ref`` brings)."""
-    sub = error.schema if isinstance(error.schema, dict) else {}
-    known = set(sub.get("properties") or {})
-    ref = sub.get("$ref", "")
-    if ref.startswith("#/$defs/"):
-        known |= set(
-            (schema.get("$defs", {}).get(ref.removeprefix("#/$defs/"), {})).get("properties") or {}
-        )
-    bad = [k for k in error.instance if k not in known] if isinstance(error.instance, dict) else []
-    hints = []
-    for key in bad:
-        close = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.6)
-        if close:
-            hints.append(f"did you mean {close[0]!r} for {key!r}?")
-    return f"; {' '.join(hints)}" if hints else f"; known keys: {', '.join(sorted(known))}"
+@functools.lru_cache(maxsize=8)
+def _load_schema(path: Path, mtime_ns: int) -> dict[str, Any]:
+    """The schema at ``path`` as of ``mtime_ns`` (its modification time: an edit reloads it).
+    Callers only read it."""
+    return yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
+def _problem_lines(problems: list[SchemaProblem], what: str, schema_name: str) -> str:
+    """One line for one problem; a count and one line each (at most MAX_PROBLEMS) for more."""
+    if len(problems) == 1:
+        return f"{problems[0].line(what)} (schema: {schema_name})"
+    lines = [p.line(what) for p in problems[:MAX_PROBLEMS]]
+    if len(problems) > MAX_PROBLEMS:
+        lines.append(f"... and {len(problems) - MAX_PROBLEMS} more")
+    return f"{len(problems)} problems (schema: {schema_name}):\n  - " + "\n  - ".join(lines)
 
 
 class _StrictLoader(yaml.SafeLoader):
