@@ -22,7 +22,10 @@ import yaml
 from commscope.cluster.hosts import Cluster
 from commscope.cluster.netns import list_netns, ns_name, provision_netns, teardown_netns
 from commscope.cluster.shaping import apply_shape, impairment_leftovers
-from commscope.experiment.cell import CellFailed
+from commscope.contracts import CELL_FAILED_FILE
+from commscope.experiment.attempts import run_attempts
+from commscope.experiment.cell import CellFailed, Progress
+from commscope.logs import log_to
 from commscope.spec.link import LinkShape
 
 from .conftest import CLUSTER_NAME, EXP_SUBNET, MGMT_SUBNET
@@ -236,6 +239,44 @@ def test_a_node_sshd_stopped_mid_cell_names_the_node(
     err, _ = _sshd_killed_mid_cell(netns_cluster, tmp_path)
     assert isinstance(err, CellFailed), repr(err)
     assert "node1" in str(err), err
+
+
+def test_a_cell_that_lost_a_node_mid_run_succeeds_on_its_next_attempt(
+    netns_cluster: Cluster, tmp_path: Path
+) -> None:
+    """Issue 23, the retry with a real fault: node 1's sshd killed while the first attempt
+    trains. The attempt fails naming node 1 (transient: SSH), its files are kept aside, the
+    second attempt provisions the cluster again as run_cell does (node 1's sshd comes back) and
+    the cell runs; its log says why the first attempt failed."""
+    out = tmp_path / "raw"
+    calls: list[int] = []
+
+    def stop_sshd() -> None:
+        for pid in _sshd_pids(netns_cluster, 1):
+            os.kill(pid, signal.SIGKILL)
+
+    def attempt(progress: Progress) -> None:
+        calls.append(len(calls) + 1)
+        progress.phase = "provision"
+        provision_netns(CLUSTER_NAME, 2, Path(netns_cluster.state_dir), MGMT_SUBNET, EXP_SUBNET)
+        progress.phase = "train"
+        if len(calls) == 1:
+            err, _ = _run_with_fault(netns_cluster, out, stop_sshd, cell(steps=100000))
+            assert err is not None
+            raise err
+        run_training(netns_cluster, cell(steps=3), MODEL, DDP, RUN, out)
+
+    with log_to(tmp_path / "cell.log"):
+        failure = run_attempts(attempt, cell="ddp-retry", out_dir=out, attempts=3, pause_s=0)
+    assert failure is None and calls == [1, 2]
+    assert (out / "run.json").exists() and not (out / CELL_FAILED_FILE).exists()
+    # The first attempt died before fetching anything: nothing to keep of it.
+    assert not (tmp_path / "attempts").exists() or all(
+        p.name.endswith("-1") for p in (tmp_path / "attempts").iterdir()
+    )
+    log = (tmp_path / "cell.log").read_text()
+    assert re.search(r"attempt 2 of 3 \(attempt 1 failed in train on node1: .*node1", log), log
+    assert_clean(netns_cluster)
 
 
 def _in_node_mounts(cluster: Cluster, node: int, *cmd: str) -> subprocess.CompletedProcess:

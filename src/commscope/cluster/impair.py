@@ -162,7 +162,7 @@ def apply_script(
             # redirection runs whenever that subshell gets the CPU; under load a truncation
             # there came after the wait had read the previous cell's line: issue 23.)
             f"rm -f {log} && : > {log} || "
-            f"{{ echo 'nfqueue engine: cannot create the delayer log {paths.log}' >&2; exit 4; }}",
+            f"{{ echo {shlex.quote(f'nfqueue engine: cannot create {paths.log}')} >&2; exit 4; }}",
             # Background only the delayer, appending to that log: the SSH channel must not stay
             # open on it.
             f'({sudo}nohup setsid "$bin" {args} >> {log} 2>&1 < /dev/null &)',
