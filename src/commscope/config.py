@@ -22,7 +22,7 @@ import yaml
 
 from commscope.contracts import SWEEP_AXES
 from commscope.spec.link import LINK_AXES, LINK_DEFAULTS, LinkSetting
-from commscope.spec.plan import BUILTIN_STRATEGIES, validate_cell
+from commscope.spec.plan import BUILTIN_STRATEGIES, mapping_problem, validate_cell
 from commscope.spec.schema_errors import MAX_PROBLEMS, SchemaProblem, schema_problems
 from commscope.spec.settings import ClusterSettings, subnet_problem
 
@@ -241,6 +241,8 @@ def check_study(
             f"sweep.model: {name!r} is not defined under models: (defined: {sorted(models)})"
         )
     problems += _replay_problems(config, cells)
+    bad_plans = _mapping_problems(config)
+    problems += list(bad_plans.values())
     if max_nodes is not None and cells["nodes"].max() > max_nodes:
         problems.append(
             f"sweep.nodes: {int(cells['nodes'].max())} nodes asked for but the cluster has "
@@ -255,7 +257,12 @@ def check_study(
     for cell in cells[~replay].itertuples(index=False):
         world = int(cell.nodes * cell.ranks_per_node)
         key = (cell.strategy, cell.model, world)
-        if cell.model not in models or cell.strategy not in strategy_names(config) or key in seen:
+        if (
+            cell.model not in models
+            or cell.strategy not in strategy_names(config)
+            or f"strategies.{cell.strategy}" in bad_plans  # named once, by its key
+            or key in seen
+        ):
             continue
         seen.add(key)
         for msg in validate_cell(models[cell.model], strategy_spec(config, cell.strategy), world):
@@ -283,7 +290,7 @@ def check_study(
         try:
             shapes[cell] = LinkSetting(*cell).shape()
         except ValueError as err:
-            problems.append(f"sweep: {err}")
+            problems.append(f"{_block_of(config, dict(zip(LINK_AXES, cell, strict=True)))}: {err}")
     if engine_problem is not None and any(s.impaired for s in shapes.values()):
         why = engine_problem(str((config.get("run") or {}).get("link_engine", "auto")))
         if why:
@@ -291,6 +298,29 @@ def check_study(
     if problems:
         raise ConfigError("invalid study configuration:\n  - " + "\n  - ".join(problems))
     return cells
+
+
+def _block_of(config: dict[str, Any], values: dict[str, Any]) -> str:
+    """The key of the first sweep block whose axes hold ``values`` (``sweep[2]``, or ``sweep``
+    for a single block), so a problem of one link setting names where it is written."""
+    blocks = sweep_blocks(config)
+    for i, block in enumerate(blocks):
+        if all(v in block.get(a, AXIS_DEFAULTS.get(a, [])) for a, v in values.items()):
+            return f"sweep[{i}]" if isinstance(config["sweep"], list) else "sweep"
+    return "sweep"
+
+
+def _mapping_problems(config: dict[str, Any]) -> dict[str, str]:
+    """Plans whose ``mapping`` names a dimension twice (``dp-dp-tp``; the schema's pattern
+    admits it), by the key that holds them: ``{"strategies.NAME": problem}``, and so for
+    ``predictions``. The problem names the key and says how to write a mapping."""
+    out = {}
+    for section in ("strategies", "predictions"):
+        for name, entry in sorted((config.get(section) or {}).items()):
+            why = mapping_problem(str((entry or {}).get("mapping", "")))
+            if why:
+                out[f"{section}.{name}"] = f"{section}.{name}.mapping: {why}"
+    return out
 
 
 # The strategy of a replay cell: its model axis names an entry of replays: (docs/replay.md).

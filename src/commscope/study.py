@@ -13,6 +13,7 @@ from commscope.cluster.provision import load_inventory
 from commscope.config import ConfigError, check_study
 from commscope.experiment.readiness import local_engine_problem
 from commscope.predict.scenarios import resolve_scenario
+from commscope.spec.link import LinkSetting
 from commscope.spec.settings import MICROBENCH_SCOPE_KEYS, MicrobenchSettings
 
 
@@ -21,7 +22,8 @@ def study_checks(config: dict[str, Any], root: Path | None = None) -> pd.DataFra
 
     The sweep's combinations (:func:`commscope.config.check_study`), with the cluster's size
     from the ssh inventory (loaded and validated by its schema) or, for the netns backend,
-    whether the link engine can run here; the microbenchmark's settings; every prediction
+    whether the link engine can run here; the microbenchmark's settings and listed links; every
+    prediction
     scenario; and that every imported trace's files exist under ``root`` (the working
     directory). Raises :class:`~commscope.config.ConfigError` naming the key and the fix.
     """
@@ -37,6 +39,12 @@ def study_checks(config: dict[str, Any], root: Path | None = None) -> pd.DataFra
         cells = check_study(config, engine_problem=local_engine_problem)
     problems = []
     bench = config.get("microbench") or {}
+    links = bench.get("links", "sweep")
+    for i, link in enumerate(links if isinstance(links, list) else []):
+        try:
+            LinkSetting.from_mapping(link).shape()
+        except ValueError as err:
+            problems.append(f"microbench.links[{i}]: {err}")
     try:
         MicrobenchSettings.from_mapping(
             {k: v for k, v in bench.items() if k not in MICROBENCH_SCOPE_KEYS}

@@ -668,10 +668,12 @@ def test_two_free_degrees_are_rejected() -> None:
 
 @pytest.mark.parametrize("mapping", ["tp-tp", "dp-tp-dp"])
 def test_a_mapping_naming_a_dim_twice_is_rejected(mapping: str) -> None:
-    # The schema's pattern admits repeats; check_study catches them and says how to write one.
+    # The schema's pattern admits repeats; check_study catches them, names the key once (not
+    # every cell that uses the strategy) and says how to write one.
     config = study("m2", strategies={"m2": {"dp": -1, "mapping": mapping}})
     message = config_error(config)
-    assert f"strategy mapping {mapping!r}" in message
+    assert f"strategies.m2.mapping: {mapping!r} names " in message
+    assert "cell strategy=m2" not in message
     assert "at most once" in message and "e.g. pp-dp-tp" in message
 
 

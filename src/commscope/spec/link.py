@@ -41,6 +41,11 @@ LINK_ENGINES: tuple[str, ...] = ("auto", "netem", "nfqueue")
 # above 20 % TCP spends the cell in retransmission timeouts, not in training.
 MAX_DELAY_MS = 1000.0
 MAX_LOSS_PCT = 20.0
+# The fastest rate cap: 400 Gbit/s, the fastest Ethernet NICs in use. tc's tbf takes its queue
+# bound (``latency``) and bucket in 32-bit byte counts: above ~670 Gbit/s it silently shortens the
+# 50 ms queue, above ~34 Tbit/s it refuses the bucket ('illegal value for "burst"'), and a
+# 20-digit rate overflows its 64-bit byte rate. Refused here, naming bw, before any node is shaped.
+MAX_RATE_BPS = 400 * 10**9
 
 _RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
 _TIME_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1000.0}
@@ -61,6 +66,11 @@ def _parse_rate(text: str) -> int | None:
     bps = float(m.group(1)) * _RATE_UNITS[m.group(2)]
     if bps < 8:
         raise ValueError(f"bw={text!r} must be at least 8bit (e.g. '100mbit')")
+    if bps > MAX_RATE_BPS:
+        raise ValueError(
+            f"bw={text!r} is above the fastest cap tc shapes here, {MAX_RATE_BPS // 10**9}gbit "
+            "(the fastest Ethernet); use 'none' for no cap"
+        )
     return round(bps)
 
 

@@ -77,13 +77,10 @@ class ParallelPlan:
 
     def order(self) -> list[str]:
         """Mesh dimensions outer -> inner, as the mapping says (dims it omits go outermost)."""
+        why = mapping_problem(self.mapping)
+        if why:
+            raise ValueError(f"strategy mapping {why}")
         named = [d for d in self.mapping.split("-") if d]
-        bad = [d for d in named if d not in DIMS]
-        if bad or len(set(named)) != len(named):
-            raise ValueError(
-                f"strategy mapping {self.mapping!r}: use each of {DIMS} at most once, "
-                "outermost first, joined by '-', e.g. pp-dp-tp"
-            )
         return [d for d in DIMS if d not in named] + named
 
     def resolve(self, world: int) -> ParallelPlan:
@@ -146,6 +143,21 @@ class ParallelPlan:
         """Stages run by the rank at pipeline coordinate ``pp_rank``: interleaved schedules give
         it the stages ``pp_rank, pp_rank + pp, pp_rank + 2pp, ...`` (looping)."""
         return [pp_rank + k * self.pp for k in range(self.stages_per_rank)]
+
+
+def mapping_problem(mapping: str) -> str:
+    """Why ``mapping`` is no order of mesh dimensions ('' when it is one): each of
+    :data:`DIMS` at most once, joined by '-' (``dp-dp-tp`` would give dp two mesh axes)."""
+    named = [d for d in str(mapping).split("-") if d]
+    bad = sorted({d for d in named if d not in DIMS})
+    repeated = sorted({d for d in named if named.count(d) > 1 and d in DIMS})
+    if not bad and not repeated:
+        return ""
+    what = f"names {', '.join(repeated)} twice" if repeated else f"has {bad} (no such dimension)"
+    return (
+        f"{mapping!r} {what}: use each of {', '.join(DIMS)} at most once, outermost first, "
+        "joined by '-', e.g. pp-dp-tp"
+    )
 
 
 BUILTIN_STRATEGIES: dict[str, dict[str, Any]] = {
