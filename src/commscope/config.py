@@ -22,9 +22,11 @@ import yaml
 
 from commscope.contracts import SWEEP_AXES
 from commscope.spec.link import LINK_AXES, LINK_DEFAULTS, LinkSetting
-from commscope.spec.plan import BUILTIN_STRATEGIES, mapping_problem, validate_cell
+from commscope.spec.models import MAX_MODEL_PARAMS, TRAIN_BYTES_PER_PARAM, param_count
+from commscope.spec.plan import BUILTIN_STRATEGIES, ParallelPlan, mapping_problem, validate_cell
 from commscope.spec.schema_errors import MAX_PROBLEMS, SchemaProblem, schema_problems
 from commscope.spec.settings import ClusterSettings, subnet_problem
+from commscope.units import fmt_bytes
 
 __all__ = [
     "AXIS_DEFAULTS",
@@ -220,12 +222,15 @@ def check_study(
     config: dict[str, Any],
     max_nodes: int | None = None,
     engine_problem: Callable[[str], str] | None = None,
+    memory_bytes: int | None = None,
 ) -> pd.DataFrame:
     """Check every cell for impossible combinations; return the cells frame if all are fine.
 
     ``max_nodes`` is how many nodes the cluster can have (the inventory size for ssh);
     ``engine_problem`` is asked, with ``run.link_engine``, only if some cell has delay, jitter
-    or loss: why that engine cannot run on the nodes ('' when it can).
+    or loss: why that engine cannot run on the nodes ('' when it can). ``memory_bytes`` is the
+    memory every rank of a cell shares (this machine's, for the netns cluster; None: unknown):
+    a cell whose model's training state alone would not fit is refused.
     """
     cells = cells_frame(config)
     if len(cells) > MAX_CELLS:
@@ -241,6 +246,8 @@ def check_study(
             f"sweep.model: {name!r} is not defined under models: (defined: {sorted(models)})"
         )
     problems += _replay_problems(config, cells)
+    too_large = _model_size_problems(models)
+    problems += list(too_large.values())
     bad_plans = _mapping_problems(config)
     problems += list(bad_plans.values())
     if max_nodes is not None and cells["nodes"].max() > max_nodes:
@@ -254,6 +261,8 @@ def check_study(
             f"(available: {sorted(strategy_names(config))})"
         )
     seen: set[tuple] = set()
+    # model -> (most bytes one of its cells needs, that cell, how many cells do not fit)
+    short_of_memory: dict[str, tuple[int, str, int]] = {}
     for cell in cells[~replay].itertuples(index=False):
         world = int(cell.nodes * cell.ranks_per_node)
         key = (cell.strategy, cell.model, world)
@@ -265,11 +274,30 @@ def check_study(
         ):
             continue
         seen.add(key)
-        for msg in validate_cell(models[cell.model], strategy_spec(config, cell.strategy), world):
-            problems.append(
-                f"cell strategy={cell.strategy} model={cell.model} nodes={cell.nodes} "
-                f"ranks_per_node={cell.ranks_per_node} (world {world}): {msg}"
-            )
+        where = (
+            f"cell strategy={cell.strategy} model={cell.model} nodes={cell.nodes} "
+            f"ranks_per_node={cell.ranks_per_node} (world {world})"
+        )
+        plan = strategy_spec(config, cell.strategy)
+        msgs = validate_cell(models[cell.model], plan, world)
+        problems += [f"{where}: {msg}" for msg in msgs]
+        if not msgs and memory_bytes is not None and cell.model not in too_large:
+            need = _state_bytes(models[cell.model], plan, world)
+            most, most_where, count = short_of_memory.get(cell.model, (0, "", 0))
+            if need > memory_bytes:
+                short_of_memory[cell.model] = (
+                    max(need, most),
+                    where if need > most else most_where,
+                    count + 1,
+                )
+    for name, (need, where, count) in sorted(short_of_memory.items()):
+        problems.append(
+            f"models.{name}: {param_count(models[name]):.2g} parameters do not fit {count} "
+            f"cell(s): {where} needs at least {_size(need)} of weights, gradients and AdamW "
+            f"state ({TRAIN_BYTES_PER_PARAM} B a parameter, a copy per DDP replica), more than "
+            f"the {_size(memory_bytes)} of memory its ranks share; use a smaller model or fewer "
+            "data-parallel replicas"
+        )
     cluster = config.get("cluster") or {}
     if cluster.get("backend", "netns") == "netns":
         nets = {}
@@ -321,6 +349,46 @@ def _mapping_problems(config: dict[str, Any]) -> dict[str, str]:
             if why:
                 out[f"{section}.{name}"] = f"{section}.{name}.mapping: {why}"
     return out
+
+
+# The shape keys that make a model large, named when it is too large.
+_SIZE_KEYS = ("layers", "hidden", "ffn_mult", "vocab", "seq", "experts", "num_classes")
+
+
+def _model_size_problems(models: dict[str, Any]) -> dict[str, str]:
+    """Models with more than :data:`MAX_MODEL_PARAMS` parameters, by name, naming the shape."""
+    problems = {}
+    for name, spec in sorted(models.items()):
+        try:
+            params = param_count(spec)
+        except (TypeError, ValueError, KeyError):
+            continue  # a shape the schema or validate_cell refuses with its own message
+        if params > MAX_MODEL_PARAMS:
+            shape = ", ".join(f"{k}={spec[k]}" for k in _SIZE_KEYS if k in spec)
+            problems[name] = (
+                f"models.{name}: {params:.2g} parameters ({shape}), "
+                f"{_size(params * TRAIN_BYTES_PER_PARAM)} of weights, gradients and AdamW state; "
+                f"a model may have at most {MAX_MODEL_PARAMS:.0e} parameters: lower hidden, "
+                "layers or vocab"
+            )
+    return problems
+
+
+def _state_bytes(model: dict[str, Any], plan_spec: dict[str, Any], world: int) -> int:
+    """The least training state a cell's ranks hold together: one copy of the model per DDP
+    replica (TP, PP, EP and FSDP shard it, so one copy is the least any plan holds), at
+    :data:`TRAIN_BYTES_PER_PARAM` a parameter; 0 where the plan or model does not resolve."""
+    try:
+        plan = ParallelPlan.from_dict(plan_spec).resolve(world)
+        params = param_count(model)
+    except (TypeError, ValueError, KeyError):
+        return 0
+    return params * TRAIN_BYTES_PER_PARAM * (plan.dp if plan.dp_kind == "ddp" else 1)
+
+
+def _size(nbytes: float) -> str:
+    """Bytes for a config message: TB past a thousand GB (a typo's model reaches petabytes)."""
+    return f"{nbytes / 1e12:,.0f} TB" if nbytes >= 1e12 else fmt_bytes(nbytes, 1)
 
 
 # The strategy of a replay cell: its model axis names an entry of replays: (docs/replay.md).

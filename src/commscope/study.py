@@ -22,8 +22,8 @@ def study_checks(config: dict[str, Any], root: Path | None = None) -> pd.DataFra
 
     The sweep's combinations (:func:`commscope.config.check_study`), with the cluster's size
     from the ssh inventory (loaded and validated by its schema) or, for the netns backend,
-    whether the link engine can run here; the microbenchmark's settings and listed links; every
-    prediction
+    whether the link engine can run here and whether each cell's training state fits this
+    machine's memory; the microbenchmark's settings and listed links; every prediction
     scenario; and that every imported trace's files exist under ``root`` (the working
     directory). Raises :class:`~commscope.config.ConfigError` naming the key and the fix.
     """
@@ -36,7 +36,10 @@ def study_checks(config: dict[str, Any], root: Path | None = None) -> pd.DataFra
             raise ConfigError(f"cluster.inventory: {err}") from None
         cells = check_study(config, max_nodes=len(nodes))
     else:
-        cells = check_study(config, engine_problem=local_engine_problem)
+        # Every node of the netns cluster is this machine: a cell's ranks share its memory.
+        cells = check_study(
+            config, engine_problem=local_engine_problem, memory_bytes=machine_memory_bytes()
+        )
     problems = []
     bench = config.get("microbench") or {}
     links = bench.get("links", "sweep")
@@ -66,3 +69,14 @@ def study_checks(config: dict[str, Any], root: Path | None = None) -> pd.DataFra
     if problems:
         raise ConfigError("invalid study configuration:\n  - " + "\n  - ".join(problems))
     return cells
+
+
+def machine_memory_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """This machine's memory (``MemTotal``), or None where it cannot be read."""
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

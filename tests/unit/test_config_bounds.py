@@ -1,6 +1,6 @@
 """Values the checks used to accept that failed later (issue 23): each is refused up front,
-naming its key. A mapping that names a dimension twice, a rate tc cannot shape, a socket
-sampler that would only spin."""
+naming its key. A mapping that names a dimension twice, a rate tc cannot shape, a model of
+terabytes, a socket sampler that would only spin."""
 
 from __future__ import annotations
 
@@ -9,12 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from commscope.config import SCHEMA_PATH, ConfigError, check_study, load_config, validate_config
 from commscope.spec.link import MAX_RATE_BPS, LinkShape
+from commscope.spec.models import MAX_MODEL_PARAMS, model_config, param_count
 from commscope.spec.plan import ParallelPlan, mapping_problem
 from commscope.spec.settings import RunSettings
-from commscope.study import study_checks
+from commscope.study import machine_memory_bytes, study_checks
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = ROOT / SCHEMA_PATH
@@ -135,3 +137,69 @@ def test_socket_rates_the_sampler_keeps_pass(default: dict[str, Any], hz: float)
 
 def test_socket_hz_still_defaults_to_10(default: dict[str, Any]) -> None:
     assert default["run"]["socket_hz"] == 10
+
+
+# ─────────────────────────────────────────────────────────── model size
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"layers": 3, "hidden": 48, "heads": 4, "seq": 20, "vocab": 100, "batch": 2},
+        {"layers": 2, "hidden": 32, "heads": 2, "seq": 8, "vocab": 64, "batch": 2, "ffn_mult": 2},
+        {"kind": "moe", "layers": 3, "hidden": 32, "heads": 2, "seq": 8, "vocab": 64,
+         "batch": 2, "experts": 4, "moe_every": 2},
+        {"kind": "resnet50", "image": 32, "batch": 2, "num_classes": 10},
+        {"kind": "vgg16", "image": 32, "batch": 2, "num_classes": 7},
+    ],
+    ids=["gpt", "gpt-ffn2", "moe", "resnet50", "vgg16"],
+)  # fmt: skip
+def test_param_count_is_the_real_modules(spec: dict[str, Any]) -> None:
+    from commscope.workload.models import GPT
+    from commscope.workload.moe import MoEGPT
+    from commscope.workload.vision import build_vision_model
+
+    cfg = model_config(spec)
+    kind = spec.get("kind", "gpt")
+    with torch.device("meta"):
+        module = {"gpt": GPT, "moe": MoEGPT}.get(kind, build_vision_model)(cfg)
+    assert param_count(spec) == sum(p.numel() for p in module.parameters())
+
+
+def test_a_model_of_terabytes_is_refused_naming_it(default: dict[str, Any]) -> None:
+    # hidden: 1000000 made 4.8e13 parameters, 768 TB of training state per replica.
+    cfg = copy.deepcopy(default)
+    cfg["models"]["gpt-tiny"]["hidden"] = 1_000_000
+    message = _problems(cfg)
+    assert "models.gpt-tiny: 4.8e+13 parameters (layers=4, hidden=1000000" in message
+    assert "768 TB of weights, gradients and AdamW state" in message
+    assert f"at most {MAX_MODEL_PARAMS:.0e} parameters" in message
+    assert message.count("\n") == 1  # not once more per cell
+
+
+def test_a_cell_whose_state_exceeds_the_shared_memory_is_refused(
+    default: dict[str, Any],
+) -> None:
+    cfg = copy.deepcopy(default)
+    cfg["models"]["gpt-tiny"].update(hidden=4096, heads=8)  # 0.81e9 parameters, 13 GB a copy
+    message = _problems(cfg, memory_bytes=32 * 10**9)
+    # DDP on 8 nodes holds 8 copies; FSDP, TP and PP one, which fits.
+    assert "models.gpt-tiny: 8.1e+08 parameters do not fit " in message
+    assert "cell strategy=ddp model=gpt-tiny nodes=8 ranks_per_node=1 (world 8) needs at " in (
+        message
+    )
+    assert "more than the 32.0 GB of memory its ranks share" in message
+    assert message.count("\n") == 1
+    # Unknown memory (an ssh cluster): only the size cap applies.
+    assert len(check_study(cfg, engine_problem=lambda engine: "")) > 50
+
+
+def test_the_default_study_fits_a_small_machine(default: dict[str, Any]) -> None:
+    assert len(check_study(default, engine_problem=lambda e: "", memory_bytes=2 * 10**9)) > 50
+
+
+def test_machine_memory_is_memtotal(tmp_path: Path) -> None:
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       16384 kB\nMemFree:         1024 kB\n")
+    assert machine_memory_bytes(meminfo) == 16384 * 1024
+    assert machine_memory_bytes(tmp_path / "none") is None

@@ -115,5 +115,37 @@ def validate_moe(cfg: MoEConfig, ep_size: int) -> list[str]:
     return problems
 
 
+# Parameters of the vision models less their classifier's, and the classifier's input width:
+# torchvision's ResNet-50 (25,557,032 with 1000 classes) and VGG16 (138,357,544), which
+# commscope.workload.vision reproduces parameter for parameter. VGG16's first classifier layer
+# reads the 7 x 7 adaptive pool whatever the image side.
+_VISION_BODY_PARAMS = {"resnet50": 23_508_032, "vgg16": 14_714_688 + 102_764_544 + 16_781_312}
+_VISION_HEAD_IN = {"resnet50": 2048, "vgg16": 4096}
+# Bytes a trained parameter costs a rank that holds it whole: fp32 weight and gradient and
+# AdamW's two fp32 moments (activations come on top).
+TRAIN_BYTES_PER_PARAM = 16
+# The largest model a sweep may train: 10 billion parameters, 160 GB of weights, gradients and
+# AdamW state unsharded. Generous for an emulated cluster (the default study's models have ~1 M)
+# yet far below the typo it catches (hidden: 1000000 makes 10^13 parameters, terabytes per rank).
+MAX_MODEL_PARAMS = 10**10
+
+
+def param_count(spec: dict[str, Any]) -> int:
+    """Parameters of the model a ``models:`` entry trains, unsharded (closed form: nothing is
+    built). GPT and MoE as :mod:`commscope.workload.models` and ``moe`` define them (biased
+    projections, LayerNorms, untied head without bias); the vision models as torchvision's."""
+    cfg = model_config(spec)
+    if isinstance(cfg, VisionConfig):
+        return _VISION_BODY_PARAMS[cfg.arch] + (_VISION_HEAD_IN[cfg.arch] + 1) * cfg.num_classes
+    h, f = cfg.hidden, cfg.ffn_mult * cfg.hidden
+    attention = 4 * (h * h + h) + 4 * h  # q, k, v, proj and two LayerNorms
+    mlp = f * h + f + h * f + h
+    blocks = cfg.layers * (attention + mlp)
+    if isinstance(cfg, MoEConfig):
+        moe_blocks = sum(1 for i in range(cfg.layers) if is_moe_block(cfg, i))
+        blocks += moe_blocks * ((cfg.experts - 1) * mlp + cfg.experts * h)  # experts, router
+    return (cfg.vocab + cfg.seq) * h + blocks + 2 * h + cfg.vocab * h
+
+
 # What model_config returns: the config of one of MODEL_KINDS.
 ModelConfig = GPTConfig | MoEConfig | VisionConfig
