@@ -180,15 +180,12 @@ CLUSTER_CLAIM = []
 
 def preflight():
     """Before any job runs (not on dry runs): can this machine host the configured cluster,
-    and is its name free? The run then holds the name until it ends, so another checkout's run
-    or `commscope cleanup` cannot tear its namespaces down mid-cell."""
-    if config["cluster"]["backend"] == "netns":
-        from commscope.cluster.netns import (
-            ClusterBusy,
-            claim_cluster,
-            preflight_problems,
-        )
+    and is its name free? The run then holds the name until it ends (either backend: the
+    claim is a lock on this machine), so another checkout's run, `commscope check --nodes` or
+    `commscope cleanup` cannot tear its nodes down or reshape them mid-cell."""
+    from commscope.cluster.netns import ClusterBusy, claim_cluster, preflight_problems
 
+    if config["cluster"]["backend"] == "netns":
         problems = preflight_problems()
         if problems:
             raise WorkflowError(
@@ -196,16 +193,16 @@ def preflight():
                 + "\n  - ".join(problems)
                 + "\nUse cluster.backend: ssh with real hosts (config/cluster.example.yaml)."
             )
-        name = config["cluster"]["name"]
-        try:
-            CLUSTER_CLAIM.append(
-                claim_cluster(name, f"pid {os.getpid()} (snakemake in {Path.cwd()})")
-            )
-        except ClusterBusy as busy:
-            raise WorkflowError(
-                f"cluster.name: {busy}. Wait for that run to end, or give this study its "
-                "own cluster.name (and subnets)."
-            ) from None
+    name = config["cluster"]["name"]
+    try:
+        CLUSTER_CLAIM.append(
+            claim_cluster(name, f"pid {os.getpid()} (snakemake in {Path.cwd()})")
+        )
+    except ClusterBusy as busy:
+        raise WorkflowError(
+            f"cluster.name: {busy}. Wait for that run to end, or give this study its "
+            "own cluster.name (and subnets)."
+        ) from None
 
 
 def teardown_cluster():

@@ -123,11 +123,8 @@ def replay_once(
         out_program=program,
         out_meta=meta_path,
     )
-    claim = (
-        claim_cluster(cluster.name, f"pid {os.getpid()} (commscope replay in {root})")
-        if cluster.backend == "netns"
-        else None
-    )
+    # Either backend: the claim is a lock on this machine that every run of commscope takes.
+    claim = claim_cluster(cluster.name, f"pid {os.getpid()} (commscope replay in {root})")
     try:
         provision_and_run(
             cluster,
@@ -141,8 +138,7 @@ def replay_once(
         try:
             teardown(cluster, root)
         finally:
-            if claim is not None:
-                claim.close()
+            claim.close()
     paths = cell_table_paths(out_dir / "trace")
     build_cell_tables(out_dir / "raw", CellSettings.from_mapping(params), run.warmup_steps, paths)
     compute_cell_metrics(out_dir / "trace", out_dir / "metrics")
