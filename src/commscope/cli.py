@@ -377,8 +377,8 @@ def main(argv: list[str] | None = None) -> int:
     scope.add_argument(
         "--all",
         action="store_true",
-        help="every commscope cluster on this machine (cs-* namespaces), but those a live run "
-        "holds",
+        help="every commscope cluster on this machine (namespaces named exactly cs-NAME-i), "
+        "but those a live run holds (exit 2 naming them)",
     )
     scope.add_argument(
         "--inventory",
