@@ -51,6 +51,11 @@ wildcard_constraints:
     name=SAFE_COMPONENT,
 
 
+# The run: settings a job runs with. How often a failed cell is tried is not one of them:
+# changing it reruns nothing (run_cell's script reads it from the config).
+RUN_SETTINGS = {k: v for k, v in config["run"].items() if k != "attempts"}
+
+
 def cell_params(wildcards):
     """The cell's own sweep values (typed), and nothing else: reruns follow only them."""
     return cellspace.instance(wildcards)

@@ -15,7 +15,7 @@ rule microbench_run:
     params:
         link=link_of,
         microbench=BENCH_SETTINGS,
-        run=config["run"],
+        run=RUN_SETTINGS,
         cluster=config["cluster"],
     script:
         "../scripts/microbench_run.py"

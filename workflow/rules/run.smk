@@ -23,10 +23,9 @@ checkpoint run_cell:
     params:
         cell=cell_params,
         cell_id=lambda wildcards: CELL.format(**wildcards),
-        attempts=config["run"].get("attempts", 3),
         model=model_params,
         strategy=strategy_params,
-        run=config["run"],
+        run=RUN_SETTINGS,
         cluster=config["cluster"],
     script:
         "../scripts/run_cell.py"

@@ -43,6 +43,6 @@ with log_to(snakemake.log[0]):
                 progress=progress,
             ),
             **where,
-            attempts=snakemake.params.attempts,
+            attempts=int(snakemake.config["run"]["attempts"]),
             nodes=[f"node{i}" for i in range(cell.nodes)],
         )

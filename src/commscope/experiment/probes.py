@@ -56,6 +56,21 @@ WIRE_MODULE = "commscope.node.wire"
 # Where a node keeps the BPF object shipped to it, in the cell's run directory.
 WIRE_OBJECT = "wire.bpf.o"
 WIRE_LOG = "wire.log"
+# How long a node tool may take to say it runs. A deadline, not a count of polls: on two busy
+# cores each poll takes longer than its sleep, and a count of 50 polls once gave tcpdump well
+# under its 5 s (a failed attempt of a cell, issue 23). Each cell's tools log into the cell's own
+# run directory (its fresh tag), so a wait never reads an earlier start's line.
+TOOL_START_S = 30
+
+
+def until(test: str, also: str = "", seconds: int = TOOL_START_S) -> str:
+    """Shell lines that poll ``test`` (a command) every 20 ms until it succeeds, ``also``
+    succeeds (a failure worth stopping at), or ``seconds`` have passed; the caller checks."""
+    stop = f"{test} && break; " + (f"{also} && break; " if also else "")
+    return (
+        f"end=$(( $(date +%s) + {int(seconds)} )); "
+        f"while [ $(date +%s) -le $end ]; do {stop}sleep 0.02; done"
+    )
 
 
 class Probe(Protocol[T_co]):
@@ -133,7 +148,7 @@ class PeriodicSampler:
         # Training must not start before it samples: a short cell could end unsampled.
         log, line = quote(f"{rdir}/{self.log}"), quote(self.ready_line)
         return (
-            f" for i in $(seq 500); do grep -qF {line} {log} && break; sleep 0.02; done; "
+            f" {until(f'grep -qF {line} {log}')}; "
             f"grep -qF {line} {log} || {{ echo '{self.module} did not start:' >&2; "
             f"cat {log} >&2; exit 1; }};"
         )
@@ -187,9 +202,9 @@ class PacketCapture:
         # Capture must be running before training starts, or first packets are lost.
         log = quote(f"{rdir}/tcpdump.log")
         return (
-            f" for i in $(seq 50); do grep -q 'listening on' {log} && exit 0; "
-            f"sleep 0.1; done; echo 'tcpdump did not start:' >&2; cat {log} >&2;"
-            " exit 1"
+            f" {until(f'grep -q listening.on {log}')}; "
+            f"grep -q 'listening on' {log} && exit 0; echo 'tcpdump did not start:' >&2; "
+            f"cat {log} >&2; exit 1"
         )
 
     def pattern(self) -> str:
@@ -236,8 +251,7 @@ class WireAccounting:
         # Training must not start before the filters are attached: first bytes would be lost.
         log = quote(f"{rdir}/{WIRE_LOG}")
         return (
-            f" for i in $(seq 250); do grep -q '^attached' {log} && break; "
-            f"grep -q Error {log} && break; sleep 0.02; done; "
+            f" {until(f'grep -q ^attached {log}', also=f'grep -q Error {log}')}; "
             f"grep -q '^attached' {log} || {{ echo 'wire accounting did not start:'"
             f" >&2; cat {log} >&2; exit 1; }};"
         )

@@ -164,6 +164,10 @@ WIRE_SOURCES: tuple[str, ...] = ("bpf", "counters")
 LAUNCHERS: tuple[str, ...] = ("warm", "torchrun")
 
 
+# The most attempts a cell may get (each may take up to run.timeout_s).
+MAX_ATTEMPTS = 10
+
+
 @dataclass(frozen=True)
 class RunSettings:
     """The config's ``run:`` block: how long a cell may take and what is measured beside it.
@@ -182,6 +186,8 @@ class RunSettings:
     ``launcher`` starts the ranks: ``warm`` (default) forks them, with torchrun's environment,
     from a per-node server that has imported torch and the workload already
     (:mod:`commscope.node.forkserver`); ``torchrun`` runs torchrun on every node.
+    ``attempts``: how many times a cell is tried while it fails transiently
+    (:mod:`commscope.experiment.attempts`).
     """
 
     timeout_s: float = 300.0
@@ -194,10 +200,16 @@ class RunSettings:
     wire_bin_us: float = 100.0
     link_engine: str = "auto"
     launcher: str = "warm"
+    attempts: int = 3
 
     def __post_init__(self) -> None:
         if not self.timeout_s > 0:
             raise ValueError(f"run.timeout_s={self.timeout_s} must be > 0")
+        if not 1 <= self.attempts <= MAX_ATTEMPTS:
+            raise ValueError(
+                f"run.attempts={self.attempts}: use 1 (no retry) to {MAX_ATTEMPTS} (a cell that "
+                "failed transiently is tried again, commscope.experiment.attempts)"
+            )
         if self.link_engine not in LINK_ENGINES:
             raise ValueError(
                 f"run.link_engine={self.link_engine!r}: use one of {list(LINK_ENGINES)} (auto: "
@@ -241,6 +253,7 @@ class RunSettings:
             "wire_bin_us": float,
             "link_engine": str,
             "launcher": str,
+            "attempts": int,
         }
         return cls(**{k: casts[k](v) for k, v in kw.items()})
 
