@@ -211,7 +211,9 @@ def _lost_node(err: BaseException) -> str:
     marks the exception with it) and the first error, then what failed after it."""
     first = _node_error(err) or err
     node = getattr(first, "node", None) or "a node"
-    text = f"{node}: lost mid-cell: {type(first).__name__}: {first}"
+    # A timeout carries no text of its own: say what it means.
+    detail = str(first) or ("no answer in time" if isinstance(first, TimeoutError) else "")
+    text = f"{node}: lost mid-cell: {type(first).__name__}: {detail}"
     if first is not err:
         text += f"; then {type(err).__name__}: {err}"
     return (

@@ -138,7 +138,8 @@ def replay_once(
         try:
             teardown(cluster, root)
         finally:
-            claim.close()
+            if claim is not None:
+                claim.close()
     paths = cell_table_paths(out_dir / "trace")
     build_cell_tables(out_dir / "raw", CellSettings.from_mapping(params), run.warmup_steps, paths)
     compute_cell_metrics(out_dir / "trace", out_dir / "metrics")
