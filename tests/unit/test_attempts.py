@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from paramiko.ssh_exception import SSHException
 
+from commscope.cell.status import read_failure, write_status
 from commscope.cluster.shaping import ShapingCannotRun, ShapingError
 from commscope.contracts import CELL_FAILED_FILE
 from commscope.experiment.attempts import (
@@ -17,9 +18,7 @@ from commscope.experiment.attempts import (
     InjectedFault,
     inject_fault,
     is_transient,
-    read_failure,
     run_attempts,
-    write_status,
 )
 from commscope.experiment.cell import CellCannotRun, CellFailed, Progress
 from commscope.report.findings import Finding, lost_sides

@@ -3,8 +3,8 @@ tables (means over repeats, message-size CDFs, bytes per step) the study figures
 
 from pathlib import Path
 
+from commscope.cell.status import ran_products, read_statuses
 from commscope.contracts import METRIC_TABLES, STUDY_TABLES
-from commscope.experiment.attempts import ran_products, read_statuses
 from commscope.logs import log_to
 from commscope.metrics.io import aggregate_tables
 

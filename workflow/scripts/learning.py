@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from commscope.experiment.attempts import ran_products, read_statuses
+from commscope.cell.status import ran_products, read_statuses
 from commscope.logs import log_to
 from commscope.metrics.learning import aggregate_learning
 from commscope.plots.learning import plot_learning

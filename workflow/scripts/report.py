@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from commscope.experiment.attempts import failures, ran_cells, ran_products, read_statuses
+from commscope.cell.status import failures, ran_cells, ran_products, read_statuses
 from commscope.logs import log_to
 from commscope.report import findings, render_report, study_tables
 

@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
+from commscope.cell.status import read_statuses
 from commscope.contracts import STUDY_FIGURE_TABLES, STUDY_FIGURES
-from commscope.experiment.attempts import read_statuses
 from commscope.logs import log_to
 from commscope.plots.study import plot_study
 from commscope.plots.timeline import plot_timeline
