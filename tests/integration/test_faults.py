@@ -294,7 +294,9 @@ def full_disk(netns_cluster: Cluster, tmp_path: Path) -> Iterator[tuple[Cluster,
     """The cluster with node 1's workdir on a 2 MB tmpfs filled to its last 64 KB."""
     mnt = tmp_path / "csd4-full"
     mnt.mkdir()
-    _in_node_mounts(netns_cluster, 1, "mount", "-t", "tmpfs", "-o", "size=2m", "csd4full", str(mnt))
+    _in_node_mounts(
+        netns_cluster, 1, "mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "csd4full", str(mnt)
+    )
     try:
         _in_node_mounts(
             netns_cluster, 1, "dd", "if=/dev/zero", f"of={mnt}/filler", "bs=64k", "count=31"

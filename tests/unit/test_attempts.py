@@ -20,7 +20,7 @@ from commscope.experiment.attempts import (
     is_transient,
     run_attempts,
 )
-from commscope.experiment.cell import CellCannotRun, CellFailed, Progress
+from commscope.experiment.cell import CellCannotRun, CellFailed, CellTimedOut, Progress
 from commscope.report.findings import Finding, lost_sides
 
 CELL = (
@@ -103,6 +103,8 @@ def test_what_is_transient() -> None:
     wrapped.__cause__ = ShapingCannotRun("no delayer")
     assert not is_transient(wrapped)
     assert not is_transient(KeyError("model"))
+    # Out of run.timeout_s: it would most likely time out again, at timeout_s per attempt.
+    assert not is_transient(CellTimedOut("training failed on node1: timed out (run.timeout_s=4)"))
 
 
 def test_an_interrupt_ends_the_cell_at_once(tmp_path: Path) -> None:

@@ -27,14 +27,14 @@ from paramiko.ssh_exception import SSHException
 
 from commscope.cluster.shaping import ShapingCannotRun
 from commscope.contracts import CELL_FAILED_FILE
-from commscope.experiment.cell import CellCannotRun, Progress
+from commscope.experiment.cell import CellCannotRun, CellTimedOut, Progress
 from commscope.node.native import BuildError
 
 log = logging.getLogger(__name__)
 
 # Failures that recur on every attempt: bad values and code errors, missing tools, what the
-# cluster cannot hold. Everything else (node tools, SSH, timeouts, a training run that died) is
-# tried again.
+# cluster cannot hold (and, in is_transient, a cell that ran out of run.timeout_s). Everything
+# else (node tools, SSH and its timeouts, a training run that died) is tried again.
 NOT_TRANSIENT: tuple[type[BaseException], ...] = (
     ShapingCannotRun,
     BuildError,
@@ -107,7 +107,7 @@ def is_transient(err: BaseException) -> bool:
         chain.append(chain[-1].__cause__)
     if any(isinstance(e, SSHException | OSError | EOFError) for e in chain):
         return not any(isinstance(e, CellCannotRun | ShapingCannotRun) for e in chain)
-    return not any(isinstance(e, (*NOT_TRANSIENT, CellCannotRun)) for e in chain)
+    return not any(isinstance(e, (*NOT_TRANSIENT, CellCannotRun, CellTimedOut)) for e in chain)
 
 
 def one_line(err: BaseException) -> str:

@@ -62,6 +62,15 @@ class CellCannotRun(CellFailed):
     cluster has): trying it again would fail the same way (commscope.experiment.attempts)."""
 
 
+class CellTimedOut(CellFailed):
+    """The cell's training ran out of ``run.timeout_s``: a cap too low for its steps, a hung
+    collective. Not tried again: it would most likely do the same, at ``run.timeout_s`` per
+    attempt (and a Snakemake stopped by a signal to its pid waits for every attempt)."""
+
+
+# What launch.exit_reason says of a node whose ranks ran out of run.timeout_s.
+TIMED_OUT = "timed out (run.timeout_s="
+
 # The phases of a cell's run, in order: a failure record names the one it failed in.
 PHASES = ("provision", "prepare", "shape", "probes", "train", "stop", "fetch")
 
@@ -300,7 +309,8 @@ def _measure(
     (out_dir / RUN_FILE).write_text(json.dumps(meta, indent=2, default=str))
     if failures:
         progress.phase = "train"
-        raise CellFailed("training failed on " + "; ".join(failures))
+        error = CellTimedOut if any(TIMED_OUT in f for f in failures) else CellFailed
+        raise error("training failed on " + "; ".join(failures))
 
 
 def _wire_object(run: RunSettings, n_hosts: int) -> tuple[Path | None, str]:
