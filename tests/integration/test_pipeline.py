@@ -38,7 +38,7 @@ def snakemake(
 ) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), *args]
     return subprocess.run(
-        cmd, cwd=workdir, capture_output=True, text=True, timeout=900, env=env or None
+        cmd, cwd=workdir, capture_output=True, text=True, timeout=1800, env=env or None
     )
 
 
