@@ -49,13 +49,20 @@ class ClockSample:
         return asdict(self)
 
 
+# How long the clock probe's interpreter may take to start and answer first.
+START_TIMEOUT_S = 60.0
+
+
 def estimate_offset(host: Host, probes: int = 8, timeout_s: float = 10.0) -> ClockSample:
     """Estimate ``host``'s clock offset from ``probes`` echo round trips over one SSH channel."""
     if probes < 1:
         raise ValueError(f"probes must be >= 1, got {probes}")
     host.conn.open()
     channel = host.conn.client.get_transport().open_session()
-    channel.settimeout(timeout_s)
+    # The first answer waits for the interpreter to start, beside every node tool of every node
+    # starting too: on 2 cores with 8 nodes that took over 10 s (the loaded soak of issue 23:
+    # 8-node cells failed here, one in all 3 attempts). The echoes after it get timeout_s.
+    channel.settimeout(max(timeout_s, START_TIMEOUT_S))
     try:
         channel.exec_command(f"{shlex.quote(host.spec.python)} -u -c {shlex.quote(_ECHO)}")
         reader = channel.makefile("rb")
@@ -69,6 +76,7 @@ def estimate_offset(host: Host, probes: int = 8, timeout_s: float = 10.0) -> Clo
             if not line.strip():
                 raise RuntimeError(f"{host.name}: clock probe got no answer")
             if i == 0:
+                channel.settimeout(timeout_s)
                 continue
             sample = ClockSample(
                 offset_ns=int(line) - (t0 + t1) // 2,
