@@ -566,3 +566,9 @@ def strategy_spec(config: dict[str, Any], name: str) -> dict[str, Any]:
 def cell_id(cell: dict[str, Any]) -> str:
     """Path of a cell below results/runs/: one ``axis~value`` directory per axis, in order."""
     return "/".join(f"{axis}~{cell[axis]}" for axis in SWEEP_AXES)
+
+
+def cell_axes(cell: str) -> dict[str, str]:
+    """A cell's axis values (as written) from its path below results/runs/: :func:`cell_id`'s
+    inverse."""
+    return dict(part.split("~", 1) for part in cell.split("/") if "~" in part)

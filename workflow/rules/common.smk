@@ -11,10 +11,12 @@ from snakemake.utils import Paramspace
 from commscope.cluster.provision import teardown
 from commscope.config import (
     REPLAY_STRATEGY,
+    cell_axes,
     cell_id,
     replay_source_cell,
     strategy_spec,
 )
+from commscope.cell.status import read_failure
 from commscope.contracts import (
     CELL_FAILED_FILE,
     CELL_STATUS_FILE,
@@ -84,18 +86,13 @@ def all_cells(pattern):
 # made or why it failed, and the study-wide rules read the statuses. When the workflow ends,
 # each failed cell's record moves out of its raw/ (release_failed_cells): the next invocation
 # runs the cell again.
-def cell_wildcards(cell):
-    """A cell's wildcards from its path below results/runs/ (``axis~value/...``)."""
-    return dict(part.split("~", 1) for part in cell.split("/"))
-
-
 def failed_record(raw):
     return Path(raw) / CELL_FAILED_FILE
 
 
 def cell_ran(cell):
     """Whether the cell ran (raises Snakemake's IncompleteCheckpointException before it has)."""
-    raw = checkpoints.run_cell.get(**cell_wildcards(cell)).output[0]
+    raw = checkpoints.run_cell.get(**cell_axes(cell)).output[0]
     return not failed_record(raw).exists()
 
 
@@ -116,8 +113,9 @@ def release_failed_cells():
     failed = []
     for cell in cellspace.instance_patterns:
         raw = Path(f"{RUNS}/{cell}/raw")
-        if failed_record(raw).exists():
-            failed.append((cell, json.loads(failed_record(raw).read_text())))
+        record = read_failure(raw)
+        if record is not None:
+            failed.append((cell, record))
             kept = raw.parent / "attempts" / CELL_FAILED_FILE
             kept.parent.mkdir(parents=True, exist_ok=True)
             failed_record(raw).replace(kept)
@@ -155,7 +153,7 @@ def fail_on_failed_cells(failed):
 def cell_products(wildcards):
     """What the study reads of one cell once it ran, by name (nothing when it failed):
     requested per cell, so a cell's analysis runs as soon as the cell has. Its status lists
-    them (commscope.experiment.attempts.write_status) for the study-wide rules."""
+    them (commscope.cell.status.write_status) for the study-wide rules."""
     cell = CELL.format(**wildcards)
     raw = checkpoints.run_cell.get(**wildcards).output[0]
     if failed_record(raw).exists():

@@ -45,7 +45,7 @@ NOT_TRANSIENT: tuple[type[BaseException], ...] = (
     NotImplementedError,
     MemoryError,
 )
-# Fault injection for the workflow's own tests (tests/integration/test_study_failures.py):
+# Fault injection for the workflow's own tests (tests/integration/test_pipeline.py):
 # cells whose path below results/runs/ matches the regular expression in FAULT_ENV fail their
 # first FAULT_ATTEMPTS_ENV attempts (all, when unset) before anything runs, as a transient
 # failure would.
@@ -98,13 +98,19 @@ class CellFailure:
         return asdict(self)
 
 
+def _causes(err: BaseException) -> list[BaseException]:
+    """``err`` and its explicit causes (``raise ... from``), outermost first."""
+    chain: list[BaseException] = [err]
+    while chain[-1].__cause__ is not None and len(chain) < 8:
+        chain.append(chain[-1].__cause__)
+    return chain
+
+
 def is_transient(err: BaseException) -> bool:
     """Whether ``err`` may not recur: none of it (it and its explicit causes) is of a kind that
     does (:data:`NOT_TRANSIENT`, :class:`CellCannotRun`). SSH trouble is transient even where it
     surfaces as a ValueError of paramiko's."""
-    chain: list[BaseException] = [err]
-    while chain[-1].__cause__ is not None and len(chain) < 8:
-        chain.append(chain[-1].__cause__)
+    chain = _causes(err)
     if any(isinstance(e, SSHException | OSError | EOFError) for e in chain):
         return not any(isinstance(e, CellCannotRun | ShapingCannotRun) for e in chain)
     return not any(isinstance(e, (*NOT_TRANSIENT, CellCannotRun, CellTimedOut)) for e in chain)
@@ -119,10 +125,7 @@ def one_line(err: BaseException) -> str:
 def failed_node(err: BaseException, nodes: Sequence[str]) -> str | None:
     """The node ``err`` names: marked on it by ``on_all``, or the ``node:`` its message starts
     with (the node layer's errors are written so)."""
-    chain: list[BaseException] = [err]
-    while chain[-1].__cause__ is not None and len(chain) < 8:
-        chain.append(chain[-1].__cause__)
-    for e in chain:
+    for e in _causes(err):
         node = getattr(e, "node", None)
         if isinstance(node, str):
             return node

@@ -29,7 +29,7 @@ from typing import Any
 
 import pandas as pd
 
-from commscope.config import REPLAY_STRATEGY
+from commscope.config import REPLAY_STRATEGY, cell_axes
 from commscope.metrics.study import strategy_label, unshaped_rows
 from commscope.units import fmt_bytes, fmt_count, fmt_ms
 
@@ -661,14 +661,9 @@ def study_findings(
     ]
 
 
-def _axis(cell: str) -> dict[str, str]:
-    """A cell's axes from its path below results/runs/ (``axis~value/...``)."""
-    return dict(part.split("~", 1) for part in cell.split("/") if "~" in part)
-
-
 def failed_cell_words(cell: str) -> str:
     """A failed cell as a reader names it: strategy, model, placement and link."""
-    a = _axis(cell)
+    a = cell_axes(cell)
     link = ", ".join(f"{k} {a[k]}" for k in ("bw", "delay", "jitter", "loss") if k in a)
     return (
         f"{a.get('strategy', '?')} ({a.get('model', '?')}, {a.get('nodes', '?')} x "
@@ -696,7 +691,7 @@ def lost_sides(
         names_a_setup = bool(re.search(r" on \d+ nodes?, \d+ ranks? each", f.text))
         lacking = []
         for rec in failed:
-            a = _axis(rec["cell"])
+            a = cell_axes(rec["cell"])
             strategy = a.get("strategy", "")
             if a.get("model") and a.get("nodes") and a.get("ranks_per_node"):
                 setup = _setup_words(a)

@@ -17,7 +17,7 @@ import pandas as pd
 
 from commscope.collectives.ring import busbw_factors
 from commscope.collectives.traffic import DEFAULT_BACKEND, GLOO
-from commscope.config import REPLAY_STRATEGY
+from commscope.config import REPLAY_STRATEGY, cell_axes
 from commscope.contracts import PARAM_COLUMNS
 from commscope.export.astrasim import ASTRA_BINARY, RUN_SCRIPT, SUMMARY_FILE
 from commscope.metrics import crosscheck_by_strategy
@@ -785,13 +785,8 @@ def findings(
         predictions=_read(predictions) if predictions else None,
     )
     table = _read(summary)
-    strategies = {*table.get("strategy", []), *(_cell_strategy(r["cell"]) for r in failed)}
+    strategies = {*table.get("strategy", []), *(cell_axes(r["cell"])["strategy"] for r in failed)}
     return lost_sides(found, list(failed), sorted(strategies))
-
-
-def _cell_strategy(cell: str) -> str:
-    """The strategy of a cell's path below results/runs/."""
-    return cell.split("/", 1)[0].removeprefix("strategy~")
 
 
 # ------------------------------------------------------- synchronization and temporal structure
