@@ -20,7 +20,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from commscope.contracts import SWEEP_AXES
+from commscope.contracts import REPLAY_STRATEGY, SWEEP_AXES
 from commscope.spec.link import LINK_AXES, LINK_DEFAULTS, LinkSetting
 from commscope.spec.models import MAX_MODEL_PARAMS, TRAIN_BYTES_PER_PARAM, param_count
 from commscope.spec.plan import BUILTIN_STRATEGIES, ParallelPlan, mapping_problem, validate_cell
@@ -389,10 +389,6 @@ def _state_bytes(model: dict[str, Any], plan_spec: dict[str, Any], world: int) -
 def _size(nbytes: float) -> str:
     """Bytes for a config message: TB past a thousand GB (a typo's model reaches petabytes)."""
     return f"{nbytes / 1e12:,.0f} TB" if nbytes >= 1e12 else fmt_bytes(nbytes, 1)
-
-
-# The strategy of a replay cell: its model axis names an entry of replays: (docs/replay.md).
-REPLAY_STRATEGY = "replay"
 
 
 def replay_source_cell(config: dict[str, Any], name: str) -> dict[str, Any] | None:

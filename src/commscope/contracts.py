@@ -40,6 +40,26 @@ SWEEP_AXES: tuple[str, ...] = (
 # Columns that identify a sweep cell, in the order they lead every output table.
 PARAM_COLUMNS: tuple[str, ...] = ("cell", *SWEEP_AXES)
 
+# The strategy name of a replay cell: a recorded or predicted program replayed on the cluster
+# (docs/replay.md), not a training run. Reserved: no strategy of a config may take it.
+REPLAY_STRATEGY = "replay"
+
+
+def is_replay(cell: Mapping[str, Any] | pd.DataFrame | str) -> Any:
+    """Whether a cell is a replay cell, the one answer to "is this a replay": for a strategy
+    name, a cell's settings (``{"strategy": ...}``) or a table with a ``strategy`` column (a
+    boolean Series then, one value a row; a table without the column has no replay rows)."""
+    if isinstance(cell, str):
+        return cell == REPLAY_STRATEGY
+    if isinstance(cell, Mapping):
+        return cell.get("strategy") == REPLAY_STRATEGY
+    if "strategy" not in cell:
+        import pandas as pd
+
+        return pd.Series(False, index=cell.index)
+    return cell["strategy"] == REPLAY_STRATEGY
+
+
 # --------------------------------------------------------------------------------------------
 # Files of one cell's trace directory (written by the parse step, read by metrics and exports)
 # --------------------------------------------------------------------------------------------
