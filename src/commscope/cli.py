@@ -28,7 +28,8 @@ def _cleanup(args: argparse.Namespace) -> int:
         return _cleanup_inventory(args.inventory, force=args.force)
     import os
 
-    from commscope.cluster.netns import claim_or_holder, cleanup_all, teardown_netns
+    from commscope.cluster.claim import claim_or_holder
+    from commscope.cluster.netns import cleanup_all, teardown_netns
 
     if args.all:
         spared: dict[str, str] = {}
@@ -69,7 +70,7 @@ def _cleanup_inventory(path: Path, force: bool = False) -> int:
     2 for a bad inventory, or when a live run holds the study's cluster name or is running on
     a host (without ``force``: that host is left as it is); 1 when a host is unreachable or
     something could not be removed."""
-    from commscope.cluster.netns import cluster_holder
+    from commscope.cluster.claim import cluster_holder
     from commscope.config import ConfigError
     from commscope.experiment.cleanup import cleanup_inventory
 
@@ -159,7 +160,7 @@ def _check_nodes(config: dict, nodes: int) -> int:
     a live run holds it, nothing is touched."""
     import os
 
-    from commscope.cluster.netns import ClusterBusy, claim_cluster
+    from commscope.cluster.claim import ClusterBusy, claim_cluster
     from commscope.cluster.provision import provision
     from commscope.experiment.readiness import check_nodes
     from commscope.spec.settings import ClusterSettings, RunSettings
@@ -267,7 +268,7 @@ def _replay(args: argparse.Namespace) -> int:
     ran and matched its program, 1 when the cell failed or did not match, 2 for bad input."""
     import re
 
-    from commscope.cluster.netns import ClusterBusy
+    from commscope.cluster.claim import ClusterBusy
     from commscope.config import ConfigError, load_config
     from commscope.experiment.cell import CellFailed
     from commscope.replay.run import replay_once

@@ -16,6 +16,7 @@ import paramiko
 import pytest
 
 from commscope.cluster import netns
+from commscope.cluster.claim import claim_cluster
 from commscope.cluster.clock import estimate_offset
 from commscope.cluster.hosts import Cluster, Host, NodeSpec
 from commscope.cluster.netns import cleanup_all, list_netns, provision_netns, teardown_netns
@@ -305,7 +306,7 @@ def test_teardown_and_cleanup_leave_nothing_behind(tmp_path: Path) -> None:
         # for --name nor for --all; once the run lets go, --name removes exactly that cluster.
         _, pids = build()
         cli = [sys.executable, "-m", "commscope.cli", "cleanup"]
-        claim = netns.claim_cluster(SCRATCH, "pid 1 (a test's study)")
+        claim = claim_cluster(SCRATCH, "pid 1 (a test's study)")
         try:
             refused = subprocess.run([*cli, "--name", SCRATCH], capture_output=True, text=True)
             assert refused.returncode == 2

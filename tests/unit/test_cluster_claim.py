@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from commscope.cluster.netns import ClusterBusy, claim_cluster, cluster_holder
+from commscope.cluster.claim import ClusterBusy, claim_cluster, cluster_holder
 
 
 @pytest.fixture(autouse=True)

@@ -16,7 +16,8 @@ import pytest
 
 from commscope.cli import main
 from commscope.cluster import netns
-from commscope.cluster.netns import claim_cluster, cluster_of_netns
+from commscope.cluster.claim import ClusterBusy, claim_cluster, cluster_holder
+from commscope.cluster.netns import cluster_of_netns
 from commscope.experiment import cleanup
 from commscope.experiment.cleanup import PROCESS_PATTERNS, NodeCleanup, kill_script, owners
 
@@ -130,7 +131,7 @@ def test_cleanup_holds_the_claim_while_it_removes(
     seen: list[str | None] = []
 
     def kill(ns: str) -> list[int]:
-        with pytest.raises(netns.ClusterBusy, match="commscope cleanup") as busy:
+        with pytest.raises(ClusterBusy, match="commscope cleanup") as busy:
             claim_cluster(cluster_of_netns(ns) or "", "a study starting now")
         seen.append(str(busy.value))
         return []
@@ -138,7 +139,7 @@ def test_cleanup_holds_the_claim_while_it_removes(
     monkeypatch.setattr(netns, "_kill_netns_pids", kill)
     netns.cleanup_all(prefix="cs-abcd")
     assert seen and "is in use by pid" in seen[0]
-    assert netns.cluster_holder("abcd") is None  # released afterwards
+    assert cluster_holder("abcd") is None  # released afterwards
 
 
 def test_name_refuses_a_claimed_cluster_and_a_bad_name(

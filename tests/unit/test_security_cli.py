@@ -24,8 +24,8 @@ from invoke.runners import Result
 from commscope import cli
 from commscope.cluster import hosts
 from commscope.cluster import provision as provision_module
+from commscope.cluster.claim import claim_cluster
 from commscope.cluster.hosts import NodeSpec
-from commscope.cluster.netns import claim_cluster
 from commscope.config import read_yaml
 from commscope.replay import run as replay_run
 

@@ -186,7 +186,8 @@ def preflight():
     and is its name free? The run then holds the name until it ends (either backend: the
     claim is a lock on this machine), so another checkout's run, `commscope check --nodes` or
     `commscope cleanup` cannot tear its nodes down or reshape them mid-cell."""
-    from commscope.cluster.netns import ClusterBusy, claim_cluster, preflight_problems
+    from commscope.cluster.claim import ClusterBusy, claim_cluster
+    from commscope.cluster.netns import preflight_problems
 
     if config["cluster"]["backend"] == "netns":
         problems = preflight_problems()

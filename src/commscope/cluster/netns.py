@@ -56,8 +56,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
+from commscope.cluster.claim import CLUSTER_NAME, check_cluster_name, claim_or_holder
 from commscope.cluster.hosts import Cluster, Host, NodeSpec, on_all
 from commscope.cluster.sshd import SSHD, keygen, start_sshd, wait_for_sshd
 from commscope.cluster.syscmd import bridge_nf_note, run_checked, run_quiet
@@ -67,7 +67,6 @@ from commscope.spec.settings import check_mtu, subnet_problem
 log = logging.getLogger(__name__)
 
 NETNS_PREFIX = "cs-"
-_NAME_RE = re.compile(r"^[a-z0-9]{1,6}$")
 # Alias stamped on every root-side link we create: cleanup finds our links by it, not by name.
 _ALIAS_PREFIX = "commscope:"
 
@@ -89,72 +88,10 @@ def ns_name(name: str, index: int) -> str:
     return f"{NETNS_PREFIX}{name}-{index}"
 
 
-def _validate_name(name: str) -> None:
-    if not isinstance(name, str) or not _NAME_RE.match(name):
-        raise ValueError(
-            f"name={name!r} is invalid: the cluster name must be 1-6 lowercase letters/digits "
-            f"(e.g. 'cs0'), because it is part of interface names such as '{name}-mgmt' "
-            "which Linux limits to 15 characters"
-        )
-
-
 # A path that reaches a remote shell unquoted must hold nothing a shell splits or expands.
 # Each component begins at its '/': one way to match, so no backtracking blow-up on a long
 # path that fails at its end (the form `(x+/?)*` took minutes on a 60-character path).
 SAFE_PATH = re.compile(r"^(?:/[A-Za-z0-9._+-]+)*/?$")
-
-
-class ClusterBusy(RuntimeError):
-    """The cluster name is claimed by a live run (another checkout, or this one)."""
-
-
-def _lock_dir() -> Path:
-    # Machine-wide (not per checkout): two checkouts with the same cluster name share the
-    # namespaces, so they must share the lock too. /run is a tmpfs: a reboot clears it.
-    return Path(os.environ.get("COMMSCOPE_LOCK_DIR", "/run/commscope"))
-
-
-def claim_cluster(name: str, owner: str) -> Any:
-    """Claim cluster ``name`` for this process: an exclusive, non-blocking ``flock`` on a
-    machine-wide lock file, holding ``owner`` (who and where) for others to read. Returns the
-    open file: keep it open while the cluster is in use; closing it (or the process ending, a
-    crash included) releases the claim. :class:`ClusterBusy` names the holder when another
-    process has it."""
-    _validate_name(name)
-    directory = _lock_dir()
-    directory.mkdir(parents=True, exist_ok=True)
-    fh = open(directory / f"cluster-{name}.lock", "a+")  # noqa: SIM115 (held by the caller)
-    try:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        fh.seek(0)
-        holder = fh.read().strip() or "another process"
-        fh.close()
-        raise ClusterBusy(f"cluster {name!r} is in use by {holder}") from None
-    fh.seek(0)
-    fh.truncate()
-    fh.write(f"{owner}\n")
-    fh.flush()
-    return fh
-
-
-def cluster_holder(name: str) -> str | None:
-    """Who holds cluster ``name`` (the owner text of :func:`claim_cluster`), or None when no
-    live process does."""
-    claim, holder = claim_or_holder(name, "commscope cleanup (probe)")
-    if claim is not None:
-        claim.close()
-    return holder
-
-
-def claim_or_holder(name: str, owner: str) -> tuple[Any, str | None]:
-    """(the claim, None) when ``name`` was free and is now this process's (close the claim to
-    release it), else (None, who holds it). What cleanup holds while it removes a cluster, so
-    that no run can claim the name between the check and the removal."""
-    try:
-        return claim_cluster(name, owner), None
-    except ClusterBusy as busy:
-        return None, str(busy).split(" is in use by ", 1)[1]
 
 
 def list_netns() -> list[str]:
@@ -302,7 +239,7 @@ def teardown_netns(name: str, state_dir: Path | None = None) -> list[str]:
     Idempotent and never raises because something is already gone. With ``state_dir``, also
     removes its cluster.json (keys are kept: a rebuild makes new ones anyway).
     """
-    _validate_name(name)
+    check_cluster_name(name)
     _require_root()
     if state_dir is not None:
         with _locked(Path(state_dir)):
@@ -334,7 +271,7 @@ def _teardown(name: str, state_dir: Path | None) -> list[str]:
     return removed
 
 
-# Exactly the names commscope gives: node namespaces ns_name(NAME, i) (NAME as _validate_name
+# Exactly the names commscope gives: node namespaces ns_name(NAME, i) (NAME as CLUSTER_NAME
 # allows, i as range() writes it), the netem probe's namespace, and the alias stamped on root-side
 # links. Nothing else that merely starts with "cs-" is ours.
 _NS_NAME_RE = re.compile(rf"{re.escape(NETNS_PREFIX)}([a-z0-9]{{1,6}})-(?:0|[1-9][0-9]*)")
@@ -369,15 +306,15 @@ def cleanup_all(
     them for a cluster found; with the default prefix also the netem probe's namespaces
     (``csprobe<pid>``) whose process is gone. Only names exactly as commscope makes them count:
     ``cs-anything`` is not a node namespace, ``cs-ab`` does not select cluster ``abc``. Each
-    cluster is claimed (:func:`claim_cluster`) while it is removed, so no run starts on it
-    meanwhile. With ``spare_claimed``, a cluster a live run has claimed is left alone, and its
-    holder recorded in ``spared`` (name -> holder) when given.
+    cluster is claimed (:func:`~commscope.cluster.claim.claim_cluster`) while it is removed, so
+    no run starts on it meanwhile. With ``spare_claimed``, a cluster a live run has claimed is
+    left alone, and its holder recorded in ``spared`` (name -> holder) when given.
     """
     _require_root()
     only: str | None = None
     if prefix != NETNS_PREFIX:
         only = prefix.removeprefix(NETNS_PREFIX)
-        if not prefix.startswith(NETNS_PREFIX) or not _NAME_RE.match(only):
+        if not prefix.startswith(NETNS_PREFIX) or not CLUSTER_NAME.match(only):
             raise ValueError(
                 f"prefix={prefix!r}: use {NETNS_PREFIX!r} (every cluster) or "
                 f"'{NETNS_PREFIX}NAME' (cluster NAME alone)"
@@ -470,7 +407,7 @@ def provision_netns(
     Raises PermissionError when not root, ValueError on bad arguments, RuntimeError when a node's
     sshd does not come up or the experiment network does not connect.
     """
-    _validate_name(name)
+    check_cluster_name(name)
     if not isinstance(n_nodes, int) or n_nodes < 1:
         raise ValueError(f"n_nodes={n_nodes!r} must be a positive integer (e.g. 2)")
     check_mtu(mtu)

@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 
 from commscope.cell.parse import build_cell_tables, cell_table_paths
-from commscope.cluster.netns import claim_cluster
+from commscope.cluster.claim import claim_cluster
 from commscope.cluster.provision import teardown
 from commscope.config import filled_cell
 from commscope.contracts import REPLAY_META_FILE, REPLAY_PROGRAM_FILE
