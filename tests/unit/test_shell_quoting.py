@@ -67,6 +67,8 @@ def test_the_node_tools_keep_each_value_one_word() -> None:
     assert sampler[sampler.index("--iface") + 1] == SPEC.exp_iface
     sockets = _words(probes.socket_stats(10.0, 9.0, tag).command(SPEC, rdir))
     assert sockets[sockets.index("--addr") + 1] == SPEC.exp_addr
+    host = _words(probes.host_stats(9.0, tag).command(SPEC, rdir))
+    assert [host[host.index(f) + 1] for f in ("--node", "--tag")] == [SPEC.exp_addr, tag]
     capture = _words(probes.PacketCapture(9.0, tag).command(SPEC, rdir))
     assert capture[capture.index("-w") + 1] == f"{rdir}/{tag}.pcap"
 

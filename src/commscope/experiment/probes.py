@@ -28,7 +28,9 @@ from commscope.cluster.shaping import (
     qdisc_stats_script,
 )
 from commscope.contracts import (
+    HOSTSTAT_READY,
     NODE_COUNTERS_FILE,
+    NODE_HOST_FILE,
     NODE_SOCKETS_FILE,
     NODE_WIRE_FILE,
     NODE_WIRE_META_FILE,
@@ -52,6 +54,10 @@ def _tool_pattern(name: str, tag: str) -> str:
 
 SAMPLER_MODULE = "commscope.node.sampler"
 SOCKSTATS_MODULE = "commscope.node.sockstats"
+HOSTSTAT_MODULE = "commscope.node.hoststat"
+# Twice a second: per-second CPU shares from /proc/stat's 10 ms ticks (1 % resolution on two
+# CPUs), at ~1 ms of CPU per sample and node.
+HOSTSTAT_HZ = 2.0
 WIRE_MODULE = "commscope.node.wire"
 # Where a node keeps the BPF object shipped to it, in the cell's run directory.
 WIRE_OBJECT = "wire.bpf.o"
@@ -168,6 +174,15 @@ def counter_sampler(hz: int, limit_s: float, tag: str) -> PeriodicSampler:
     return PeriodicSampler(
         SAMPLER_MODULE, "--iface", "exp_iface", hz, limit_s, tag, NODE_COUNTERS_FILE,
         "sampler.log", "commscope.node.sampler: ",
+    )  # fmt: skip
+
+
+def host_stats(limit_s: float, tag: str) -> PeriodicSampler:
+    """The host's CPU and the node's run-queue waits at HOSTSTAT_HZ
+    (:mod:`commscope.node.hoststat`): the cell's fidelity record."""
+    return PeriodicSampler(
+        HOSTSTAT_MODULE, "--node", "exp_addr", HOSTSTAT_HZ, limit_s, tag, NODE_HOST_FILE,
+        "hoststat.log", HOSTSTAT_READY,
     )  # fmt: skip
 
 
@@ -349,8 +364,9 @@ def node_tools(
     run: RunSettings, tag: str, wire: WireSource, peers: tuple[str, ...] = ()
 ) -> list[NodeTool]:
     """The background tools of a cell: the wire source's (BPF accounting, or the counter
-    sampler and a packet capture for the node-pair matrix), then the socket statistics and, if
-    asked, a packet capture (the capture comes last: stopping waits for it to flush)."""
+    sampler and a packet capture for the node-pair matrix), then the socket statistics, the
+    host statistics (the cell's fidelity) and, if asked, a packet capture (the capture comes
+    last: stopping waits for it to flush)."""
     limit = float(run.timeout_s) + 30
     tools: list[NodeTool] = []
     if wire.source == "bpf":
@@ -359,6 +375,7 @@ def node_tools(
         tools.append(counter_sampler(int(run.sample_hz), limit, tag))
     if run.socket_hz > 0:
         tools.append(socket_stats(run.socket_hz, limit, tag))
+    tools.append(host_stats(limit, tag))
     if capture_packets(run, wire):
         tools.append(PacketCapture(limit, tag))
     return tools
