@@ -110,6 +110,29 @@ NODE_COUNTERS_FILE = "counters.parquet"
 NODE_SOCKETS_FILE = "sockets.parquet"
 # What the socket statistics program prints to its log once it samples (the cell waits for it).
 SOCKSTATS_READY = "commscope.node.sockstats: sampling"
+# raw/<node>/: the host's CPU and the node's run-queue waits over the cell
+# (commscope.node.hoststat), and what that program prints once it samples.
+NODE_HOST_FILE = "host.parquet"
+HOSTSTAT_READY = "commscope.node.hoststat: sampling"
+# host.parquet's columns: cumulative counters at each sample (a window's share is a difference).
+# cpu_*_ns: all of the host's CPUs (/proc/stat; steal: given by the hypervisor to other guests);
+# cpu_pressure_us: /proc/pressure/cpu "some" total (-1 without PSI); ranks_* / delayer_*: the
+# CPU time the node's rank (delayer) threads ran and waited on a run queue, and their threads.
+HOST_SAMPLE_COLUMNS: list[str] = [
+    "t_ns",
+    "cpus",
+    "cpu_busy_ns",
+    "cpu_idle_ns",
+    "cpu_steal_ns",
+    "cpu_total_ns",
+    "cpu_pressure_us",
+    "ranks_run_ns",
+    "ranks_wait_ns",
+    "ranks_threads",
+    "delayer_run_ns",
+    "delayer_wait_ns",
+    "delayer_threads",
+]
 # raw/<node>/: what the in-kernel wire accounting of a node writes (commscope.node.wire): bytes,
 # frames and socket buffers per time bin, hook (ingress/egress) and peer address, and its metadata
 # (bin width, clock mapping, totals, the reason a fallback was taken).
