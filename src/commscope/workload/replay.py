@@ -38,13 +38,11 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import socket
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +60,7 @@ from commscope.contracts import (
     parse_ranks,
 )
 from commscope.workload import capture
-from commscope.workload.entry import close_rank, main, rank_device, write_rank_tables
+from commscope.workload.entry import close_rank, main, start_rank, write_rank_tables
 
 COMPUTE_MODES = ("busy", "sleep")
 # The columns of the empty train and moe tables (what train.py writes for a dense model).
@@ -573,27 +571,18 @@ def read_program(path: Path, rank: int, world: int) -> tuple[list[Row], list[tup
 
 def run(spec: dict) -> Path:
     """Replay the program on this rank and write its traces; returns the output directory."""
-
-    timeline = {"started": time.time_ns()}
-    out_dir = Path(spec["out_dir"])
-    out_dir.mkdir(parents=True, exist_ok=True)
     compute = compute_function(str(spec.get("compute", "busy")))
-    device, backend = rank_device(spec)
-    capture.install()
-    dist.init_process_group(
-        backend, timeout=timedelta(seconds=float(spec.get("pg_timeout_s", 120)))
-    )
-    timeline["joined"] = time.time_ns()
-    rank, world = dist.get_rank(), dist.get_world_size()
+    start = start_rank(spec)
+    rank, world = start.rank, start.world
     rows, group_list = read_program(
-        out_dir / str(spec.get("program", REPLAY_PROGRAM_FILE)), rank, world
+        start.out_dir / str(spec.get("program", REPLAY_PROGRAM_FILE)), rank, world
     )
     # Every rank creates every group, in the same order (new_group is collective over the
     # world even for non-members), before recording starts: nothing of the set-up is an op
     # of the program.
     groups = {ranks: dist.new_group(list(ranks)) for ranks in group_list}
     buffers = {
-        dtype: torch.zeros(n, dtype=getattr(torch, dtype), device=device)
+        dtype: torch.zeros(n, dtype=getattr(torch, dtype), device=start.device)
         for dtype, n in buffer_elements(rows, rank).items()
     }
     issuer = Issuer(rank, world, buffers, groups)
@@ -601,24 +590,22 @@ def run(spec: dict) -> Path:
     # Ranks start the program together (train.py's barrier after building the model). Not
     # recorded, nor the one at the end: the ops table holds the program's ops and only them.
     dist.barrier()
-    timeline["built"] = time.time_ns()
+    start.timeline["built"] = time.time_ns()
     capture.set_step(-1)
     capture.enable(True)
-    steps_rows = execute(rows, issuer, compute, device)
+    steps_rows = execute(rows, issuer, compute, start.device)
     capture.enable(False)
     dist.barrier()
-    timeline["trained"] = time.time_ns()
+    start.timeline["trained"] = time.time_ns()
 
-    node = int(os.environ.get("GROUP_RANK", spec.get("node", 0)))
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
     capture.finish()  # drains pending completions before the table is read
     # What train.py writes, with no training loss and no MoE routing.
-    write_rank_tables(out_dir, rank, node, local_rank, capture.frame(), steps_rows)
+    write_rank_tables(start, capture.frame(), steps_rows)
     meta = {
         "rank": rank,
-        "node": node,
+        "node": start.node,
         "world_size": world,
-        "backend": backend,
+        "backend": start.backend,
         "hostname": socket.gethostname(),
         "grad_bytes_local": spec.get("grad_bytes_local"),
         "param_count_local": spec.get("param_count_local"),
@@ -632,8 +619,8 @@ def run(spec: dict) -> Path:
             "buffer_bytes": {d: int(b.numel() * b.element_size()) for d, b in buffers.items()},
         },
     }
-    close_rank(out_dir, rank, meta, timeline, float(spec.get("linger_s", 0.0)))
-    return out_dir
+    close_rank(start, meta, float(spec.get("linger_s", 0.0)))
+    return start.out_dir
 
 
 if __name__ == "__main__":

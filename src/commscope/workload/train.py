@@ -7,11 +7,9 @@ output directory on the node.
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 from dataclasses import asdict
-from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -19,7 +17,7 @@ import torch.distributed as dist
 
 from commscope.spec.plan import ParallelPlan
 from commscope.workload import capture
-from commscope.workload.entry import close_rank, main, rank_device, write_rank_tables
+from commscope.workload.entry import close_rank, main, start_rank, write_rank_tables
 from commscope.workload.trainer import StepLog, Trainer
 
 
@@ -40,55 +38,42 @@ def run(spec: dict) -> Path:
     """Train one cell on this rank and write its traces; returns the output directory."""
     # Wall-clock marks of this rank's phases (rank{R}.json "timeline_ns"): with run.json's
     # t_start_ns they split the cell's fixed cost (benchmarks/cell.py).
-    timeline = {"started": time.time_ns()}
-    out_dir = Path(spec["out_dir"])
-    out_dir.mkdir(parents=True, exist_ok=True)
-    device, backend = rank_device(spec)
-    capture.install()
-    dist.init_process_group(
-        backend, timeout=timedelta(seconds=float(spec.get("pg_timeout_s", 120)))
-    )
-    timeline["joined"] = time.time_ns()
-    rank, world = dist.get_rank(), dist.get_world_size()
+    start = start_rank(spec)
     plan = ParallelPlan.from_dict(spec.get("plan", {"dp": -1}))
     log = StepLog()
     capture.enable(True)  # set-up ops (DDP's initial broadcast, mesh creation) count as step -1
-    trainer = Trainer(spec["model"], plan, device, int(spec.get("seed", 0)), log)
+    trainer = Trainer(spec["model"], plan, start.device, int(spec.get("seed", 0)), log)
     dist.barrier()
-    timeline["built"] = time.time_ns()
+    start.timeline["built"] = time.time_ns()
     for i in range(int(spec["steps"])):
         capture.set_step(i)
         t0 = time.time_ns()
         trainer.step(i)
-        if device.type == "cuda":
+        if start.device.type == "cuda":
             torch.cuda.synchronize()
         log.rows.append((i, "step", t0, time.time_ns()))
     capture.set_step(-1)
     capture.set_phase("other")
     dist.barrier()
     capture.enable(False)
-    timeline["trained"] = time.time_ns()
+    start.timeline["trained"] = time.time_ns()
 
-    node = int(os.environ.get("GROUP_RANK", spec.get("node", 0)))
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
     capture.finish()  # drains pending completions before the table is read
     # The capture's frame: OpRecord's columns, t_end_ns nullable Int64 (ns exact).
-    write_rank_tables(
-        out_dir, rank, node, local_rank, capture.frame(), log.rows, trainer.stats, trainer.moe_rows
-    )
+    write_rank_tables(start, capture.frame(), log.rows, trainer.stats, trainer.moe_rows)
     meta = {
-        "rank": rank,
-        "node": node,
-        "world_size": world,
-        "backend": backend,
+        "rank": start.rank,
+        "node": start.node,
+        "world_size": start.world,
+        "backend": start.backend,
         "hostname": socket.gethostname(),
         "grad_bytes_local": trainer.grad_bytes(),
         "param_count_local": trainer.param_count(),
         "plan": asdict(trainer.plan),
         "torch": torch.__version__,
     }
-    close_rank(out_dir, rank, meta, timeline, float(spec.get("linger_s", 0.0)))
-    return out_dir
+    close_rank(start, meta, float(spec.get("linger_s", 0.0)))
+    return start.out_dir
 
 
 if __name__ == "__main__":
