@@ -12,7 +12,7 @@ import functools
 import ipaddress
 import itertools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from commscope.contracts import REPLAY_STRATEGY, SWEEP_AXES
+from commscope.contracts import REPLAY_STRATEGY, SWEEP_AXES, is_replay
 from commscope.spec.link import LINK_AXES, LINK_DEFAULTS, LinkSetting
 from commscope.spec.models import MAX_MODEL_PARAMS, TRAIN_BYTES_PER_PARAM, param_count
 from commscope.spec.plan import BUILTIN_STRATEGIES, ParallelPlan, mapping_problem, validate_cell
@@ -240,7 +240,7 @@ def check_study(
         )
     problems: list[str] = []
     models = config["models"]
-    replay = cells["strategy"] == REPLAY_STRATEGY
+    replay = is_replay(cells)
     for name in sorted(set(cells.loc[~replay, "model"]) - set(models)):
         problems.append(
             f"sweep.model: {name!r} is not defined under models: (defined: {sorted(models)})"
@@ -416,7 +416,7 @@ def _replay_problems(config: dict[str, Any], cells: pd.DataFrame) -> list[str]:
         problems.append(
             f"strategies.{REPLAY_STRATEGY}: the name is reserved for replay cells; rename it"
         )
-    used = cells[cells["strategy"] == REPLAY_STRATEGY]
+    used = cells[is_replay(cells)]
     for name in sorted(set(used["model"]) - set(replays)):
         problems.append(
             f"sweep.model: {name!r} (strategy replay) is not defined under replays: "
@@ -435,7 +435,7 @@ def _replay_problems(config: dict[str, Any], cells: pd.DataFrame) -> list[str]:
             problems.append(f"{where}: {ref!r} is not defined under predictions:")
         elif kind == "cell":
             cell = replay_source_cell(config, name)
-            if cell["strategy"] == REPLAY_STRATEGY:
+            if is_replay(cell):
                 problems.append(f"{where}: a replay cell cannot be a replay's source")
             elif tuple(cell[a] for a in SWEEP_AXES) not in measured:
                 problems.append(
@@ -515,13 +515,23 @@ def _benchmark_s(path: Path) -> float | None:
         return None
 
 
+def _run_rule(cell: Mapping[str, Any]) -> str:
+    """The workflow rule that runs ``cell`` (workflow/rules/run.smk)."""
+    return "run_replay_cell" if is_replay(cell) else "run_cell"
+
+
 def estimate_study(cells: pd.DataFrame, links: list[str], results: Path) -> StudyEstimate:
     """Cells and microbenchmark ``links`` (link ids) still to run below ``results`` (a cell is
     done when its ``runs/<cell>/raw/run.json`` exists, a link when its ``fit.parquet`` does),
     and their cluster time: each one's own earlier time from ``benchmarks/`` where recorded,
     else the median of those recorded, else :data:`DEFAULT_CELL_S` / :data:`DEFAULT_LINK_S`."""
-    ids = [cell_id(row) for row in cells.to_dict("records")]
-    times = {c: _benchmark_s(results / "benchmarks" / "run_cell" / f"{c}.tsv") for c in ids}
+    records = cells.to_dict("records")
+    ids = [cell_id(row) for row in records]
+    # Each cell's own rule's benchmark (run_cell, or run_replay_cell for a replay cell).
+    times = {
+        c: _benchmark_s(results / "benchmarks" / _run_rule(row) / f"{c}.tsv")
+        for c, row in zip(ids, records, strict=True)
+    }
     known = [t for t in times.values() if t is not None]
     typical = float(pd.Series(known).median()) if known else DEFAULT_CELL_S
     todo = [c for c in ids if not (results / "runs" / c / "raw" / "run.json").exists()]

@@ -928,6 +928,19 @@ def test_the_estimate_counts_what_is_left_at_its_own_or_the_typical_time(
     assert fresh.cell_s == 3 * cfgmod.DEFAULT_CELL_S and not fresh.measured
 
 
+def test_a_replay_cell_is_estimated_from_its_own_rules_benchmark(
+    default_config: dict[str, Any], tmp_path: Path
+) -> None:
+    """A replay cell runs in run_replay_cell (workflow/rules/run.smk): its time is there."""
+    cells = cells_frame(default_config)
+    cells = cells[cells["strategy"] == "replay"].head(1)
+    cid = cell_id(cells.iloc[0].to_dict())
+    bench = tmp_path / "benchmarks" / "run_replay_cell" / f"{cid}.tsv"
+    bench.parent.mkdir(parents=True)
+    bench.write_text("s\th:m:s\n42.0\t0:00:42\n")
+    assert cfgmod.estimate_study(cells, [], tmp_path).cell_s == 42.0
+
+
 @pytest.mark.parametrize(
     ("pattern", "why"),
     [

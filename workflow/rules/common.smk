@@ -1,21 +1,16 @@
 # Shared helpers: the sweep cells (Paramspace, one directory level per axis) and their settings.
 import json
 import logging
-import shutil
 import os
+import re
+import shutil
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import Paramspace
 
 from commscope.cluster.provision import teardown
-from commscope.config import (
-    REPLAY_STRATEGY,
-    cell_axes,
-    cell_id,
-    replay_source_cell,
-    strategy_spec,
-)
+from commscope.config import cell_axes, cell_id, replay_source_cell, strategy_spec
 from commscope.cell.status import read_failure
 from commscope.contracts import (
     CELL_FAILED_FILE,
@@ -23,6 +18,8 @@ from commscope.contracts import (
     CELL_TABLE_FILES,
     METRIC_TABLES,
     REPLAY_META_FILE,
+    REPLAY_STRATEGY,
+    is_replay,
     table_file,
 )
 from commscope.bench.analysis import BENCH_FILES, fit_links, link_settings
@@ -53,6 +50,14 @@ wildcard_constraints:
     name=SAFE_COMPONENT,
 
 
+# A replay cell has rules of its own (run_replay_cell, compare_replay): their strategy is the
+# replay sentinel, and the training cell's rules (run_cell, predict_cell) take any other. The
+# two never overlap, so a replay whose program cannot be made stops on that missing input
+# instead of Snakemake falling back to the training rule (as it would behind a ruleorder).
+REPLAY_CELL = re.escape(REPLAY_STRATEGY)
+TRAINING_CELL = f"(?!{REPLAY_CELL}(?![A-Za-z0-9._-])){SAFE_COMPONENT}"
+
+
 # The run: settings a job runs with. How often a failed cell is tried is not one of them:
 # changing it reruns nothing (run_cell's script reads it from the config).
 RUN_SETTINGS = {k: v for k, v in config["run"].items() if k != "attempts"}
@@ -65,14 +70,14 @@ def cell_params(wildcards):
 
 def model_params(wildcards):
     """The cell's model, or for a replay cell its entry under replays: (source, scale, ...)."""
-    if wildcards.strategy == REPLAY_STRATEGY:
+    if is_replay(wildcards.strategy):
         return config["replays"][wildcards.model]
     return config["models"][wildcards.model]
 
 
 def strategy_params(wildcards):
     """Only this cell's strategy definition: editing another strategy reruns nothing here."""
-    if wildcards.strategy == REPLAY_STRATEGY:
+    if is_replay(wildcards.strategy):
         return {}
     return strategy_spec(config, wildcards.strategy)
 
@@ -90,10 +95,20 @@ def failed_record(raw):
     return Path(raw) / CELL_FAILED_FILE
 
 
+def cell_raw(axes):
+    """The cell's raw directory once its checkpoint (run_cell, or run_replay_cell for a replay
+    cell) has run; raises Snakemake's IncompleteCheckpointException before it has."""
+    run = (
+        checkpoints.run_replay_cell
+        if is_replay(axes["strategy"])
+        else checkpoints.run_cell
+    )
+    return run.get(**axes).output[0]
+
+
 def cell_ran(cell):
     """Whether the cell ran (raises Snakemake's IncompleteCheckpointException before it has)."""
-    raw = checkpoints.run_cell.get(**cell_axes(cell)).output[0]
-    return not failed_record(raw).exists()
+    return not failed_record(cell_raw(cell_axes(cell))).exists()
 
 
 # Every cell's status: what the study-wide rules read (static inputs: a rule whose inputs come
@@ -155,8 +170,7 @@ def cell_products(wildcards):
     requested per cell, so a cell's analysis runs as soon as the cell has. Its status lists
     them (commscope.cell.status.write_status) for the study-wide rules."""
     cell = CELL.format(**wildcards)
-    raw = checkpoints.run_cell.get(**wildcards).output[0]
-    if failed_record(raw).exists():
+    if failed_record(cell_raw(wildcards)).exists():
         return {}
     base = f"{RUNS}/{cell}"
     products = {
@@ -168,7 +182,7 @@ def cell_products(wildcards):
         "predict_compare": f"{base}/predict/compare.parquet",
         "predict_timing": f"{base}/predict/timing.parquet",
     }
-    if wildcards.strategy == REPLAY_STRATEGY:
+    if is_replay(wildcards.strategy):
         products["replay_meta"] = f"{base}/replay/{REPLAY_META_FILE}"
     return products
 
@@ -272,10 +286,8 @@ def replay_scenario(wildcards):
 
 
 def replay_program(wildcards):
-    """A replay cell's program and its description (run_cell's and predict_cell's input);
-    nothing for a training cell."""
-    if wildcards.strategy != REPLAY_STRATEGY:
-        return {}
+    """What run_replay_cell replays: the cell's program and its description, or, when the
+    measured cell it replays failed, that cell's failure record (nothing to replay)."""
     kind, _ = next(iter(config["replays"][wildcards.model]["source"].items()))
     if kind == "cell":
         source = cell_id(replay_source_cell(config, wildcards.model))
@@ -285,5 +297,5 @@ def replay_program(wildcards):
     out = rules.build_replay.output
     return {
         "program": out.program.format(**wildcards),
-        "replay_meta": out.meta.format(**wildcards),
+        "meta": out.meta.format(**wildcards),
     }

@@ -5,17 +5,17 @@ from commscope.contracts import CELL_TABLE_FILES
 
 
 # A checkpoint: whether the cell ran or failed after its attempts (raw/failed.json) decides what
-# is read of it (common.smk: cell_products; rule cell_status below).
+# is read of it (common.smk: cell_products; rule cell_status below). A training cell; a replay
+# cell runs in run_replay_cell below, to the same raw directory.
 checkpoint run_cell:
-    input:
-        # A replay cell's program (replay.smk); a training cell needs no input.
-        unpack(replay_program),
     output:
         directory(f"{RUNS}/{CELL}/raw"),
     log:
         f"results/logs/run_cell/{CELL}.log",
     benchmark:
         f"results/benchmarks/run_cell/{CELL}.tsv"
+    wildcard_constraints:
+        strategy=TRAINING_CELL,
     conda:
         "../../envs/commscope.yaml"
     resources:
@@ -30,6 +30,39 @@ checkpoint run_cell:
         cluster=config["cluster"],
     script:
         "../scripts/run_cell.py"
+
+
+# A replay cell (docs/replay.md): its program, built by build_replay (replay.smk), re-issued
+# on the cluster; a checkpoint as run_cell is, with the same output, so everything after it
+# (parse_cell, cell_status, a failed cell's record and rerun) is the same for both. Its
+# strategy is the replay sentinel only, run_cell's never (common.smk), so no ruleorder is needed.
+checkpoint run_replay_cell:
+    input:
+        # The program and its description, or the failure record of the cell it replays.
+        unpack(replay_program),
+    output:
+        directory(f"{RUNS}/{CELL}/raw"),
+    log:
+        f"results/logs/run_replay_cell/{CELL}.log",
+    benchmark:
+        f"results/benchmarks/run_replay_cell/{CELL}.tsv"
+    wildcard_constraints:
+        strategy=REPLAY_CELL,
+    conda:
+        "../../envs/commscope.yaml"
+    resources:
+        cluster_slot=1,
+    params:
+        cell=cell_params,
+        cell_id=lambda wildcards: CELL.format(**wildcards),
+        # The replay's entry and an empty strategy: the values run_cell had for a replay cell,
+        # so that a study measured before this rule existed does not run its replays again.
+        replay=model_params,
+        strategy={},
+        run=RUN_SETTINGS,
+        cluster=config["cluster"],
+    script:
+        "../scripts/run_replay_cell.py"
 
 
 rule parse_cell:

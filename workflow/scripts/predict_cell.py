@@ -1,14 +1,16 @@
-"""Rule predict_cell: analytical prediction of one cell and its comparison with the trace (a
-replay cell: its program, op by op, and its source's step time)."""
+"""Rule predict_cell: analytical prediction of one training cell and its comparison with the
+trace (a replay cell is compared with its program in compare_replay.py)."""
 
 from pathlib import Path
 
 from commscope.logs import log_to
 from commscope.predict.cell import predict_cell
-from commscope.replay.cell import compare_replay
 
 with log_to(snakemake.log[0]):
-    tables = dict(
+    predict_cell(
+        model_spec=dict(snakemake.params.model),
+        plan_spec=dict(snakemake.params.strategy),
+        fit_paths=[Path(p) for p in snakemake.input.fits],
         cell_json=Path(snakemake.input.cell),
         ops=Path(snakemake.input.ops),
         steps=Path(snakemake.input.steps),
@@ -17,16 +19,3 @@ with log_to(snakemake.log[0]):
         out_compare=Path(snakemake.output.compare),
         out_timing=Path(snakemake.output.timing),
     )
-    if hasattr(snakemake.input, "program"):
-        compare_replay(
-            program=Path(snakemake.input.program),
-            replay_meta=Path(snakemake.input.replay_meta),
-            **tables,
-        )
-    else:
-        predict_cell(
-            model_spec=dict(snakemake.params.model),
-            plan_spec=dict(snakemake.params.strategy),
-            fit_paths=[Path(p) for p in snakemake.input.fits],
-            **tables,
-        )

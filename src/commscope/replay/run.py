@@ -18,7 +18,14 @@ from commscope.cell.parse import build_cell_tables, cell_table_paths
 from commscope.cluster.claim import claim_cluster
 from commscope.cluster.provision import teardown
 from commscope.config import filled_cell
-from commscope.contracts import REPLAY_META_FILE, REPLAY_PROGRAM_FILE
+from commscope.contracts import (
+    CELL_TABLE_FILES,
+    OPS_FILE,
+    REPLAY_META_FILE,
+    REPLAY_PROGRAM_FILE,
+    REPLAY_STRATEGY,
+    table_file,
+)
 from commscope.experiment.cell import provision_and_run
 from commscope.metrics.imported import load_import
 from commscope.metrics.io import compute_cell_metrics
@@ -94,19 +101,19 @@ def replay_once(
     """
     root = Path(root or Path.cwd())
     out_dir = Path(out_dir)
-    params = filled_cell({**cell, "strategy": "replay", "model": name})
+    params = filled_cell({**cell, "strategy": REPLAY_STRATEGY, "model": name})
     source: dict[str, Path] = {}
     entry = dict(entry)
     if trace_files:
         ops = load_import([Path(p) for p in trace_files], name)
-        source["ops"] = out_dir / "source" / "ops.parquet"
+        source["ops"] = out_dir / "source" / OPS_FILE
         source["ops"].parent.mkdir(parents=True, exist_ok=True)
         ops.to_parquet(source["ops"], index=False)
         entry["source"] = {"import": name}
     elif cell_dir is not None:
         trace = Path(cell_dir) / "trace"
-        source = {"ops": trace / "ops.parquet", "steps": trace / "steps.parquet"}
-        source["cell"] = trace / "cell.json"
+        # build_replay's inputs for a measured source (workflow/rules/common.smk: replay_source).
+        source = {table: trace / CELL_TABLE_FILES[table] for table in ("ops", "steps", "cell")}
         recorded = json.loads(source["cell"].read_text())
         entry["source"] = {"cell": filled_cell(recorded["params"])}
     elif scenario is None:
@@ -145,7 +152,7 @@ def replay_once(
     compute_cell_metrics(out_dir / "trace", out_dir / "metrics")
     measured = pd.read_parquet(paths["ops"])
     compare = compare_program(built.table, measured, run.warmup_steps)
-    check_path = out_dir / "metrics" / "crosscheck.parquet"
+    check_path = out_dir / "metrics" / table_file("crosscheck")
     return ReplayRun(
         meta=built.meta,
         compare=compare,
