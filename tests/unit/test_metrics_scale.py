@@ -41,6 +41,7 @@ from commscope.contracts import (
     with_params,
 )
 from commscope.metrics import _parquet as pq_parts
+from commscope.metrics import counter_series as cs
 from commscope.metrics import counters as c
 from commscope.metrics import io
 from commscope.metrics._common import shared_results
@@ -103,7 +104,7 @@ class RefSeries:
     def resolved(self, bin_ns: int) -> bool:
         if self.declared_resolution_ns is not None:
             return bin_ns >= self.declared_resolution_ns
-        return self.sample_interval_ns <= bin_ns * c.RESOLUTION_SLACK
+        return self.sample_interval_ns <= bin_ns * cs.RESOLUTION_SLACK
 
     def at(self, col: str, when_ns: np.ndarray) -> np.ndarray:
         ref = self.t_ns[0]
@@ -531,7 +532,7 @@ def test_median_of_intervals_is_numpys() -> None:
         few = rng.choice(rng.integers(1, 10**9, 4), n) * 100_000  # a sparse series' intervals
         many = rng.integers(999_000, 1_001_000, n)  # a sampler's
         for values in (few, many):
-            assert c._median(values) == float(np.median(values))
+            assert cs._median(values) == float(np.median(values))
 
 
 def test_summed_flows_give_matrix_check_the_same_sums() -> None:

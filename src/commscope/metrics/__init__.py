@@ -49,9 +49,9 @@ for the whole metric API:
 from __future__ import annotations
 
 from commscope.cell.load import CellTraces, load_cell, load_cell_files
+from commscope.metrics.counter_series import RESOLUTION_SLACK
 from commscope.metrics.counters import (
     DEFAULT_BIN_MS,
-    RESOLUTION_SLACK,
     SHAPE_COLUMNS,
     THROUGHPUT_COLUMNS,
     counted_wire_bytes,

@@ -226,7 +226,7 @@ def crosscheck(
         return empty
     window, n_steps = checked
     backend = backend or traces.backend
-    sends, place = _window_transfers(traces, window, backend)
+    sends, place = window_transfers(traces, window, backend)
     framework = (
         _node_bytes(sends, place)
         if sends is not None
@@ -264,7 +264,7 @@ MATRIX_CHECK_COLUMNS = [
 ]
 
 
-def _window_transfers(
+def window_transfers(
     traces: CellTraces, window: tuple[int, int], backend: str
 ) -> tuple[pd.DataFrame | None, Placement]:
     """The transfers of the ops issued in ``window`` (:func:`ops_in_window`; ``op_sends``
@@ -353,9 +353,7 @@ def matrix_check(
         columns={"bytes": "wire_bytes", "packets": "wire_packets"}
     )
     place = Placement.from_ops(traces.ops, params.get("ranks_per_node"))
-    framework, protocol = _pair_framework_bytes(
-        _window_transfers(traces, window, backend)[0], place
-    )
+    framework, protocol = _pair_framework_bytes(window_transfers(traces, window, backend)[0], place)
     nodes = set(range(positive_int(params.get("nodes")))) | set(place.recorded.values())
     nodes |= {int(v) for v in wire.index.get_level_values(0)}
     nodes |= {int(v) for v in wire.index.get_level_values(1)}

@@ -44,22 +44,22 @@ from commscope.contracts import (
 )
 from commscope.metrics._common import _concat, shared_results
 from commscope.metrics._parquet import PartWriter, concat_files, write_frame
+from commscope.metrics.counter_series import counter_series
 from commscope.metrics.counters import (
     DEFAULT_BIN_MS,
     SHAPE_COLUMNS,
     THROUGHPUT_COLUMNS,
-    _counter_series,
-    _throughput,
     throughput_frame,
     throughput_parts,
+    throughput_rows,
     throughput_specs,
     traffic_shape,
 )
 from commscope.metrics.crosscheck import (
-    _window_transfers,
     crosscheck,
     matrix_check,
     summed_flows,
+    window_transfers,
 )
 from commscope.metrics.framework import WIRE_COLUMNS, wire_vs_framework
 from commscope.metrics.matrix import comm_matrix, node_matrix
@@ -128,13 +128,13 @@ class _ThroughputSource:
     def prepare(self) -> None:
         """Clean the counter series now (inside ``shared_results`` they are then shared):
         :meth:`write` may run in another thread beside the tables that read them too."""
-        for _, _, series in _counter_series(self.counters):
+        for _, _, series in counter_series(self.counters):
             for col in ("tx_bytes", "rx_bytes"):
                 series.cum[col]  # noqa: B018 (computed and kept now, not in both threads)
 
     def frame(self) -> pd.DataFrame:
         """The whole table (as :func:`throughput_table` gives it)."""
-        table = _throughput(self.counters, self.specs, 0)
+        table = throughput_rows(self.counters, self.specs, 0)
         if self.params is not None and not table.empty:
             table = with_params(self.params, table)
         return _concat([table], self.empty_columns)
@@ -307,7 +307,7 @@ def write_cell_metrics(
         if checked is not None and not counter_table.empty:
             # What crosscheck models of the ops in its window, now: cutting the ops to the
             # window copies nearly all of them, better done before the sockets are read.
-            _window_transfers(traces, checked[0], traces.backend)
+            window_transfers(traces, checked[0], traces.backend)
         traces.sockets = _read_cell_data(sockets, SOCKET_INPUT_COLUMNS)[0]
         flows = _window_flows(wire_flows, checked[0]) if checked else pd.DataFrame()
         written = []
