@@ -272,7 +272,7 @@ def _replay(args: argparse.Namespace) -> int:
     from commscope.config import ConfigError, load_config
     from commscope.experiment.cell import CellFailed
     from commscope.replay.run import replay_once
-    from commscope.spec.link import LinkSetting
+    from commscope.spec.link import LINK_AXES, LinkSetting
     from commscope.spec.settings import ClusterSettings, RunSettings
 
     try:
@@ -286,7 +286,7 @@ def _replay(args: argparse.Namespace) -> int:
                 raise ValueError(
                     f"--scenario {args.scenario!r} is not under predictions: in {args.config}"
                 )
-        link = dict(bw=args.bw, delay=args.delay, jitter=args.jitter, loss=args.loss, cc=args.cc)
+        link = {axis: getattr(args, axis) for axis in LINK_AXES}
         LinkSetting(**link).shape()  # a bad link value names itself before anything runs
         entry = {
             "scale": args.scale,
@@ -326,6 +326,8 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _add_replay(sub: Any) -> None:
+    from commscope.spec.link import UNSHAPED
+
     replay = sub.add_parser(
         "replay",
         help="re-issue a trace's communication on the cluster and measure it (docs/replay.md)",
@@ -339,9 +341,9 @@ def _add_replay(sub: Any) -> None:
     replay.add_argument("--ranks-per-node", type=int, default=1)
     replay.add_argument("--ranks", type=lambda t: [int(x) for x in t.split(",")],
                         help="node of each trace rank, e.g. 0,1,0,1 (default: blocks)")  # fmt: skip
-    for axis, default in (("bw", "none"), ("delay", "0ms"), ("jitter", "0ms"), ("loss", "0pct")):
+    # One option per link axis, defaulting to the unshaped link (no cap, LINK_DEFAULTS).
+    for axis, default in UNSHAPED.as_dict().items():
         replay.add_argument(f"--{axis}", default=default)
-    replay.add_argument("--cc", default="cubic")
     replay.add_argument("--steps", type=int, default=4, help="replayed steps (warmup included)")
     replay.add_argument("--scale", type=float, default=1.0, help="message sizes x scale")
     replay.add_argument("--time-scale", type=float, default=1.0, help="compute gaps x this")

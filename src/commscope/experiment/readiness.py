@@ -18,7 +18,7 @@ from commscope.cluster.shaping import host_has_netem
 from commscope.experiment.probes import build_wire_object, check_wire
 from commscope.node.delayer import DelayerError, binary
 from commscope.node.wire import WireError
-from commscope.spec.link import choose_engine
+from commscope.spec.link import IMPAIRMENT_AXES, choose_engine
 from commscope.spec.settings import RunSettings
 
 # What the nfqueue engine runs on a node besides the delayer, and the Debian package of each.
@@ -39,9 +39,11 @@ def engine_problem(requested: str, has_netem: bool, missing: list[str], build: s
         parts.append(f"the NFQUEUE delayer cannot be built: {build}")
     if not parts:
         return ""
+    axes = IMPAIRMENT_AXES
     return (
-        "sweep.delay/jitter/loss: cells with delay, jitter or loss need the nfqueue link engine "
-        f"(run.link_engine={requested}, no netem here), which cannot run: " + "; ".join(parts)
+        f"sweep.{'/'.join(axes)}: cells with {', '.join(axes[:-1])} or {axes[-1]} need the "
+        f"nfqueue link engine (run.link_engine={requested}, no netem here), which cannot run: "
+        + "; ".join(parts)
     )
 
 

@@ -3,6 +3,11 @@ as :class:`LinkSetting`), :class:`LinkShape` and the parsers of the sweep's rate
 congestion-control strings. Torch-free and host-free (plain data with validation): Snakemake's
 config checks use it without touching a node; :mod:`commscope.cluster.shaping` turns a shape
 into tc commands and a sysctl.
+
+The analysis side reads a link as numbers, never as axis strings: a shape's
+:meth:`LinkShape.numbers` are the table columns :data:`LINK_NUMBER_COLUMNS` (``parse_cell``
+writes the applied shape's into cell.json, the summary copies them), :data:`SHAPING` pairs each
+shaping axis with its column, :func:`impaired` and :func:`link_label` read those columns.
 """
 
 from __future__ import annotations
@@ -12,7 +17,10 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # The sweep axes that shape a link, in the order they appear in paths and tables. ``cc`` is the
 # TCP congestion control every node of the cell runs: not an impairment, but a property of the
@@ -27,6 +35,21 @@ DEFAULT_CC = "cubic"
 # default congestion control. ``bw`` has none: every sweep block and every listed link names its
 # rate ("none": no cap).
 LINK_DEFAULTS: dict[str, str] = {"delay": "0ms", "jitter": "0ms", "loss": "0pct", "cc": DEFAULT_CC}
+
+# The link axes that shape a link (LINK_AXES order; cc shapes nothing), each with the column of
+# its number in cell.json and the tables: a setting moved off the unshaped link along an axis
+# whose number is not the unshaped one (a cap; more than 0 ms or 0 %).
+SHAPING: dict[str, str] = {
+    "bw": "bw_bps",
+    "delay": "delay_ms",
+    "jitter": "jitter_ms",
+    "loss": "loss_pct",
+}
+# A link as numbers (LinkShape.numbers): the cap in bit/s (NaN uncapped), the one-way delay and
+# jitter in ms, the loss in %.
+LINK_NUMBER_COLUMNS: tuple[str, ...] = tuple(SHAPING.values())
+# The shaping axes besides the cap: what needs an impairment engine (LinkShape.impaired).
+IMPAIRMENT_AXES: tuple[str, ...] = tuple(axis for axis in SHAPING if axis != "bw")
 
 # What tc answers when the kernel lacks sch_netem (probed by commscope.cluster.shaping).
 NETEM_UNKNOWN = "Specified qdisc kind is unknown"
@@ -221,6 +244,69 @@ class LinkShape:
         rate = f"rate={tc_num(self.rate_bps / 1e6)}mbit" if self.rate_bps else "rate=unlimited"
         return " ".join([rate, *self.impairments(), f"cc={self.cc}"])
 
+    def numbers(self) -> dict[str, float]:
+        """The shape as the columns :data:`LINK_NUMBER_COLUMNS`, floats: ``bw_bps`` (NaN
+        uncapped), ``delay_ms``, ``jitter_ms``, ``loss_pct``."""
+        rate = float(self.rate_bps) if self.rate_bps is not None else math.nan
+        return {
+            "bw_bps": rate,
+            "delay_ms": float(self.delay_ms),
+            "jitter_ms": float(self.jitter_ms),
+            "loss_pct": float(self.loss_pct),
+        }
+
+    @classmethod
+    def from_numbers(cls, numbers: Mapping[str, Any], cc: str = DEFAULT_CC) -> LinkShape:
+        """The shape of :meth:`numbers` (a table row, cell.json): ``bw_bps`` None or NaN is
+        uncapped; a missing delay, jitter or loss is 0."""
+        rate = numbers.get("bw_bps")
+        return cls(
+            rate_bps=None if _missing(rate) else round(float(rate)),
+            **{
+                col: 0.0 if _missing(numbers.get(col)) else float(numbers[col])
+                for col in LINK_NUMBER_COLUMNS[1:]
+            },
+            cc=cc,
+        )
+
+    def label(self) -> str:
+        """How the shape moved off the unshaped link, in words (:func:`link_label`):
+        ``"cap 50 Mbit/s + delay 5 ms"``, ``"unshaped"``."""
+        return link_label(self.numbers())
+
+
+def _missing(value: Any) -> bool:
+    """None or NaN (a table's empty cell)."""
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def link_label(numbers: Mapping[str, Any]) -> str:
+    """A link's numbers (:data:`LINK_NUMBER_COLUMNS`, e.g. a table row) in words: ``"cap 50
+    Mbit/s"``, ``"delay 5 ms"``, ``"jitter ±1 ms"``, ``"loss 0.1 %"``, several joined by
+    ``" + "``, or ``"unshaped"``. A missing cap is none; a missing delay, jitter or loss 0."""
+    parts = []
+    if not _missing(numbers.get("bw_bps")):
+        parts.append(f"cap {float(numbers['bw_bps']) / 1e6:g} Mbit/s")
+    if float(numbers.get("delay_ms") or 0) > 0:
+        parts.append(f"delay {float(numbers['delay_ms']):g} ms")
+    if float(numbers.get("jitter_ms") or 0) > 0:
+        parts.append(f"jitter ±{float(numbers['jitter_ms']):g} ms")
+    if float(numbers.get("loss_pct") or 0) > 0:
+        parts.append(f"loss {float(numbers['loss_pct']):g} %")
+    return " + ".join(parts) or "unshaped"
+
+
+def impaired(frame: pd.DataFrame) -> pd.Series:
+    """Per row of a table with the :data:`LINK_NUMBER_COLUMNS`: does its link have delay,
+    jitter or loss (any :data:`IMPAIRMENT_AXES` number above 0)?"""
+    return (frame[[SHAPING[axis] for axis in IMPAIRMENT_AXES]] > 0).any(axis=1)
+
+
+def shaped(frame: pd.DataFrame) -> pd.Series:
+    """Per row of a table with the :data:`LINK_NUMBER_COLUMNS`: was its link moved off the
+    unshaped one (a cap, or :func:`impaired`)?"""
+    return frame[SHAPING["bw"]].notna() | impaired(frame)
+
 
 def choose_engine(requested: str, has_netem: bool) -> str:
     """The engine that applies delay, jitter and loss on a node: ``netem`` or ``nfqueue``.
@@ -285,6 +371,16 @@ class LinkSetting:
     def shape(self) -> LinkShape:
         """The tc shape this setting asks for."""
         return LinkShape.parse(self.bw, self.delay, self.jitter, f"{loss_pct(self.loss)}%", self.cc)
+
+
+def axes_shape(values: Mapping[str, Any]) -> LinkShape:
+    """The shape a cell's link axes ask for, from any mapping that has some of them among other
+    keys (a cell's params, a table row); an axis it lacks or leaves None takes its default (no
+    cap, no delay, jitter or loss: a cell recorded before that axis existed). For what has no
+    link numbers of its own: a cell.json from before ``parse_cell`` wrote them, a per-cell table
+    with only the axis strings. ValueError for a value the link model refuses."""
+    given = {axis: str(values[axis]) for axis in LINK_AXES if values.get(axis) is not None}
+    return LinkSetting.from_mapping({"bw": "none", **given}).shape()
 
 
 # The unshaped link: no cap, no impairment, the default congestion control (the microbenchmark's
