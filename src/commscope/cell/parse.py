@@ -34,7 +34,7 @@ from commscope.contracts import (
     rank_table_file,
 )
 from commscope.importers.nccl_log import load_nccl_log
-from commscope.spec.link import LinkShape
+from commscope.spec.link import DEFAULT_CC, LINK_NUMBER_COLUMNS, LinkShape, axes_shape
 from commscope.spec.settings import CellSettings
 
 # Per table, the columns that hold a node's own clock (ns) and get its offset removed (those a
@@ -244,14 +244,17 @@ def _rank_tables(raw_dir: Path) -> dict[str, pd.DataFrame]:
 def _cell_meta(
     params: dict[str, Any], warmup_steps: int, run_meta: dict[str, Any], ranks: list[dict]
 ) -> dict[str, Any]:
-    """cell.json: the cell, what ran (world, backend, torch, plan) and how it was measured."""
+    """cell.json: the cell, what ran (world, backend, torch, plan) and how it was measured.
+    The link is the shape the nodes applied (run.json ``shape``) as numbers: ``bw_bps`` (null
+    uncapped), ``delay_ms``, ``jitter_ms``, ``loss_pct`` (read back by :func:`cell_link`)."""
     shape = LinkShape(**run_meta["shape"])
     return {
         "cell": cell_id(params),
         "params": params,
         "world_size": ranks[0]["world_size"] if ranks else None,
         "backend": ranks[0]["backend"] if ranks else None,
-        "bw_bps": shape.rate_bps,
+        **shape.numbers(),
+        "bw_bps": shape.rate_bps,  # null, not NaN, uncapped: cell.json is strict JSON
         "param_bytes": ranks[0]["grad_bytes_local"] if ranks else None,
         "grad_bytes": ranks[0]["grad_bytes_local"] if ranks else None,
         "grad_bytes_per_rank": [r["grad_bytes_local"] for r in ranks],
@@ -268,6 +271,18 @@ def _cell_meta(
         # Which engine applied delay/jitter/loss, and its record (delayer lateness, drops).
         "link_engine": run_meta.get("link_engine"),
     }
+
+
+def cell_link(meta: Mapping[str, Any]) -> LinkShape:
+    """The link a cell ran on, from its cell.json ``meta``: the applied shape's numbers
+    :func:`_cell_meta` wrote (``bw_bps``, ``delay_ms``, ``jitter_ms``, ``loss_pct``); for a
+    cell.json from before they were written, or one without them (an import), its link axes
+    (``params``) parsed, missing ones at their defaults. ``cc`` is the params' (the default
+    without one). ValueError for a link axis the link model refuses."""
+    params = meta.get("params") or {}
+    if all(col in meta for col in LINK_NUMBER_COLUMNS):
+        return LinkShape.from_numbers(meta, cc=str(params.get("cc") or DEFAULT_CC))
+    return axes_shape(params)
 
 
 def _wire_node_summary(meta: dict[str, Any]) -> dict[str, Any]:

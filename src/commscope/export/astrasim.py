@@ -54,9 +54,10 @@ from os import PathLike
 from pathlib import Path
 from typing import Any
 
+from commscope.cell.parse import cell_link
 from commscope.collectives.ring import wire_bytes
 from commscope.contracts import parse_ranks
-from commscope.spec.link import LinkSetting
+from commscope.spec.link import LinkShape, tc_ms, tc_num
 
 # Measured op -> the Chakra CollectiveCommType ASTRA-sim simulates for it.
 SIMULATED = {
@@ -278,34 +279,37 @@ def _match_p2p(records: Mapping[int, list[dict[str, Any]]]) -> None:
 
 
 def link_rate_bps(meta: Mapping[str, Any]) -> int:
-    """The cell's cap in bit/s (cell.json ``bw_bps``), :data:`UNCAPPED_BPS` when uncapped."""
-    rate = meta.get("bw_bps")
-    return int(rate) if rate else UNCAPPED_BPS
+    """The cell's cap in bit/s (:func:`commscope.cell.parse.cell_link` of its cell.json
+    ``meta``), :data:`UNCAPPED_BPS` when uncapped or unknown."""
+    shape = _link(meta)
+    return shape.rate_bps if shape is not None and shape.rate_bps else UNCAPPED_BPS
 
 
 def link_delay_ms(meta: Mapping[str, Any]) -> float:
-    """The cell's one-way delay in ms (its ``delay`` parameter, "5ms"), 0 when absent."""
-    params = meta.get("params") or {}
-    try:
-        return float(LinkSetting.from_wildcards(params).shape().delay_ms)
-    except (KeyError, TypeError, ValueError):
-        return 0.0
+    """The cell's one-way delay in ms (:func:`commscope.cell.parse.cell_link`), 0 when unknown."""
+    shape = _link(meta)
+    return float(shape.delay_ms) if shape is not None else 0.0
 
 
 def link_not_modeled(meta: Mapping[str, Any]) -> list[str]:
     """What of the cell's link the analytical network does not model: jitter and loss (it has
     a fixed latency per link and no transport), as ``["jitter 1ms", "loss 1pct"]``."""
-    params = meta.get("params") or {}
-    try:
-        shape = LinkSetting.from_wildcards(params).shape()
-    except (KeyError, TypeError, ValueError):
-        return []
+    shape = _link(meta)
     out = []
-    if shape.jitter_ms:
-        out.append(f"jitter {params['jitter']}")
-    if shape.loss_pct:
-        out.append(f"loss {params['loss']}")
+    if shape is not None and shape.jitter_ms:
+        out.append(f"jitter {tc_ms(shape.jitter_ms)}")
+    if shape is not None and shape.loss_pct:
+        out.append(f"loss {tc_num(shape.loss_pct)}pct")
     return out
+
+
+def _link(meta: Mapping[str, Any]) -> LinkShape | None:
+    """The cell's link from its cell.json, None where its link axes do not parse (a foreign
+    or hand-edited cell.json: the export goes on with an unshaped link)."""
+    try:
+        return cell_link(meta)
+    except (TypeError, ValueError):
+        return None
 
 
 def network_config(npus: int, rate_bps: int, delay_ms: float = 0.0) -> str:

@@ -8,12 +8,13 @@ from typing import Any
 import pandas as pd
 
 from commscope.cell.load import CellTraces
+from commscope.cell.parse import cell_link
 from commscope.contracts import P2P_OPS
 from commscope.metrics.counters import bin_width_ns, counted_wire_bytes, traffic_shape
 from commscope.metrics.framework import wire_vs_framework
 from commscope.metrics.matrix import comm_matrix, node_matrix, node_traffic_split
 from commscope.metrics.steps import step_times, training_window
-from commscope.spec.link import LINK_AXES, LinkSetting
+from commscope.spec.link import IMPAIRMENT_AXES, SHAPING, axes_shape
 from commscope.units import NS_PER_S
 
 # Bin width at which cell_summary() reports burstiness: fine enough for the micro-bursts that
@@ -21,13 +22,12 @@ from commscope.units import NS_PER_S
 SUMMARY_BIN_MS = 10.0
 
 
-# The link columns of the summary: the cell's delay, jitter and loss as numbers (its link axes
-# parsed), then the engine that applied them and what that engine measured while the cell ran
+# The link columns of the summary: the delay, jitter and loss the cell's nodes applied, as
+# numbers (cell.json, :func:`commscope.cell.parse.cell_link`; the cap, ``bw_bps``, leads the
+# summary), then the engine that applied them and what that engine measured while the cell ran
 # (run.json ``link_engine``, copied into cell.json; see :func:`link_engine_summary`).
 LINK_SUMMARY_COLUMNS = [
-    "delay_ms",
-    "jitter_ms",
-    "loss_pct",
+    *(SHAPING[axis] for axis in IMPAIRMENT_AXES),
     "link_engine",
     "delay_late_us_mean",
     "delay_late_us_p99",
@@ -72,7 +72,7 @@ SHAPE_SUMMARY_BINS: dict[str, float] = {"100us": 0.1, "1ms": 1.0, "100ms": 100.0
 
 
 def _wire_summary(
-    traces: CellTraces, st: pd.DataFrame, n_measured: int, bw_bps: Any
+    traces: CellTraces, st: pd.DataFrame, n_measured: int, bw_bps: int | None
 ) -> dict[str, Any]:
     """The interface-counter columns of :func:`cell_summary` (NaN, and not resolved, without
     counters or measured steps)."""
@@ -135,19 +135,13 @@ def _wire_source(traces: CellTraces) -> dict[str, Any]:
 
 
 def link_numbers(params: Mapping[str, Any]) -> dict[str, float]:
-    """A cell's link axes as numbers: ``bw_bps`` (NaN uncapped), ``delay_ms``, ``jitter_ms`` and
-    ``loss_pct``, parsed from its axis strings (``"50mbit"``, ``"5ms"``, ``"0.1pct"``) by
-    :meth:`commscope.spec.link.LinkSetting.shape`. An axis ``params`` lacks (a cell recorded
-    before it existed) takes its default: no cap, no delay, jitter or loss. ValueError for a
-    value the link model refuses."""
-    given = {axis: str(params[axis]) for axis in LINK_AXES if params.get(axis) is not None}
-    shape = LinkSetting.from_mapping({"bw": "none", **given}).shape()
-    return {
-        "bw_bps": float(shape.rate_bps) if shape.rate_bps is not None else float("nan"),
-        "delay_ms": shape.delay_ms,
-        "jitter_ms": shape.jitter_ms,
-        "loss_pct": shape.loss_pct,
-    }
+    """A cell's link axes as numbers (:meth:`commscope.spec.link.LinkShape.numbers` of
+    :func:`commscope.spec.link.axes_shape`): ``bw_bps`` (NaN uncapped), ``delay_ms``,
+    ``jitter_ms`` and ``loss_pct``, parsed from its axis strings (``"50mbit"``, ``"5ms"``,
+    ``"0.1pct"``), missing axes at their defaults. Only for what has no link numbers of its own:
+    a table with the :data:`commscope.spec.link.LINK_NUMBER_COLUMNS` (the summary, the study
+    tables) is read, not re-parsed. ValueError for a value the link model refuses."""
+    return axes_shape(params).numbers()
 
 
 def link_engine_summary(record: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -213,9 +207,9 @@ def cell_summary(traces: CellTraces, node_mat: pd.DataFrame | None = None) -> pd
     * wire_source (``bpf`` or ``counters``), wire_resolution_us (the counters' resolution),
       wire_fallback (why a requested BPF source fell back; '' when it did not), wire_offload
       (TSO/GSO was on at some node: packets are super-packets there, not frames).
-    * delay_ms, jitter_ms, loss_pct: the cell's link axes as numbers (:func:`link_numbers`);
-      link_engine and what it measured (:func:`link_engine_summary`, from cell.json
-      ``link_engine``).
+    * bw_bps (NaN uncapped), delay_ms, jitter_ms, loss_pct: the link the cell's nodes applied,
+      as numbers (cell.json, :func:`commscope.cell.parse.cell_link`); link_engine and what it
+      measured (:func:`link_engine_summary`, from cell.json ``link_engine``).
 
     Columns: cell params, then SUMMARY_COLUMNS.
     """
@@ -226,9 +220,10 @@ def cell_summary(traces: CellTraces, node_mat: pd.DataFrame | None = None) -> pd
     nan = float("nan")
     row: dict[str, Any] = dict(params)
     world_size = traces.meta.get("world_size")
-    bw_bps = traces.meta.get("bw_bps")
+    link = cell_link(traces.meta)
+    numbers = link.numbers()
     row["world_size"] = world_size
-    row["bw_bps"] = float(bw_bps) if bw_bps else nan
+    row["bw_bps"] = numbers["bw_bps"]
     row["measured_steps"] = n_measured
     durations = measured["duration_s"].astype("float64") if n_measured else pd.Series([nan])
     row["step_time_mean_s"] = float(durations.mean())
@@ -254,8 +249,7 @@ def cell_summary(traces: CellTraces, node_mat: pd.DataFrame | None = None) -> pd
     row["internode_bytes_per_step"] = inter if n_measured else nan
     row["intranode_bytes_per_step"] = intra if n_measured else nan
 
-    row.update(_wire_summary(traces, st, n_measured, bw_bps))
-    numbers = link_numbers(params)
-    row.update({col: numbers[col] for col in ("delay_ms", "jitter_ms", "loss_pct")})
+    row.update(_wire_summary(traces, st, n_measured, link.rate_bps))
+    row.update({SHAPING[axis]: numbers[SHAPING[axis]] for axis in IMPAIRMENT_AXES})
     row.update(link_engine_summary(traces.meta.get("link_engine")))
     return pd.DataFrame([row], columns=[*params, *SUMMARY_COLUMNS])
