@@ -15,13 +15,14 @@ import numpy as np
 import pandas as pd
 
 from commscope.collectives.ring import bench_wire_bytes
-from commscope.config import REPLAY_STRATEGY
+from commscope.contracts import is_replay
 from commscope.metrics.summary import link_numbers
 from commscope.metrics.volume import size_cdf
-from commscope.spec.link import LINK_AXES, LinkSetting
+from commscope.spec.link import LINK_AXES, LINK_NUMBER_COLUMNS, SHAPING, shaped
 
-# Parameters that, besides strategy and model, tell series apart in sweep plots.
-SERIES_AXES = ("nodes", "ranks_per_node", "delay", "jitter", "loss", "cc")
+# Parameters that, besides strategy and model, tell series apart in sweep plots: the placement
+# and every link axis but the cap (the plots' x).
+SERIES_AXES = ("nodes", "ranks_per_node", *(axis for axis in LINK_AXES if axis != "bw"))
 # The aggregated metric tables they are derived from.
 STUDY_SOURCES: tuple[str, ...] = ("msg_sizes", "summary", "op_volume", "step_times")
 
@@ -29,15 +30,9 @@ STUDY_SOURCES: tuple[str, ...] = ("msg_sizes", "summary", "op_volume", "step_tim
 # the same setup on the unshaped link. The congestion control belongs to the setup (it shapes
 # nothing: an uncapped, unimpaired link with BBR is BBR's own baseline).
 SETUP_AXES: tuple[str, ...] = ("model", "strategy", "nodes", "ranks_per_node", "cc", "steps")
-# The link axes that shape a link, in LINK_AXES order, with the number each is judged by: a cell
-# moved off the unshaped link along an axis whose number is not the unshaped one (a cap, or
-# more than 0 ms / 0 %).
-SHAPING_AXES: dict[str, str] = {
-    "bw": "bw_bps",
-    "delay": "delay_ms",
-    "jitter": "jitter_ms",
-    "loss": "loss_pct",
-}
+# The link axes that shape a link, with the column of the number each is judged by
+# (:data:`commscope.spec.link.SHAPING`; this name stays for the report until it imports that).
+SHAPING_AXES: dict[str, str] = SHAPING
 SLOWDOWN_COLUMNS: list[str] = [
     *SETUP_AXES,
     *SHAPING_AXES,
@@ -73,15 +68,18 @@ def step_time_over_repeats(summary: pd.DataFrame) -> pd.DataFrame:
 
     A series is a (model, strategy) plus whichever of :data:`SERIES_AXES` vary in ``summary``.
     ``std`` is 0 for a single repeat (no spread to show). ``bw_bps`` is the cap in bit/s as a
-    float, NaN for uncapped cells.
+    float, NaN for uncapped cells; ``delay_ms``, ``jitter_ms``, ``loss_pct`` the link's other
+    numbers (the summary's, :data:`~commscope.spec.link.LINK_NUMBER_COLUMNS`).
 
-    Columns: model, strategy, the varying series axes, bw, bw_bps, mean, std, repeats.
+    Columns: model, strategy, the varying series axes, bw, bw_bps, delay_ms, jitter_ms,
+    loss_pct, mean, std, repeats.
     """
     varying = [c for c in SERIES_AXES if c in summary and summary[c].nunique(dropna=False) > 1]
-    keys = ["model", "strategy", *varying, "bw", "bw_bps"]
+    keys = ["model", "strategy", *varying, "bw", *LINK_NUMBER_COLUMNS]
     if summary.empty:
         return pd.DataFrame(columns=[*keys, "mean", "std", "repeats"])
-    df = summary.assign(bw_bps=summary["bw_bps"].astype("float64"))
+    numbers = link_number_columns(summary).astype("float64")
+    df = summary.assign(**{col: numbers[col] for col in LINK_NUMBER_COLUMNS})
     agg = (
         df.groupby(keys, sort=True, dropna=False)["step_time_mean_s"]
         .agg(mean="mean", std="std", repeats="count")
@@ -150,22 +148,31 @@ def t_quantile(df: int, level: float = CI_LEVEL) -> float:
     return (lo + hi) / 2
 
 
-def unshaped_rows(table: pd.DataFrame) -> pd.DataFrame:
-    """The rows of a per-cell table whose link had no cap, delay, jitter or loss, read from its
-    text link axes as the sweep wrote them (an axis the table lacks takes its default; the
-    congestion control plays no part)."""
+def link_number_columns(table: pd.DataFrame) -> pd.DataFrame:
+    """The :data:`~commscope.spec.link.LINK_NUMBER_COLUMNS` of a per-cell table, index kept:
+    its own where it has them (the summary), else its text link axes parsed once per distinct
+    setting (:func:`~commscope.metrics.summary.link_numbers`: a metric table that carries only
+    the cell's axes; an axis the table lacks takes its default)."""
+    if all(col in table.columns for col in LINK_NUMBER_COLUMNS):
+        return table[list(LINK_NUMBER_COLUMNS)]
     axes = [a for a in LINK_AXES if a in table.columns]
-    if table.empty or not axes:
-        return table
     links = table[axes].astype(object).where(table[axes].notna(), None)
-    noop: dict[tuple, bool] = {}
-    keep = []
+    parsed: dict[tuple, dict[str, float]] = {}
+    rows = []
     for values in links.itertuples(index=False, name=None):
-        if values not in noop:
-            given = {a: str(v) for a, v in zip(axes, values, strict=True) if v is not None}
-            noop[values] = LinkSetting.from_mapping({"bw": "none", **given}).shape().is_noop
-        keep.append(noop[values])
-    return table[keep]
+        if values not in parsed:
+            parsed[values] = link_numbers(dict(zip(axes, values, strict=True)))
+        rows.append(parsed[values])
+    return pd.DataFrame(rows, index=table.index, columns=list(LINK_NUMBER_COLUMNS))
+
+
+def unshaped_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows of a per-cell table whose link had no cap, delay, jitter or loss
+    (:func:`~commscope.spec.link.shaped` of :func:`link_number_columns`; the congestion
+    control plays no part). A table without link numbers or axes is returned whole."""
+    if table.empty or not any(c in table.columns for c in (*LINK_AXES, *LINK_NUMBER_COLUMNS)):
+        return table
+    return table[~shaped(link_number_columns(table))]
 
 
 def _varied(row: pd.Series) -> str:
@@ -209,8 +216,8 @@ def slowdown_table(summary: pd.DataFrame) -> pd.DataFrame:
     A setting is a cell over its repeats; its setup (:data:`SETUP_AXES`: model, strategy, nodes,
     ranks_per_node, cc, steps) run with no cap, no delay, no jitter and no loss is its baseline.
     Each repeat's slowdown is its ``step_time_mean_s`` over the baseline's, averaged over the
-    baseline's repeats. The link's numbers come from the axis strings
-    (:func:`commscope.metrics.summary.link_numbers`), so ``0us`` and ``0ms`` are the same.
+    baseline's repeats. The link's numbers are the summary's (the link the nodes applied,
+    :data:`~commscope.spec.link.LINK_NUMBER_COLUMNS`), so ``0us`` and ``0ms`` are the same.
 
     * varied: the shaping axis that moved the setting off the baseline (``bw``, ``delay``,
       ``jitter``, ``loss``), ``several``, or ``baseline`` (the unshaped cells themselves, whose
@@ -231,10 +238,7 @@ def slowdown_table(summary: pd.DataFrame) -> pd.DataFrame:
     needed = [*SETUP_AXES, *link_keys, "step_time_mean_s"]
     if summary.empty or any(c not in summary for c in needed):
         return pd.DataFrame(columns=SLOWDOWN_COLUMNS)
-    numbers = pd.DataFrame(
-        [link_numbers(rec) for rec in summary[link_keys].to_dict("records")], index=summary.index
-    )
-    df = pd.concat([summary[needed], numbers[list(SHAPING_AXES.values())]], axis=1)
+    df = pd.concat([summary[needed], link_number_columns(summary)], axis=1)
     df["step_time_mean_s"] = df["step_time_mean_s"].astype("float64")
     df["varied"] = df.apply(_varied, axis=1) if len(df) else pd.Series(dtype=str)
     setup = list(SETUP_AXES)
@@ -364,7 +368,7 @@ def strategy_label(frame: pd.DataFrame) -> pd.Series:
     """What ran each row, in words: its strategy, or for a replay cell ``replayed NAME`` (a
     replay's name is its model axis), so replays of different traces are told apart wherever
     rows are grouped by strategy."""
-    replay = frame["strategy"] == REPLAY_STRATEGY
+    replay = is_replay(frame)
     if not replay.any():
         return frame["strategy"]
     return frame["strategy"].where(~replay, "replayed " + frame["model"].astype(str))

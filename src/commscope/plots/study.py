@@ -18,10 +18,10 @@ from matplotlib.ticker import FuncFormatter, LogLocator
 
 from commscope.contracts import STUDY_FIGURE_TABLES, STUDY_FIGURES, table_file
 from commscope.metrics.study import SERIES_AXES, SETUP_AXES, strategy_label
-from commscope.metrics.summary import link_numbers
 from commscope.plots._style import _new_figure, _no_data, _palette, _save, _styled
 from commscope.plots.bursts import plot_bursts
 from commscope.plots.matrices import plot_comm_matrices
+from commscope.spec.link import SHAPING, impaired
 from commscope.units import bytes_tick
 
 
@@ -128,21 +128,10 @@ def cap_series(step_times: pd.DataFrame) -> pd.DataFrame:
         step_times = step_times.assign(strategy=strategy_label(step_times))
     rows = step_times.assign(label=step_times.apply(_series_label, axis=1, varying=series))
     caps = rows.groupby("label")["bw"].transform("nunique")
-    rows = rows[(caps > 1) | ~_impaired(rows)]
+    rows = rows[(caps > 1) | ~impaired(rows)]
     varying = [c for c in series if rows[c].nunique(dropna=False) > 1]
     return rows.assign(label=rows.apply(_series_label, axis=1, varying=varying)).reset_index(
         drop=True
-    )
-
-
-def _impaired(rows: pd.DataFrame) -> pd.Series:
-    """Per row: does its link have delay, jitter or loss (its axis strings, parsed)?"""
-    axes = [a for a in ("bw", "delay", "jitter", "loss") if a in rows]
-    numbers = [link_numbers({a: rec[a] for a in axes}) for rec in rows[axes].to_dict("records")]
-    return pd.Series(
-        [n["delay_ms"] > 0 or n["jitter_ms"] > 0 or n["loss_pct"] > 0 for n in numbers],
-        index=rows.index,
-        dtype=bool,
     )
 
 
@@ -234,12 +223,13 @@ def plot_bytes_per_step(data: pd.DataFrame, out_png: Path) -> Path:
     return _save(fig, out_png)
 
 
-# The panels of the slowdown figure: the shaping axis each moves alone, the column its x is, how
-# the x axis reads, what "no data" says, and the tick label of the unshaped point.
-_SLOWDOWN_PANELS: tuple[tuple[str, str, str, str, str], ...] = (
-    ("bw", "bw_bps", "bandwidth cap (Mbit/s, log scale)", "cap", "no cap"),
-    ("delay", "delay_ms", "one-way delay on each node's ingress (ms, log scale)", "delay", "0"),
-    ("loss", "loss_pct", "random loss on each node's ingress (%, log scale)", "loss", "0"),
+# The panels of the slowdown figure: the shaping axis each moves alone (its x is the axis's
+# number, spec.link.SHAPING), how the x axis reads, what "no data" says, and the tick label of
+# the unshaped point.
+_SLOWDOWN_PANELS: tuple[tuple[str, str, str, str], ...] = (
+    ("bw", "bandwidth cap (Mbit/s, log scale)", "cap", "no cap"),
+    ("delay", "one-way delay on each node's ingress (ms, log scale)", "delay", "0"),
+    ("loss", "random loss on each node's ingress (%, log scale)", "loss", "0"),
 )
 
 
@@ -314,8 +304,8 @@ def slowdown_figure(slowdown: pd.DataFrame) -> Figure:
     held = {axis: _held_fixed(rows) for axis, rows in drawn.items() if not rows.empty}
     shared = len(set(held.values())) == 1
     handles: dict[str, object] = {}
-    for ax, (axis, col, xlabel, what, unshaped_label) in zip(axes, _SLOWDOWN_PANELS, strict=True):
-        rows = drawn[axis]
+    for ax, (axis, xlabel, what, unshaped_label) in zip(axes, _SLOWDOWN_PANELS, strict=True):
+        rows, col = drawn[axis], SHAPING[axis]
         title = {"bw": "vs bandwidth cap", "delay": "vs one-way delay", "loss": "vs loss"}[axis]
         ax.set_title(f"slowdown {title}" + ("" if shared or rows.empty else f"\n{held[axis]}"))
         if rows.empty:
