@@ -17,7 +17,7 @@ import pytest
 
 from commscope.cluster import impair, shaping
 from commscope.cluster.hosts import Host
-from commscope.cluster.netns import kernel_has_netem
+from commscope.cluster.machine import kernel_has_netem
 from commscope.cluster.shaping import (
     ShapingError,
     apply_shape,

@@ -48,7 +48,7 @@ def machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, list[s
     is recorded. Claims go to a lock directory of the test's own."""
     monkeypatch.setenv("COMMSCOPE_LOCK_DIR", str(tmp_path / "locks"))
     done: dict[str, list[str]] = {"killed_in": [], "deleted": []}
-    monkeypatch.setattr(netns, "_require_root", lambda: None)
+    monkeypatch.setattr(netns, "require_root", lambda: None)
     monkeypatch.setattr(netns, "list_netns", lambda: list(NAMESPACES))
     monkeypatch.setattr(netns, "_root_links", lambda: [dict(link) for link in LINKS])
 

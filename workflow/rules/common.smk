@@ -201,7 +201,7 @@ def preflight():
     claim is a lock on this machine), so another checkout's run, `commscope check --nodes` or
     `commscope cleanup` cannot tear its nodes down or reshape them mid-cell."""
     from commscope.cluster.claim import ClusterBusy, claim_cluster
-    from commscope.cluster.netns import preflight_problems
+    from commscope.cluster.machine import preflight_problems
 
     if config["cluster"]["backend"] == "netns":
         problems = preflight_problems()

@@ -24,12 +24,9 @@ Gbit/s in frames against 27-33 Gbit/s with GSO (every frame is a trip through th
 caps a study uses (<= 1 Gbit/s, <= 85 k frames/s) nothing changes. A reused cluster gets the
 settings again (cheap), so changing ``cluster.mtu``/``offload`` needs no rebuild.
 
-TCP congestion control is per namespace (a cell sets it on every node), but a namespace other
-than the host's may only pick an algorithm listed in the host's
-``net.ipv4.tcp_allowed_congestion_control`` (else "Operation not permitted"; the list is
-``reno`` plus the host default, e.g. ``reno bbr``, so CUBIC is refused). Provisioning adds every
-available algorithm a sweep may ask for to that list (a host-wide sysctl: it also lets
-unprivileged processes choose them with setsockopt; nothing else changes) and leaves it so.
+TCP congestion control is per namespace (a cell sets it on every node); provisioning lets the
+nodes' namespaces pick every algorithm a sweep may ask for
+(:func:`~commscope.cluster.machine.allow_congestion_controls`).
 
 Each node runs its own sshd inside its namespace with a per-cluster host key, key-only auth and
 a known_hosts file written here, so :class:`~commscope.cluster.hosts.Host` verifies every node
@@ -42,7 +39,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import functools
 import ipaddress
 import json
 import logging
@@ -59,9 +55,9 @@ from pathlib import Path
 
 from commscope.cluster.claim import CLUSTER_NAME, check_cluster_name, claim_or_holder
 from commscope.cluster.hosts import Cluster, Host, NodeSpec, on_all
+from commscope.cluster.machine import allow_congestion_controls, require_root
 from commscope.cluster.sshd import SSHD, keygen, start_sshd, wait_for_sshd
 from commscope.cluster.syscmd import bridge_nf_note, run_checked, run_quiet
-from commscope.spec.link import CC_ALGORITHMS
 from commscope.spec.settings import check_mtu, subnet_problem
 
 log = logging.getLogger(__name__)
@@ -72,15 +68,6 @@ _ALIAS_PREFIX = "commscope:"
 
 
 # ──────────────────────────────────────────────────────────────────────────── helpers
-
-
-def _require_root() -> None:
-    if os.geteuid() != 0:
-        raise PermissionError(
-            "the netns cluster backend needs root (network namespaces, veths, bridges and one "
-            "sshd per node); run as root, or use the ssh backend (an inventory of real hosts) "
-            "or the local mode (ranks on loopback, no shaping)"
-        )
 
 
 def ns_name(name: str, index: int) -> str:
@@ -209,29 +196,6 @@ def _check_no_route_overlap(net: ipaddress.IPv4Network, own_bridge: str, field: 
 # ──────────────────────────────────────────────────────────────────────────── public API
 
 
-def preflight_problems() -> list[str]:
-    """What stops this machine from hosting a netns cluster (empty = it can): root, the tools."""
-    problems = []
-    if os.geteuid() != 0:
-        problems.append(
-            "it needs root (network namespaces, veth, tc, one sshd per node); run as root"
-        )
-    for tool, package in {
-        "ip": "iproute2",
-        "tc": "iproute2",
-        "ethtool": "ethtool",
-        "ssh-keygen": "openssh-client",
-        "nft": "nftables",
-    }.items():
-        if shutil.which(tool) is None:
-            problems.append(f"`{tool}` is missing: apt-get install {package} (or `make setup`)")
-    if not os.access("/usr/sbin/sshd", os.X_OK):
-        problems.append(
-            "/usr/sbin/sshd is missing: apt-get install openssh-server (or `make setup`)"
-        )
-    return problems
-
-
 def teardown_netns(name: str, state_dir: Path | None = None) -> list[str]:
     """Remove cluster ``name``: processes, namespaces, root-side veths, both bridges; return
     what was removed.
@@ -240,7 +204,7 @@ def teardown_netns(name: str, state_dir: Path | None = None) -> list[str]:
     removes its cluster.json (keys are kept: a rebuild makes new ones anyway).
     """
     check_cluster_name(name)
-    _require_root()
+    require_root()
     if state_dir is not None:
         with _locked(Path(state_dir)):
             return _teardown(name, Path(state_dir))
@@ -310,7 +274,7 @@ def cleanup_all(
     no run starts on it meanwhile. With ``spare_claimed``, a cluster a live run has claimed is
     left alone, and its holder recorded in ``spared`` (name -> holder) when given.
     """
-    _require_root()
+    require_root()
     only: str | None = None
     if prefix != NETNS_PREFIX:
         only = prefix.removeprefix(NETNS_PREFIX)
@@ -358,34 +322,6 @@ def cleanup_all(
     return removed
 
 
-@functools.lru_cache(maxsize=1)
-def kernel_has_netem() -> bool:
-    """Whether this kernel has the netem qdisc, probed for real (cached).
-
-    Adds a netem qdisc to a veth in a throwaway namespace; tc answers "Specified qdisc kind is
-    unknown" when sch_netem is neither built in nor loadable. (A veth, not a dummy device: some
-    kernels, this one included, have no dummy driver.)
-    """
-    _require_root()
-    ns = f"csprobe{os.getpid()}"
-    run_quiet(["ip", "netns", "delete", ns])
-    try:
-        run_checked(["ip", "netns", "add", ns])
-        veth = ["type", "veth", "peer", "name", "probe1"]
-        run_checked(["ip", "-n", ns, "link", "add", "name", "probe0", *veth])
-        proc = run_checked(
-            ["tc", "-n", ns, "qdisc", "add", "dev", "probe0", "root", "netem", "delay", "1ms"],
-            check=False,
-        )
-        if proc.returncode == 0:
-            return True
-        if "Specified qdisc kind is unknown" in proc.stderr:
-            return False
-        raise RuntimeError(f"netem probe failed unexpectedly: {proc.stderr.strip()}")
-    finally:
-        run_quiet(["ip", "netns", "delete", ns])
-
-
 def provision_netns(
     name: str,
     n_nodes: int,
@@ -418,7 +354,7 @@ def provision_netns(
             f"mgmt_subnet={mgmt_subnet!r} and exp_subnet={exp_subnet!r} overlap; "
             "use two disjoint networks (e.g. 198.18.0.0/24 and 198.19.0.0/24)"
         )
-    _require_root()
+    require_root()
     # Node work directories live below the state dir and reach remote shells in commands.
     if not SAFE_PATH.match(str(Path(state_dir).resolve())):
         raise ValueError(
@@ -548,29 +484,6 @@ def _configure_cluster_links(cluster: Cluster, mtu: int, offload: bool) -> None:
         mtu,
         "on" if offload else "off",
     )
-
-
-_CC_ALLOWED = Path("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
-_CC_AVAILABLE = Path("/proc/sys/net/ipv4/tcp_available_congestion_control")
-
-
-def allow_congestion_controls(wanted: tuple[str, ...] = CC_ALGORITHMS) -> list[str]:
-    """Let the nodes' namespaces use every algorithm of ``wanted`` this kernel has: add those
-    missing to the host's ``net.ipv4.tcp_allowed_congestion_control`` (see the module doc).
-    Returns the allowed list afterwards. An algorithm the kernel lacks (e.g. bbr without its
-    module) is left out: a cell asking for it fails when shaping, naming it."""
-    available = _CC_AVAILABLE.read_text().split()
-    allowed = _CC_ALLOWED.read_text().split()
-    missing = [cc for cc in wanted if cc in available and cc not in allowed]
-    if missing:
-        _CC_ALLOWED.write_text(" ".join([*allowed, *missing]) + "\n")
-        log.info(
-            "net.ipv4.tcp_allowed_congestion_control: added %s so the nodes' namespaces may "
-            "use them (was: %s)",
-            " ".join(missing),
-            " ".join(allowed),
-        )
-    return _CC_ALLOWED.read_text().split()
 
 
 def _root_exp_end(name: str, index: int) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from commscope.cluster.hosts import Host, on_all
 from commscope.cluster.impair import DELAYER_MODULE
-from commscope.cluster.netns import kernel_has_netem
+from commscope.cluster.machine import kernel_has_netem
 from commscope.cluster.shaping import host_has_netem
 from commscope.experiment.probes import build_wire_object, check_wire
 from commscope.node.delayer import DelayerError, binary
