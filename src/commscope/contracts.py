@@ -265,6 +265,11 @@ GROUP_KIND_COLUMN = "group_kind"
 WAIT_START_COLUMN = "t_wait_start_ns"
 WAIT_END_COLUMN = "t_wait_end_ns"
 WAIT_COLUMN = "wait_ns"
+# Optional ops.parquet column: True where the issuing thread waited on the op over its whole
+# [t_issue_ns, t_end_ns] (synchronous op, or issue immediately followed by wait()). The capture
+# records the waits themselves instead; this column applies to ops without a recorded wait
+# (hand-built or imported traces). Without either every op counts as blocking (docs/sync.md).
+BLOCKING_COLUMN = "blocking"
 # wire_flows.parquet: one row per 1 ms bin and node pair of the packet-header capture.
 WIRE_FLOW_COLUMNS: list[str] = ["t_ns", "src_node", "dst_node", "bytes", "packets"]
 # sockets.parquet as the socket sampler writes it (before the parse step adds ``node``): the

@@ -279,22 +279,6 @@ def test_the_bubble_keeps_its_rule_when_waits_are_recorded() -> None:
     assert exposed.to_dict() == {0: 0.001, 1: 0.002}
 
 
-def test_union_lengths_matches_a_brute_force_sweep() -> None:
-    import numpy as np
-
-    rng = np.random.default_rng(0)
-    n, groups = 400, 7
-    group = rng.integers(0, groups, n)
-    start = rng.integers(0, 1000, n)
-    end = start + rng.integers(-5, 60, n)
-    got = sync._union_lengths(group, start, end, groups)
-    for g in range(groups):
-        covered = np.zeros(1100, dtype=bool)
-        for s, e in zip(start[group == g], end[group == g], strict=True):
-            covered[s:e] = True
-        assert got[g] == covered.sum()
-
-
 # --------------------------------------------------------------------------------------------
 # Counts per step and group kind
 # --------------------------------------------------------------------------------------------

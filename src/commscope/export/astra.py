@@ -66,8 +66,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from commscope.export import Interval, op_records, phase_intervals, rank_timeline
+from commscope.cell.timeline import Interval, phase_intervals, rank_timeline
 from commscope.export.astrasim import plan_ops
+from commscope.export.records import op_records
 
 # Chakra CollectiveCommType (what the Chakra export writes) -> the text format's comm type.
 COMM_NAMES = {

@@ -50,9 +50,9 @@ from typing import Any
 
 import pandas as pd
 
+from commscope.cell.timeline import PHASES, ComputeSpan, phase_intervals, rank_timeline
 from commscope.chakra_schema import SCHEMA_VERSION, encode_et, pb
 from commscope.contracts import DTYPE_SIZES, parse_ranks
-from commscope.export import PHASES, ComputeSpan, op_records, phase_intervals, rank_timeline
 from commscope.export.astrasim import (
     UNCAPPED_BPS,
     AstraOp,
@@ -60,6 +60,7 @@ from commscope.export.astrasim import (
     plan_ops,
     write_astra_inputs,
 )
+from commscope.export.records import op_records
 
 # Span names: the markers PyTorch's profiler writes and commscope.importers reads back.
 PHASE_SPAN_NAMES = {

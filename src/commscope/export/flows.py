@@ -33,7 +33,7 @@ import pandas as pd
 
 from commscope.collectives.traffic import op_destinations
 from commscope.contracts import P2P_OPS
-from commscope.export import op_records, rank_nodes
+from commscope.export.records import op_records, rank_nodes
 
 FLOW_COLUMNS = [
     "flow_id",

@@ -29,7 +29,8 @@ from typing import Any
 
 import pandas as pd
 
-from commscope.export import PHASES, op_records, rank_nodes, step_spans
+from commscope.cell.timeline import PHASES, step_spans
+from commscope.export.records import op_records, rank_nodes
 
 COMM_TID_OFFSET = 1_000_000
 MAX_LANES = 1000

@@ -27,6 +27,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
+from commscope.cell.timeline import union
 from commscope.metrics.steps import zoom_window
 from commscope.metrics.summary import link_numbers
 from commscope.metrics.sync import group_kinds
@@ -147,16 +148,6 @@ def timeline_step(step_times: pd.DataFrame) -> dict[str, Any]:
     return {"step": step, "t_start_ns": lo, "t_end_ns": hi, "median_s": median}
 
 
-def _union(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    merged: list[tuple[int, int]] = []
-    for start, end in sorted(intervals):
-        if merged and start <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
-        else:
-            merged.append((start, end))
-    return merged
-
-
 def timeline_bars(
     ops: pd.DataFrame,
     steps: pd.DataFrame,
@@ -210,7 +201,7 @@ def timeline_bars(
         rank = int(rec["rank"])
         start, end = max(int(rec["t_start_ns"]), lo), min(int(rec["t_end_ns"]), hi)
         mine = comm[comm["rank"] == rank] if len(comm) else comm
-        busy = _union(list(zip(mine["_t0"].astype(int), mine["_t1"].astype(int), strict=True)))
+        busy = union(list(zip(mine["_t0"].astype(int), mine["_t1"].astype(int), strict=True)))
         cursor = start
         for b0, b1 in [*busy, (end, end)]:
             if b0 > cursor and cursor < end:

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from commscope.bench.analysis import cap_bytes_per_s, delay_scaled, link_alpha_beta
+from commscope.cell.timeline import union
 from commscope.collectives.traffic import DEFAULT_BACKEND
 from commscope.contracts import SWEEP_AXES
 from commscope.metrics import step_times
@@ -104,21 +104,6 @@ def _as_recorded(plan_spec: dict[str, Any], recorded: dict[str, Any] | None) -> 
     return {**plan_spec, "bucket_cap_mb": recorded["bucket_cap_mb"]}
 
 
-def _union_ns(intervals: np.ndarray) -> int:
-    """Total length of the union of [start, end) intervals (ns)."""
-    if len(intervals) == 0:
-        return 0
-    intervals = intervals[np.argsort(intervals[:, 0])]
-    total, cur_s, cur_e = 0, int(intervals[0, 0]), int(intervals[0, 1])
-    for s, e in intervals[1:]:
-        if s > cur_e:
-            total += cur_e - cur_s
-            cur_s, cur_e = int(s), int(e)
-        else:
-            cur_e = max(cur_e, int(e))
-    return total + cur_e - cur_s
-
-
 def rank_step_split(ops: pd.DataFrame, steps: pd.DataFrame, warmup_steps: int) -> pd.DataFrame:
     """Per rank and steady step: the rank's step time, the time it spent inside communication
     ops (union of [issue, end] of its ops, clipped to the step) and the rest (``compute_s``).
@@ -134,11 +119,10 @@ def rank_step_split(ops: pd.DataFrame, steps: pd.DataFrame, warmup_steps: int) -
         g = by_key.get((rec.rank, rec.step))
         comm = 0
         if g is not None:
-            iv = np.column_stack(
-                [g["t_issue_ns"].to_numpy("int64"), g["t_end_ns"].to_numpy("int64")]
+            iv = zip(
+                g["t_issue_ns"].to_numpy("int64"), g["t_end_ns"].to_numpy("int64"), strict=True
             )
-            iv = np.clip(iv, t0, t1)
-            comm = _union_ns(iv[iv[:, 1] > iv[:, 0]])
+            comm = sum(b - a for a, b in union(list(iv), t0, t1))
         out.append((int(rec.rank), int(rec.step), (t1 - t0) / 1e9, comm / 1e9))
     split = pd.DataFrame(out, columns=["rank", "step", "step_s", "comm_s"])
     split["compute_s"] = split["step_s"] - split["comm_s"]

@@ -4,15 +4,20 @@ nodes.
 
 :mod:`.sources` loads a source (a measured cell, an import, a predicted scenario),
 :mod:`.program` builds the program (:data:`commscope.contracts.REPLAY_PROGRAM_COLUMNS`) and its
-description, and :func:`write_program` writes both (program.parquet, replay.json).
+description and writes both (:func:`write_program`: program.parquet, replay.json), from the
+source's ops as :mod:`.normalize` reads them, :mod:`.matching`'s checks across ranks and the
+step templates of :mod:`.templates`.
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
-from commscope.replay.program import SCALING_RULE, Program, build_program, program_bytes
+from commscope.replay.program import (
+    SCALING_RULE,
+    Program,
+    build_program,
+    program_bytes,
+    write_program,
+)
 from commscope.replay.sources import (
     SourceTrace,
     build_replay,
@@ -35,13 +40,3 @@ __all__ = [
     "program_bytes",
     "write_program",
 ]
-
-
-def write_program(program: Program, program_path: Path | str, meta_path: Path | str) -> None:
-    """Write the program table (parquet) and its meta (JSON, keys sorted), creating their
-    directories."""
-    program_path, meta_path = Path(program_path), Path(meta_path)
-    for path in (program_path, meta_path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-    program.table.to_parquet(program_path, index=False)
-    meta_path.write_text(json.dumps(program.meta, indent=1, sort_keys=True, default=str) + "\n")
