@@ -173,3 +173,24 @@ def test_study_tables_read_the_summarys_numbers() -> None:
     strings = summary.drop(columns=list(LINK_NUMBER_COLUMNS))
     assert link_number_columns(strings)["delay_ms"].tolist() == [0.0, 0.0, 5.0]
     assert unshaped_rows(strings)["step_time_mean_s"].tolist() == [1.0]
+
+
+def test_the_schema_writes_the_link_setting_once() -> None:
+    # The schema's link setting and its sweep form have exactly the link axes, and every place
+    # that takes a link (microbench.links, a replay's source cell, a sweep block) refers to them.
+    import yaml
+
+    root = Path(__file__).resolve().parents[2]
+    schema = yaml.safe_load((root / "workflow/schemas/config.schema.yaml").read_text())
+    defs = schema["$defs"]
+    assert tuple(defs["link_setting"]["properties"]) == LINK_AXES
+    assert tuple(defs["link_sweep"]["properties"]) == LINK_AXES
+    links = schema["properties"]["microbench"]["properties"]["links"]["oneOf"][1]["items"]
+    cell = schema["properties"]["replays"]["additionalProperties"]["properties"]["source"]
+    for uses, shape in (
+        (links, "link_setting"),
+        (cell["properties"]["cell"], "link_setting"),
+        (defs["sweep_block"], "link_sweep"),
+    ):
+        assert uses["$ref"] == f"#/$defs/{shape}" and uses["unevaluatedProperties"] is False
+        assert not set(uses.get("properties") or {}) & set(LINK_AXES)
