@@ -93,3 +93,31 @@ def fmt_count(value: Any) -> str:
         return "n/a"
     v = float(value)
     return f"{v:.0f}" if v.is_integer() else f"{v:.1f}"
+
+
+def fmt_us(value: Any) -> str:
+    """A lateness in µs for text: ``48.2`` -> ``'48 µs'``, ``1234`` -> ``'1.23 ms'``."""
+    if is_missing(value):
+        return "n/a"
+    v = float(value)
+    return f"{v:.0f} µs" if abs(v) < 1000 else f"{v / 1000:.3g} ms"
+
+
+def fmt_pct(value: Any) -> str:
+    """A percentage with three significant digits: ``0.0987`` -> ``'0.0987 %'``."""
+    return "n/a" if is_missing(value) else f"{float(value):.3g} %"
+
+
+def fmt_share(value: Any) -> str:
+    """A share as a percentage with one decimal: ``0.4`` -> ``'40.0 %'``."""
+    return "n/a" if is_missing(value) else f"{100 * float(value):.1f} %"
+
+
+def fmt_slowdown(mean: Any, low: Any = None, high: Any = None) -> str:
+    """``1.84`` -> ``'1.84×'``, with its interval when there is one: ``'1.84× [1.80, 1.88]'``."""
+    if is_missing(mean):
+        return "n/a"
+    text = f"{float(mean):.2f}×"
+    if not (is_missing(low) or is_missing(high)):
+        text += f" [{float(low):.2f}, {float(high):.2f}]"
+    return text

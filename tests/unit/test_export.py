@@ -51,7 +51,6 @@ from commscope.export import chakra as chakra_export
 from commscope.export.astrasim import TIMED
 from commscope.export.perfetto import COMM_TID_OFFSET
 from commscope.importers import load_chakra, normalize_dtype
-from commscope.report.sections import EXPORT_TITLE, export_section
 
 CELLS = Path(__file__).resolve().parents[1] / "data" / "cells"
 T0 = 1_700_000_000_000_000_000
@@ -521,21 +520,3 @@ def test_export_real_cell(name, tmp_path):
         assert layer.wg_comm == layer.fwd_comm == layer.ig_comm == "NONE"
         dropped = astra_workload(ops, pd.read_parquet(trace / "steps.parquet")).dropped
         assert dropped and {d.split()[0] for d in dropped} == {"send", "recv"}
-
-
-def test_report_export_section_reads_the_summaries(tmp_path):
-    """The report's export section: the one-line command in its intro, one row per cell's
-    input set from its export_summary.json, directories without one skipped."""
-    trace = CELLS / "ddp-2rank"
-    cell_dir = tmp_path / "results" / "runs" / "strategy~ddp" / "repeat~0"
-    export_cell(trace, cell_dir / "export")
-    (tmp_path / "old").mkdir()
-    section = export_section([cell_dir / "export" / "chakra", tmp_path / "old"])
-    assert section["title"] == EXPORT_TITLE
-    assert "sh results/runs/<cell>/export/chakra/run_astra.sh" in section["intro"]
-    frame = section["frame"]
-    assert frame["cell"].tolist() == ["strategy~ddp/repeat~0"]
-    row = frame.iloc[0]
-    assert (row["ranks"], row["steps"]) == ("2", "6")
-    assert row["approximated"].startswith("broadcast: replayed by ASTRA-sim")
-    assert int(row["set-up ops left out"]) > 0

@@ -3,6 +3,7 @@ repeats) whose headline numbers are known."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from commscope.metrics.study import (
 from commscope.plots import matrices, scenarios
 from commscope.plots.cell import plot_cell_throughput
 from commscope.plots.study import plot_study, study_figure_paths, study_table_paths
-from commscope.report import findings, render_report, software_versions, strategy_table
+from commscope.report import StudyResults, render_report, software_versions, strategy_table
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # The report's template and captions live in the repository, passed in as the rule does.
@@ -80,21 +81,24 @@ def _cell_figure(metrics_dir: Path, out_png: Path) -> Path:
 
 
 def _render(agg: Path, study_figs: list[Path], cell_figs: dict[str, Path], out: Path) -> None:
-    render_report(
-        agg / "summary.parquet",
-        study_figs,
-        cell_figs,
-        CONFIG,
-        out,
-        template=TEMPLATE,
-        captions=CAPTIONS,
-        findings=findings(
-            agg / "summary.parquet",
-            agg / "slowdown.parquet",
-            agg / "crosscheck.parquet",
-            agg / "matrix_check.parquet",
-        ),
+    # The aggregate's tables, the figures, and each cell's status naming its figure, as the
+    # report rule declares them.
+    names = ("summary", "slowdown", "crosscheck", "matrix_check")
+    statuses = []
+    for i, (cell, png) in enumerate(cell_figs.items()):
+        status = {"cell": cell, "ran": True, "failure": None, "products": {"figure": str(png)}}
+        statuses.append(out.parent / f"status-{i}.json")
+        statuses[-1].parent.mkdir(parents=True, exist_ok=True)
+        statuses[-1].write_text(json.dumps(status))
+    results = StudyResults(
+        {
+            **{name: agg / f"{name}.parquet" for name in names},
+            "figures": study_figs,
+            "status": statuses,
+        }
     )
+    # The template's own sections only (the table sections have tests of their own).
+    render_report(results, out, config=CONFIG, template=TEMPLATE, captions=CAPTIONS, sections=())
 
 
 def _assert_png(path: Path) -> None:

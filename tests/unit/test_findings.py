@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from commscope.metrics.study import unshaped_rows
+from commscope.report import StudyResults
 from commscope.report.findings import (
     PREDICTIONS,
     SENSITIVITY,
@@ -31,6 +32,11 @@ def _summary_row(strategy: str, nodes: int, step_s: float, inter: float) -> dict
     }  # fmt: skip
 
 
+def _structure(sync: pd.DataFrame, temporal: pd.DataFrame) -> StudyResults:
+    """The aggregate's synchronization and temporal tables, by the names the rule declares."""
+    return StudyResults.of(sync_summary=sync, temporal_onoff=temporal)
+
+
 def test_delay_sensitivity_names_the_most_and_least_sensitive_at_the_largest_delay() -> None:
     slowdown = pd.DataFrame(
         [
@@ -42,7 +48,7 @@ def test_delay_sensitivity_names_the_most_and_least_sensitive_at_the_largest_del
             ]
         ]
     )  # fmt: skip
-    (finding,) = sensitivity_findings(slowdown)
+    (finding,) = sensitivity_findings(StudyResults.of(slowdown=slowdown))
     assert finding.anchor == SENSITIVITY
     assert finding.text.startswith(
         "Most sensitive to latency: tp, whose step takes 6.00x (95 % CI 5.50-6.60x)"
@@ -52,7 +58,7 @@ def test_delay_sensitivity_names_the_most_and_least_sensitive_at_the_largest_del
     assert finding.text.endswith("ddp 2.50x, the least of 3 strategies.")
     # Intervals on both ends that overlap: the order is not established, and it says so.
     close = slowdown.assign(slowdown_ci_low=[1.9, 2.0, 2.2, 2.0], slowdown_ci_high=[2.1, 7, 3, 4])
-    (finding,) = sensitivity_findings(close)
+    (finding,) = sensitivity_findings(StudyResults.of(slowdown=close))
     assert finding.text.endswith(
         "ddp 2.50x (95 % CI 2.20-3.00x), the least of 3 strategies; their 95 % intervals "
         "overlap, so this order is not established."
@@ -71,11 +77,11 @@ def test_placement_and_scale() -> None:
             _summary_row("ddp", 8, 0.5, 7e6),
         ]
     )
-    (placed,) = placement_findings(summary)
+    (placed,) = placement_findings(StudyResults.of(summary=summary))
     assert "dp-tp-across" in placed.text and "25.00 MB" in placed.text and "10.00 MB" in placed.text
     assert "(1.50x)" in placed.text
     # One sentence per larger node count, every strategy that ran both, largest growth first.
-    four, eight = scale_findings(summary)
+    four, eight = scale_findings(StudyResults.of(summary=summary))
     assert four.text == "From 2 to 4 nodes (m, unshaped), the step grows by: ddp 3.00x, pp 1.20x."
     assert eight.text == "From 2 to 8 nodes (m, unshaped), the step grows by: ddp 5.00x."
 
@@ -102,7 +108,7 @@ def test_structure_findings_classify_and_compare_the_bubble() -> None:
              "bubble_analytic": 0.2, **LINK},
         ]
     )  # fmt: skip
-    classes, comm, bubble = structure_findings(sync, temporal)
+    classes, comm, bubble = structure_findings(_structure(sync, temporal))
     assert classes.anchor == TEMPORAL
     assert classes.text.endswith("bursty: ddp, tp; streaming: fsdp.")
     assert comm.anchor == SYNC
@@ -113,15 +119,17 @@ def test_structure_findings_classify_and_compare_the_bubble() -> None:
     assert bubble.text.endswith("forward/backward phase): pp 23 % (analytic 20 %).")
     # Cells recorded before the capture kept waits: their exposed time is an upper bound.
     old = sync.assign(exposed_source=["waits", "upper_bound", "upper_bound"])
-    (_, comm, _) = structure_findings(old, temporal)
+    (_, comm, _) = structure_findings(_structure(old, temporal))
     assert comm.text.endswith("(steady step, unshaped link; upper bound: traces without waits).")
     exact = sync.assign(exposed_source="waits")
-    assert structure_findings(exact, temporal)[1].text.endswith("(steady step, unshaped link).")
+    (_, comm, _) = structure_findings(_structure(exact, temporal))
+    assert comm.text.endswith("(steady step, unshaped link).")
 
 
 def test_no_data_no_findings() -> None:
     empty = pd.DataFrame()
-    assert study_findings(empty, empty) == []
+    assert study_findings(StudyResults.of(summary=empty, slowdown=empty)) == []
+    assert study_findings(StudyResults()) == []
 
 
 def test_knee_and_crossover_over_the_cap() -> None:
@@ -132,7 +140,7 @@ def test_knee_and_crossover_over_the_cap() -> None:
             row = _summary_row(strategy, 2, step, tx)
             row |= {"bw_bps": bw_bps, "bw": "none" if bw_bps != bw_bps else "20mbit"}
             rows.append(row | {"wire_tx_bytes_per_step_per_node": tx})
-    knee, fastest = link_findings(pd.DataFrame(rows))
+    knee, fastest = link_findings(StudyResults.of(summary=pd.DataFrame(rows)))
     assert "a 80 Mbit/s, b 4 Mbit/s" in knee.text
     assert fastest.text.startswith("Fastest by cap: a unshaped; b at 20 Mbit/s")
     assert "the fastest strategy changes 1 time" in fastest.text
@@ -143,7 +151,8 @@ def test_a_strategy_without_wire_bytes_has_no_knee() -> None:
         _summary_row("a", 2, 0.1, 1e6) | {"wire_tx_bytes_per_step_per_node": 1e6},
         _summary_row("b", 2, 0.2, 1e6) | {"wire_tx_bytes_per_step_per_node": float("nan")},
     ]
-    assert link_findings(pd.DataFrame(rows)) == []  # one knee only: nothing to compare
+    # One knee only: nothing to compare.
+    assert link_findings(StudyResults.of(summary=pd.DataFrame(rows))) == []
 
 
 def test_no_crossover_is_said_as_such() -> None:
@@ -153,7 +162,7 @@ def test_no_crossover_is_said_as_such() -> None:
             row = _summary_row(strategy, 2, step, 1e6) | {"wire_tx_bytes_per_step_per_node": 1e6}
             bw = "none" if bw_bps != bw_bps else "20mbit"  # the text axis and its number agree
             rows.append(row | {"bw_bps": bw_bps, "bw": bw})
-    fastest = link_findings(pd.DataFrame(rows))[-1]
+    fastest = link_findings(StudyResults.of(summary=pd.DataFrame(rows)))[-1]
     assert fastest.text.startswith("No crossover over the cap: a has the shortest step at every")
     assert "down to 20 Mbit/s (2 strategies" in fastest.text
 
@@ -177,7 +186,7 @@ def test_congestion_control_compares_cells_that_differ_in_nothing_else() -> None
     ]
     # A TP cell under CUBIC only: nothing to compare it with.
     rows.append({**_summary_row("tp", 2, 0.5, 1e6), "bw": "50mbit", "jitter": "0ms"})
-    (finding,) = congestion_findings(pd.DataFrame(rows))
+    (finding,) = congestion_findings(StudyResults.of(summary=pd.DataFrame(rows)))
     assert finding.text == (
         "Congestion control under a cap of 50 Mbit/s: ddp's step takes 850.0 ms with cubic, "
         "1020.0 ms with bbr (bbr's 1.20x cubic's; m on 2x1)."
@@ -200,7 +209,7 @@ def test_mapping_findings_compare_predicted_jobs_that_differ_only_in_mapping() -
     # A job with one mapping only: no finding.
     rows.append({**job, "tp": 8, "scenario": "alone", "mapping": "pp-dp-tp", "traffic": "all",
                  "inter_node_bytes": 1e9})  # fmt: skip
-    (finding,) = mapping_findings(pd.DataFrame(rows))
+    (finding,) = mapping_findings(StudyResults.of(predictions=pd.DataFrame(rows)))
     assert finding.anchor == PREDICTIONS
     assert finding.text == (
         "The mapping decides what crosses nodes (predicted, gpt on 16 GPUs, 8 per node, "
@@ -238,7 +247,8 @@ def test_replay_findings_say_fidelity_and_compare_sensitivity() -> None:
             "slowdown_mean": [1.5, 3.0, 2.0, 4.0, 1.2],
         }
     )
-    texts = [f.text for f in replay_findings(comparison, timing, slowdown)]
+    results = StudyResults.of(comparison=comparison, timing=timing, slowdown=slowdown)
+    texts = [f.text for f in replay_findings(results)]
     assert texts[0].startswith("Replays re-issued their programs message for message")
     assert "in 1 of 2 replay cells" in texts[0] and "ddp-replay 0.96x" in texts[0]
     assert texts[1] == (

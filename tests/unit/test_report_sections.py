@@ -8,18 +8,18 @@ import pandas as pd
 from synthetic import make_ddp_cell
 
 from commscope import metrics
-from commscope.report.sections import (
-    _STRUCTURE_KEYS,
-    busbw_factor_forms,
-    busbw_text,
-    crosscheck_cells,
-    crosscheck_strategies,
-    sync_section,
-    temporal_section,
-    wire_cells,
-    wire_intro,
-)
+from commscope.report import StudyResults
+from commscope.report.sections.bench import busbw_factor_forms, busbw_text
+from commscope.report.sections.crosscheck import crosscheck_cells, crosscheck_strategies
+from commscope.report.sections.structure import _STRUCTURE_KEYS, sync_section, temporal_section
+from commscope.report.sections.wire import wire_cells, wire_intro
 from commscope.units import fmt_ratio
+
+
+def _results(agg: Path) -> StudyResults:
+    """The aggregate's cross-validation tables, as the report rule declares them."""
+    names = ("crosscheck", "matrix_check")
+    return StudyResults({name: agg / f"{name}.parquet" for name in names})
 
 
 def _study(root: Path, wire_flows: bool) -> Path:
@@ -45,7 +45,7 @@ def _study(root: Path, wire_flows: bool) -> Path:
 
 def test_crosscheck_sections_one_row_per_cell_and_strategy(tmp_path: Path) -> None:
     agg = _study(tmp_path, wire_flows=False)
-    cells = crosscheck_cells(agg / "crosscheck.parquet", agg / "matrix_check.parquet")
+    cells = crosscheck_cells(_results(agg))
     check = pd.read_parquet(agg / "crosscheck.parquet")
     assert len(cells) == check["cell"].nunique() == 2
     tx = check[check.direction == "tx"]
@@ -53,14 +53,14 @@ def test_crosscheck_sections_one_row_per_cell_and_strategy(tmp_path: Path) -> No
         mine = tx[tx.bw == row.bw]
         assert row["wire/ops"] == mine.wire_bytes.sum() / mine.framework_bytes.sum()
         assert row["agree"] == bool(check[check.bw == row.bw].passed.all())
-    per_strategy = crosscheck_strategies(agg / "crosscheck.parquet")
+    per_strategy = crosscheck_strategies(_results(agg))
     assert per_strategy["cells"].tolist() == [2]
     assert per_strategy["cells_passed"].tolist() == [int(cells["agree"].sum())]
 
 
 def test_crosscheck_cells_counts_matrix_pairs_from_the_capture(tmp_path: Path) -> None:
     agg = _study(tmp_path, wire_flows=True)
-    cells = crosscheck_cells(agg / "crosscheck.parquet", agg / "matrix_check.parquet")
+    cells = crosscheck_cells(_results(agg))
     matrix = pd.read_parquet(agg / "matrix_check.parquet")
     assert not matrix.empty
     assert cells["pairs"].tolist() == matrix.groupby("cell").size().tolist()
@@ -69,8 +69,9 @@ def test_crosscheck_cells_counts_matrix_pairs_from_the_capture(tmp_path: Path) -
 
 
 def test_sections_are_empty_without_inputs(tmp_path: Path) -> None:
-    missing = tmp_path / "crosscheck.parquet", tmp_path / "matrix_check.parquet"
-    assert crosscheck_cells(*missing).empty and crosscheck_strategies(missing[0]).empty
+    missing = _results(tmp_path)
+    assert crosscheck_cells(missing).empty and crosscheck_strategies(missing).empty
+    assert crosscheck_cells(StudyResults()).empty
 
 
 def test_microbenchmark_text_names_the_factors_the_code_uses() -> None:
@@ -105,13 +106,13 @@ def test_wire_table_says_where_each_cells_bytes_came_from(tmp_path: Path) -> Non
     )
     path = tmp_path / "summary.parquet"
     summary.to_parquet(path)
-    table = wire_cells(path)
+    table = wire_cells(StudyResults({"summary": path}))
     assert table["wire"].tolist() == ["bpf at 100 µs", "counters at 1000 µs"]
     assert table.loc[0, "peak/mean 0.1 ms"] == fmt_ratio(1.02)
-    intro = wire_intro(path)
+    intro = wire_intro(StudyResults.of(summary=summary))
     assert "1 of 2 cells were measured in the kernel (tc BPF, 100 µs bins" in intro
     assert "1 fell back to the 1 kHz /proc sampler and tcpdump because: node1: not root" in intro
-    assert wire_cells(tmp_path / "absent.parquet").empty
+    assert wire_cells(StudyResults({"summary": tmp_path / "absent.parquet"})).empty
 
 
 def test_structure_tables_name_what_tells_their_cells_apart() -> None:

@@ -14,14 +14,10 @@ from synthetic import cell_id, cell_params
 from commscope.metrics.study import slowdown_table, step_time_over_repeats
 from commscope.metrics.summary import link_numbers
 from commscope.plots.study import cap_series, plot_slowdown, slowdown_figure
-from commscope.report import render_report
-from commscope.report.sections import (
-    cells_rows,
-    fmt_slowdown,
-    link_engine_text,
-    sensitivity_sentences,
-    sensitivity_table,
-)
+from commscope.report import StudyResults, render_report
+from commscope.report.sections.overview import cells_rows, link_engine_text
+from commscope.report.sections.sensitivity import sensitivity_sentences, sensitivity_table
+from commscope.units import fmt_slowdown
 
 REPORT_DIR = Path(__file__).resolve().parents[2] / "report"
 TEMPLATE = REPORT_DIR / "templates" / "report.html.j2"
@@ -235,15 +231,16 @@ def test_report_has_the_sensitivity_section(
     slowdown.to_parquet(tmp_path / "slowdown.parquet")
     png = plot_slowdown(slowdown, tmp_path / "fig" / "slowdown.png")
     out = tmp_path / "index.html"
+    results = StudyResults(
+        {
+            "summary": tmp_path / "summary.parquet",
+            "slowdown": tmp_path / "slowdown.parquet",
+            "figures": [png],
+        }
+    )
+    # No findings: this summary holds the sensitivity's columns only.
     render_report(
-        tmp_path / "summary.parquet",
-        [png],
-        {},
-        {"sweep": {}},
-        out,
-        template=TEMPLATE,
-        captions=CAPTIONS,
-        slowdown=tmp_path / "slowdown.parquet",
+        results, out, config={"sweep": {}}, template=TEMPLATE, captions=CAPTIONS, findings=()
     )
     html = out.read_text()
     section = html[html.index('<h2 id="sensitivity">') : html.index('<h2 id="figures">')]

@@ -1,9 +1,20 @@
-# The final self-contained HTML report.
+# The final self-contained HTML report. Every input is named once: the script hands them, by
+# these names, to commscope.report.StudyResults, which every section and finding reads.
 from commscope.contracts import table_file
 
 
 rule report:
     input:
+        # The microbenchmark's tables and figures, when the stage is on.
+        **(
+            {
+                "microbench_summary": rules.microbench_tables.output.summary,
+                "microbench_fit": rules.microbench_tables.output.fit,
+                "microbench_figures": rules.microbench_figures.output,
+            }
+            if config["microbench"]["enabled"]
+            else {}
+        ),
         summary=f"results/aggregate/{table_file('summary')}",
         crosscheck=f"results/aggregate/{table_file('crosscheck')}",
         matrix_check=f"results/aggregate/{table_file('matrix_check')}",
@@ -13,24 +24,14 @@ rule report:
         sync_summary=f"results/aggregate/{table_file('sync_summary')}",
         temporal_onoff=f"results/aggregate/{table_file('temporal_onoff')}",
         figures=rules.study_figures.output,
-        learning=rules.learning.output.figures,
-        learning_tables=[rules.learning.output.loss, rules.learning.output.routing],
+        learning_figures=rules.learning.output.figures,
+        learning_loss=rules.learning.output.loss,
+        learning_routing=rules.learning.output.routing,
         imports=expand(
             "results/imports/{name}/summary.parquet", name=sorted(config["imports"])
         ),
-        microbench=(
-            [
-                rules.microbench_tables.output.summary,
-                rules.microbench_tables.output.fit,
-            ]
-            if config["microbench"]["enabled"]
-            else []
-        ),
-        microbench_figures=(
-            rules.microbench_figures.output if config["microbench"]["enabled"] else []
-        ),
-        predictions=rules.predictions_table.output,
-        prediction_heatmaps=rules.predictions_heatmaps.output,
+        predictions=rules.predictions_table.output[0],
+        prediction_heatmaps=rules.predictions_heatmaps.output[0],
         # Every cell's status: what the cells that ran made (exports are part of a study's
         # results: `report` makes them too; its export section reads each cell's ASTRA-sim
         # input set; each replay cell's description, its predicted vs measured tables, its

@@ -14,6 +14,7 @@ import json
 import math
 import platform
 from collections.abc import Sequence
+from os import PathLike
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +24,9 @@ import pandas as pd
 import yaml
 
 import commscope
-from commscope.metrics.study import slowdown_table
-from commscope.report.findings import Finding, anchor, failed_cell_words
-from commscope.report.sections import (
-    SENSITIVITY_INTRO,
-    cells_rows,
-    sensitivity_sentences,
-    sensitivity_table,
-    strategy_rows,
-)
+from commscope.report.findings import Finding, failed_cell_words, study_findings
+from commscope.report.results import StudyResults
+from commscope.report.sections import FIXED, SECTIONS, Section, overview, sensitivity
 
 DEFAULT_TITLE = "commscope: what parallelism strategies do to the network"
 # The study figure shown in the sensitivity section rather than among the other figures
@@ -42,7 +37,7 @@ _VERSION_PACKAGES = ("torch", "snakemake", "pandas", "numpy", "pyarrow", "matplo
 
 
 # The ids of the template's own sections (report.html.j2).
-FIXED_SECTIONS = ("findings", "run", "strategies", "sensitivity", "figures", "config", "software")
+FIXED_SECTIONS = ("findings", *(s.anchor for s in FIXED), "figures", "config", "software")
 
 
 def software_versions() -> dict[str, str]:
@@ -99,13 +94,6 @@ def _cell_text(value: Any) -> str:
     return str(value)
 
 
-def _unresolved_cells(summary: pd.DataFrame) -> int:
-    """Cells whose counters could not resolve 10 ms bins (their burstiness is n/a)."""
-    if "shape_resolved_10ms" not in summary:
-        return 0
-    return int((~summary["shape_resolved_10ms"].astype(bool)).sum())
-
-
 def _figure_entries(study_figures: Sequence[Path], captions: dict) -> list[dict[str, str]]:
     """Title, caption (by the figure's file stem) and data URI of each study figure."""
     figures = []
@@ -121,21 +109,23 @@ def _figure_entries(study_figures: Sequence[Path], captions: dict) -> list[dict[
     return figures
 
 
-def _extra_tables(tables: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The ``tables`` sections as title, anchor, intro, header and rows of text."""
-    sections = []
-    for t in tables:
-        header, rows = _frame_rows(t["frame"])
-        sections.append(
+def _extra_tables(results: StudyResults, sections: Sequence[Section]) -> list[dict[str, Any]]:
+    """The ``sections`` the study has, as title, anchor, intro, header and rows of text."""
+    shown = []
+    for section in sections:
+        if not section.shown(results):
+            continue
+        header, rows = _frame_rows(section.build(results))
+        shown.append(
             {
-                "title": t["title"],
-                "anchor": anchor(t["title"]),
-                "intro": t.get("intro", ""),
+                "title": section.title,
+                "anchor": section.anchor,
+                "intro": section.intro_for(results),
                 "header": header,
                 "rows": rows,
             }
         )
-    return sections
+    return shown
 
 
 def _frame_rows(frame: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
@@ -144,18 +134,17 @@ def _frame_rows(frame: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     return header, [[_cell_text(v) for v in row] for row in frame.itertuples(index=False)]
 
 
-def _sensitivity(
-    summary: pd.DataFrame, slowdown: pd.DataFrame, figure: dict[str, str] | None
-) -> dict[str, Any]:
+def _sensitivity(results: StudyResults, figure: dict[str, str] | None) -> dict[str, Any]:
     """The "Sensitivity to the link" section: how to read it, the slowdown figure, the compact
     strategy x setting table and the sentences computed from the data."""
-    header, rows = _frame_rows(sensitivity_table(slowdown))
+    section = sensitivity.SECTION
+    header, rows = _frame_rows(section.build(results))
     return {
-        "intro": SENSITIVITY_INTRO,
+        "intro": section.intro_for(results),
         "figure": figure,
         "header": header,
         "rows": rows,
-        "sentences": sensitivity_sentences(slowdown, summary),
+        "sentences": sensitivity.sensitivity_sentences(results.slowdown, results.summary),
     }
 
 
@@ -180,55 +169,48 @@ def _failed_entry(rec: dict[str, Any]) -> dict[str, Any]:
 
 
 def render_report(
-    summary: Path,
-    study_figures: list[Path],
-    cell_figures: dict[str, Path],
-    config: dict,
-    out_html: Path,
+    results: StudyResults,
+    out_html: str | PathLike[str],
     *,
-    template: Path,
-    captions: Path | None = None,
+    config: dict,
+    template: str | PathLike[str],
+    captions: str | PathLike[str] | None = None,
+    sections: Sequence[Section] = SECTIONS,
+    findings: Sequence[Finding] | None = None,
     title: str = DEFAULT_TITLE,
-    tables: list[dict[str, Any]] | None = None,
-    slowdown: Path | None = None,
-    findings: Sequence[Finding] = (),
-    failed: Sequence[dict[str, Any]] = (),
 ) -> None:
     """Write the study report to ``out_html`` as one self-contained HTML file.
 
-    ``summary`` is the study's aggregated ``summary.parquet``, ``template`` the Jinja2 template
-    file (``report/templates/report.html.j2``; it may include others next to it), ``captions``
-    the figure captions (``report/captions.yaml``, keyed by figure file stem).
-    It opens with the cells that failed after their attempts, when any (``failed``: their
-    records, commscope.experiment.attempts), then ``findings``
-    (:func:`commscope.report.findings.study_findings`: sentences
+    ``results`` holds the study's result files (:class:`~commscope.report.results.StudyResults`:
+    the aggregated summary and slowdown, the study figures, the cells' statuses, ...);
+    ``config`` is the study's config, ``template`` the Jinja2 template file
+    (``report/templates/report.html.j2``; it may include others next to it), ``captions`` the
+    figure captions (``report/captions.yaml``, keyed by figure file stem).
+    It opens with the cells that failed after their attempts, when any, then the findings
+    (:func:`commscope.report.findings.study_findings` of ``results`` unless given: sentences
     computed from the study, each linking to its section) and a table of contents.
-    Sections: what was run (one row per cell, with its link engine; folded), a summary per strategy,
-    the sensitivity to the link (``slowdown``, the aggregate's ``slowdown.parquet``, or the
-    same table derived from ``summary`` when not given; the study figure ``slowdown.png``
-    appears there), the study figures with captions saying how to read them, per-cell
-    throughput figures (``cell_figures`` maps cell id to PNG; collapsible), the full config as
-    YAML, and the software versions. ``tables`` adds sections after the sensitivity, each a
-    dict with ``title``, ``intro`` (text) and ``frame`` (a DataFrame shown as is). Images are
-    embedded as base64 data URIs and the CSS is inline, so the file references nothing outside
-    itself.
+    Sections: what was run (one row per cell, with its link engine; folded), a summary per
+    strategy, the sensitivity to the link (the study figure ``slowdown.png`` appears there),
+    ``sections`` (:data:`commscope.report.sections.SECTIONS`, each one the study has), the
+    study figures with captions saying how to read them, per-cell throughput figures
+    (collapsible), the full config as YAML, and the software versions. Images are embedded as
+    base64 data URIs and the CSS is inline, so the file references nothing outside itself.
     """
     template = Path(template)
     if not template.is_file():
         raise FileNotFoundError(f"report template {template.name} not found in {template.parent}")
-    caption_map = _load_captions(captions)
-    summary_table = pd.read_parquet(summary)
-    cells_header, cell_rows = cells_rows(summary_table)
-    strategy_header, strat_rows = strategy_rows(summary_table)
-    slowdown_frame = (
-        pd.read_parquet(slowdown) if slowdown is not None else slowdown_table(summary_table)
-    )
+    caption_map = _load_captions(Path(captions) if captions is not None else None)
+    if findings is None:
+        findings = study_findings(results)
+    cells_header, cell_rows = _frame_rows(overview.RUN.build(results))
+    strategy_header, strat_rows = _frame_rows(overview.STRATEGIES.build(results))
+    study_figures = results.study_figures
     figures = _figure_entries(study_figures, caption_map)
     stems = [Path(png).stem for png in study_figures]
     slowdown_figure = (
         figures.pop(stems.index(SLOWDOWN_FIGURE)) if SLOWDOWN_FIGURE in stems else None
     )
-    extra = _extra_tables(tables or [])
+    extra = _extra_tables(results, sections)
     anchors = {*FIXED_SECTIONS, *(t["anchor"] for t in extra)}
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(template.parent)),
@@ -236,19 +218,21 @@ def render_report(
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
     )
+    failed = results.failed
     html = env.get_template(template.name).render(
         title=title,
-        n_cells=len(summary_table),
+        n_cells=len(results.summary),
         failed=[_failed_entry(rec) for rec in failed],
         cells_header=cells_header,
         cells_rows=cell_rows,
         strategy_header=strategy_header,
         strategy_rows=strat_rows,
-        unresolved_cells=_unresolved_cells(summary_table),
-        sensitivity=_sensitivity(summary_table, slowdown_frame, slowdown_figure),
+        unresolved_cells=overview.unresolved_cells(results),
+        sensitivity=_sensitivity(results, slowdown_figure),
         figures=figures,
         cell_figures=[
-            {"cell": cell, "uri": _data_uri(png)} for cell, png in sorted(cell_figures.items())
+            {"cell": cell, "uri": _data_uri(png)}
+            for cell, png in sorted(results.cell_figures.items())
         ],
         cell_figure_caption=caption_map.get("cell_throughput", {}).get("caption", ""),
         extra_tables=extra,
