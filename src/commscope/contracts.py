@@ -160,6 +160,13 @@ def rank_meta_file(rank: int | str) -> str:
 # Metric tables (compute_cell_metrics writes them per cell, aggregate_cells concatenates them)
 # --------------------------------------------------------------------------------------------
 
+# Temporal structure per cell (commscope.metrics.temporal, docs/temporal.md).
+TEMPORAL_TABLES: tuple[str, ...] = (
+    "temporal_onoff",
+    "temporal_dispersion",
+    "temporal_periodicity",
+    "temporal_ops",
+)
 # Synchronization structure per cell (commscope.metrics.sync, docs/sync.md).
 SYNC_TABLES: tuple[str, ...] = (
     "sync_counts",
@@ -182,11 +189,7 @@ METRIC_TABLES: tuple[str, ...] = (
     "crosscheck",
     "matrix_check",
     "sockets",
-    # Temporal structure (commscope.metrics.temporal, docs/temporal.md).
-    "temporal_onoff",
-    "temporal_dispersion",
-    "temporal_periodicity",
-    "temporal_ops",
+    *TEMPORAL_TABLES,
     *SYNC_TABLES,
 )
 # The one-row-per-cell (or per-import, per-link) headline table of a result directory.
@@ -265,6 +268,42 @@ GROUP_KIND_COLUMN = "group_kind"
 WAIT_START_COLUMN = "t_wait_start_ns"
 WAIT_END_COLUMN = "t_wait_end_ns"
 WAIT_COLUMN = "wait_ns"
+# The ops table (ops.parquet, docs/traces.md): one row per communication op a rank issued, as
+# the capture writes it (commscope.workload.capture.OpRecord is its row without the first three,
+# which the rank adds) and as every importer returns it (commscope.importers). In this order.
+OPS_COLUMNS: tuple[str, ...] = (
+    "rank",
+    "node",
+    "local_rank",
+    "op",
+    "source",
+    "group",
+    "group_ranks",
+    "group_size",
+    "peer",
+    "root",
+    "dtype",
+    "numel",
+    "bytes",
+    "bytes_out",
+    SPLIT_COLUMN,
+    "seq",
+    "step",
+    "phase",
+    "t_issue_ns",
+    "t_end_ns",
+)
+# Their dtypes: "str" is pandas' string dtype (what the capture's frames get); t_end_ns is
+# nullable because many sources give no completion time, and float64 would round ns epoch times
+# to 256 ns.
+OPS_DTYPES: dict[str, str] = {
+    **dict.fromkeys(OPS_COLUMNS, "int64"),
+    **dict.fromkeys(("op", "source", "group", "group_ranks", "dtype", "phase"), "str"),
+    SPLIT_COLUMN: "str",
+    "t_end_ns": "Int64",
+}
+# What the capture adds after them (nullable Int64; the importers' tables have no waits).
+WAIT_COLUMNS: tuple[str, ...] = (WAIT_START_COLUMN, WAIT_END_COLUMN, WAIT_COLUMN)
 # Optional ops.parquet column: True where the issuing thread waited on the op over its whole
 # [t_issue_ns, t_end_ns] (synchronous op, or issue immediately followed by wait()). The capture
 # records the waits themselves instead; this column applies to ops without a recorded wait

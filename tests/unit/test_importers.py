@@ -52,7 +52,7 @@ PHASES = {"fwd", "bwd", "optim", "fwd_bwd", "other"}
 
 def assert_contract(ops: pd.DataFrame, source: str) -> None:
     """Same columns, order and dtypes as the capture's ops table."""
-    assert list(ops.columns) == OPS_COLUMNS
+    assert list(ops.columns) == list(OPS_COLUMNS)
     assert {c: str(ops[c].dtype) for c in OPS_COLUMNS} == {
         c: str(pd.Series([], dtype=d).dtype) for c, d in OPS_DTYPES.items()
     }
@@ -95,7 +95,7 @@ def test_columns_are_the_captures() -> None:
     from commscope.workload.capture import OpRecord
 
     fields = [f.name for f in dataclasses.fields(OpRecord)]
-    assert ["rank", "node", "local_rank", *fields] == OPS_COLUMNS
+    assert ("rank", "node", "local_rank", *fields) == OPS_COLUMNS
 
 
 @pytest.mark.parametrize(

@@ -23,6 +23,7 @@ from commscope.metrics.temporal import (
     ONOFF_COLUMNS,
     OP_CADENCE_COLUMNS,
     PERIODICITY_COLUMNS,
+    TEMPORAL_COLUMNS,
     TEMPORAL_TABLES,
     dispersion_by_width,
     onoff_periods,
@@ -469,12 +470,12 @@ def test_ops_without_an_issue_time_are_left_out() -> None:
 
 def test_temporal_tables_returns_every_table_with_the_cell_parameters() -> None:
     tables = temporal_tables(_wire(), _ops({0: [0, 5]}), _step_table(), CAP)
-    assert set(tables) == set(TEMPORAL_TABLES)
-    for name, columns in TEMPORAL_TABLES.items():
+    assert tuple(tables) == TEMPORAL_TABLES == tuple(TEMPORAL_COLUMNS)
+    for name, columns in TEMPORAL_COLUMNS.items():
         assert list(tables[name].columns) == [*PARAMS, *columns], name
         assert (tables[name]["cell"] == "synthetic").all()
     empty = temporal_tables(pd.DataFrame(), pd.DataFrame(), _step_table(), params=PARAMS)
-    for name, columns in TEMPORAL_TABLES.items():
+    for name, columns in TEMPORAL_COLUMNS.items():
         assert empty[name].empty and list(empty[name].columns) == [*PARAMS, *columns]
 
 

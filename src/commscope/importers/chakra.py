@@ -47,7 +47,7 @@ from google.protobuf.message import DecodeError
 
 from commscope.chakra_schema import decode_et, node_attrs, pb
 from commscope.contracts import P2P_OPS, ROOTED_OPS
-from commscope.importers import (
+from commscope.importers._common import (
     ops_frame,
     output_bytes,
     phase_from_enclosing,

@@ -39,7 +39,7 @@ from typing import Any
 import pandas as pd
 
 from commscope.contracts import P2P_OPS
-from commscope.importers import (
+from commscope.importers._common import (
     concat_ops,
     dtype_size,
     normalize_dtype,

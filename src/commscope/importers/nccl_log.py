@@ -50,7 +50,7 @@ from typing import Any
 import pandas as pd
 
 from commscope.contracts import P2P_OPS, ROOTED_OPS
-from commscope.importers import (
+from commscope.importers._common import (
     dtype_size,
     normalize_op,
     ops_frame,

@@ -38,9 +38,14 @@ for the whole metric API:
   bytes from the interface counters; :mod:`.framework` framework vs wire per node;
   :mod:`.matrix` the rank and node communication matrices; :mod:`.window` and
   :mod:`.crosscheck` the cross-validation; :mod:`.sockets` TCP's own statistics;
-  :mod:`.summary` the one-row cell summary;
+  :mod:`.summary` the one-row cell summary; :mod:`.temporal` on/off periods, dispersion,
+  periodicity and op cadence; :mod:`.sync` synchronization points, exposed communication,
+  the critical path and the pipeline bubble;
 * :mod:`.io` the files-in, files-out functions the Snakemake scripts call; :mod:`.imported`
   the op-level metrics of traces recorded elsewhere (``imports:``);
+* not re-exported, since they are not one cell's metrics: :mod:`.study` derives the study
+  tables from every cell's aggregated tables (the aggregate job), :mod:`.learning` the
+  learning curves across cells (the learning job); each rule's script imports its module;
 * from a lower layer, the input of them all: trace loading (:mod:`commscope.cell.load`). The
   traffic model (:mod:`commscope.collectives`) and the table, file and column names
   (:mod:`commscope.contracts`) are imported from their own modules.
@@ -88,6 +93,35 @@ from commscope.metrics.matrix import (
 from commscope.metrics.sockets import SOCKET_COLUMNS, retransmitted_bytes, socket_stats
 from commscope.metrics.steps import STEP_TIME_COLUMNS, step_times, training_window, zoom_window
 from commscope.metrics.summary import SUMMARY_BIN_MS, SUMMARY_COLUMNS, cell_summary
+from commscope.metrics.sync import (
+    BUBBLE_COLUMNS,
+    CRITICAL_PATH_COLUMNS,
+    EXPOSED_COLUMNS,
+    SYNC_COUNT_COLUMNS,
+    SYNC_POINT_COLUMNS,
+    SYNC_SUMMARY_COLUMNS,
+    SYNC_TABLES,
+    critical_path,
+    exposed_comm,
+    pipeline_bubble,
+    sync_counts,
+    sync_points,
+    sync_summary,
+    sync_tables,
+)
+from commscope.metrics.temporal import (
+    DISPERSION_COLUMNS,
+    ONOFF_COLUMNS,
+    OP_CADENCE_COLUMNS,
+    PERIODICITY_COLUMNS,
+    TEMPORAL_COLUMNS,
+    TEMPORAL_TABLES,
+    dispersion_by_width,
+    onoff_periods,
+    op_cadence,
+    periodicity,
+    temporal_tables,
+)
 from commscope.metrics.volume import (
     MSG_SIZE_COLUMNS,
     bytes_per_step,
@@ -98,22 +132,35 @@ from commscope.metrics.volume import (
 from commscope.metrics.window import check_window, ops_in_window, quiet_window
 
 __all__ = [
+    "BUBBLE_COLUMNS",
     "COMM_MATRIX_COLUMNS",
+    "CRITICAL_PATH_COLUMNS",
     "CROSSCHECK_COLUMNS",
     "CROSSCHECK_FLOOR_BYTES_PER_STEP",
     "CROSSCHECK_SUMMARY_COLUMNS",
     "CROSSCHECK_TOLERANCE",
     "CellTraces",
     "DEFAULT_BIN_MS",
+    "DISPERSION_COLUMNS",
+    "EXPOSED_COLUMNS",
     "MATRIX_CHECK_COLUMNS",
     "MSG_SIZE_COLUMNS",
     "NODE_MATRIX_COLUMNS",
+    "ONOFF_COLUMNS",
+    "OP_CADENCE_COLUMNS",
+    "PERIODICITY_COLUMNS",
     "RESOLUTION_SLACK",
     "SHAPE_COLUMNS",
     "SOCKET_COLUMNS",
     "STEP_TIME_COLUMNS",
     "SUMMARY_BIN_MS",
     "SUMMARY_COLUMNS",
+    "SYNC_COUNT_COLUMNS",
+    "SYNC_POINT_COLUMNS",
+    "SYNC_SUMMARY_COLUMNS",
+    "SYNC_TABLES",
+    "TEMPORAL_COLUMNS",
+    "TEMPORAL_TABLES",
     "THROUGHPUT_COLUMNS",
     "WIRE_COLUMNS",
     "aggregate_cells",
@@ -126,6 +173,9 @@ __all__ = [
     "compute_cell_metrics",
     "crosscheck",
     "crosscheck_by_strategy",
+    "critical_path",
+    "dispersion_by_width",
+    "exposed_comm",
     "framework_node_bytes",
     "load_cell",
     "load_cell_files",
@@ -135,11 +185,20 @@ __all__ = [
     "ops_in_window",
     "node_matrix",
     "node_traffic_split",
+    "onoff_periods",
+    "op_cadence",
+    "periodicity",
+    "pipeline_bubble",
     "quiet_window",
     "retransmitted_bytes",
     "size_cdf",
     "socket_stats",
     "step_times",
+    "sync_counts",
+    "sync_points",
+    "sync_summary",
+    "sync_tables",
+    "temporal_tables",
     "throughput",
     "traffic_shape",
     "training_window",

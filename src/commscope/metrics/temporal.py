@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from commscope.contracts import GROUP_KIND_COLUMN, with_params
+from commscope.contracts import TEMPORAL_TABLES as TEMPORAL_TABLES  # this module's, re-exported
 from commscope.metrics._common import _param_cols
 from commscope.metrics.counters import (
     DEFAULT_BIN_MS,
@@ -141,12 +142,14 @@ OP_CADENCE_COLUMNS = [
     "seq_modal_share",
 ]
 
-TEMPORAL_TABLES: dict[str, list[str]] = {
-    "temporal_onoff": ONOFF_COLUMNS,
-    "temporal_dispersion": DISPERSION_COLUMNS,
-    "temporal_periodicity": PERIODICITY_COLUMNS,
-    "temporal_ops": OP_CADENCE_COLUMNS,
-}
+# Each table's columns after the cell parameters, by name (contracts.TEMPORAL_TABLES, in order).
+TEMPORAL_COLUMNS: dict[str, list[str]] = dict(
+    zip(
+        TEMPORAL_TABLES,
+        (ONOFF_COLUMNS, DISPERSION_COLUMNS, PERIODICITY_COLUMNS, OP_CADENCE_COLUMNS),
+        strict=True,
+    )
+)
 
 
 # --------------------------------------------------------------------------------------------
@@ -759,6 +762,7 @@ __all__ = [
     "STEP_CORR_BIN_MS",
     "STREAMING_MAX_COV",
     "STREAMING_MIN_ON_FRACTION",
+    "TEMPORAL_COLUMNS",
     "TEMPORAL_TABLES",
     "dispersion_by_width",
     "onoff_periods",

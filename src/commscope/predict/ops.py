@@ -37,7 +37,7 @@ from typing import Any
 import pandas as pd
 
 from commscope.collectives.traffic import DEFAULT_BACKEND
-from commscope.contracts import DTYPE_SIZES
+from commscope.contracts import DTYPE_SIZES, OPS_COLUMNS
 from commscope.predict.frameworks import (
     DDP_BUFFER_BUCKET_BYTES,
     bucket_assignment,
@@ -59,6 +59,10 @@ FP32_BYTES = 4
 # Element type of the training dtype by its size (bf16 shows as float16: same bytes).
 DTYPE_NAMES = {1: "uint8", 2: "float16", 4: "float32", 8: "float64"}
 
+# The predicted ops table: the ops table's columns a prediction knows (contracts.OPS_COLUMNS),
+# and its own: the traffic type, micro-batch and pipeline stage an op belongs to. In the order
+# predict_cell writes them.
+PRED_OWN_COLUMNS: tuple[str, ...] = ("traffic", "microbatch", "stage")
 PRED_COLUMNS = [
     "rank",
     "node",
@@ -78,6 +82,8 @@ PRED_COLUMNS = [
     "microbatch",
     "stage",
 ]
+if not set(PRED_COLUMNS) - set(PRED_OWN_COLUMNS) <= set(OPS_COLUMNS):
+    raise AssertionError(f"{PRED_COLUMNS}: not contracts.OPS_COLUMNS and {PRED_OWN_COLUMNS}")
 
 
 @dataclass

@@ -63,13 +63,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from commscope.contracts import (
-    P2P_OPS,
-    ROOTED_OPS,
-    WAIT_COLUMN,
-    WAIT_END_COLUMN,
-    WAIT_START_COLUMN,
-)
+from commscope.contracts import OPS_COLUMNS, P2P_OPS, ROOTED_OPS, WAIT_COLUMNS
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -141,11 +135,14 @@ class OpRecord:
 
 
 COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(OpRecord))
-# What frame() adds after them: the training thread's wait on the op (module docstring), its
-# start and end, null when it never blocked on the op (wait_ns 0) or when that cannot be told
-# (wait_ns null: CUDA). Not OpRecord fields: the importers' tables, which have no waits, keep
-# OpRecord's columns.
-WAIT_COLUMNS: tuple[str, ...] = (WAIT_START_COLUMN, WAIT_END_COLUMN, WAIT_COLUMN)
+# OpRecord is the contract's ops row (contracts.OPS_COLUMNS) without rank, node and local_rank,
+# which the rank adds when it writes the table (workload.entry.write_rank_tables).
+if OPS_COLUMNS[3:] != COLUMNS:
+    raise AssertionError(f"OpRecord's fields {COLUMNS} are not contracts.OPS_COLUMNS[3:]")
+# frame() adds contracts.WAIT_COLUMNS after them: the training thread's wait on the op (module
+# docstring), its start and end, null when it never blocked on the op (wait_ns 0) or when that
+# cannot be told (wait_ns null: CUDA). Not OpRecord fields: the importers' tables, which have no
+# waits, keep OpRecord's columns.
 # Markers in _Table.w_start for rows whose wait is not stamped by a wait call: the whole op is
 # the wait (a blocking call) / the wait cannot be observed (CUDA).
 _BLOCKING = -2
