@@ -188,13 +188,13 @@ def test_the_links_delay_and_what_the_network_leaves_out():
     meta = {"params": {"strategy": "tp", **params}}
     assert link_rate_bps(meta) == UNCAPPED_BPS
     assert link_delay_ms(meta) == 20.0
-    assert link_not_modeled(meta) == ["jitter 1ms", "loss 1pct"]
+    assert link_not_modeled(meta) == ["jitter ±1 ms", "loss 1 %"]
     assert link_not_modeled({}) == [] and link_delay_ms({}) == 0.0
     # cell.json's numbers (the shape the nodes applied) come before its axis strings.
     applied = {"bw_bps": 5_000_000, "delay_ms": 2.5, "jitter_ms": 0.5, "loss_pct": 0.0}
     assert link_rate_bps({**meta, **applied}) == 5_000_000
     assert link_delay_ms({**meta, **applied}) == 2.5
-    assert link_not_modeled({**meta, **applied}) == ["jitter 0.5ms"]
+    assert link_not_modeled({**meta, **applied}) == ["jitter ±0.5 ms"]
 
 
 def test_network_config_in_astra_units():

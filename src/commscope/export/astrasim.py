@@ -57,7 +57,7 @@ from typing import Any
 from commscope.cell.parse import cell_link
 from commscope.collectives.ring import wire_bytes
 from commscope.contracts import parse_ranks
-from commscope.spec.link import LinkShape, tc_ms, tc_num
+from commscope.spec.link import IMPAIRMENT_AXES, SHAPING, LinkShape, link_label
 
 # Measured op -> the Chakra CollectiveCommType ASTRA-sim simulates for it.
 SIMULATED = {
@@ -292,15 +292,18 @@ def link_delay_ms(meta: Mapping[str, Any]) -> float:
 
 
 def link_not_modeled(meta: Mapping[str, Any]) -> list[str]:
-    """What of the cell's link the analytical network does not model: jitter and loss (it has
-    a fixed latency per link and no transport), as ``["jitter 1ms", "loss 1pct"]``."""
+    """What of the cell's link the analytical network does not model: every impairment but the
+    delay (it has a fixed latency per link and no transport), in words
+    (:func:`commscope.spec.link.link_label`), e.g. ``["jitter ±1 ms", "loss 1 %"]``."""
     shape = _link(meta)
-    out = []
-    if shape is not None and shape.jitter_ms:
-        out.append(f"jitter {tc_ms(shape.jitter_ms)}")
-    if shape is not None and shape.loss_pct:
-        out.append(f"loss {tc_num(shape.loss_pct)}pct")
-    return out
+    if shape is None:
+        return []
+    numbers = shape.numbers()
+    return [
+        link_label(numbers, (axis,))
+        for axis in IMPAIRMENT_AXES
+        if axis != "delay" and numbers[SHAPING[axis]] > 0
+    ]
 
 
 def _link(meta: Mapping[str, Any]) -> LinkShape | None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
@@ -198,7 +198,7 @@ class LinkShape:
     @property
     def impaired(self) -> bool:
         """Whether this shape has delay, jitter or loss (needs an impairment engine)."""
-        return self.delay_ms > 0 or self.jitter_ms > 0 or self.loss_pct > 0
+        return any(getattr(self, SHAPING[axis]) > 0 for axis in IMPAIRMENT_AXES)
 
     @property
     def is_noop(self) -> bool:
@@ -246,25 +246,26 @@ class LinkShape:
 
     def numbers(self) -> dict[str, float]:
         """The shape as the columns :data:`LINK_NUMBER_COLUMNS`, floats: ``bw_bps`` (NaN
-        uncapped), ``delay_ms``, ``jitter_ms``, ``loss_pct``."""
+        uncapped), ``delay_ms``, ``jitter_ms``, ``loss_pct`` (an impairment's field is named as
+        its column)."""
         rate = float(self.rate_bps) if self.rate_bps is not None else math.nan
-        return {
-            "bw_bps": rate,
-            "delay_ms": float(self.delay_ms),
-            "jitter_ms": float(self.jitter_ms),
-            "loss_pct": float(self.loss_pct),
+        impairments = {
+            SHAPING[axis]: float(getattr(self, SHAPING[axis])) for axis in IMPAIRMENT_AXES
         }
+        return {SHAPING["bw"]: rate, **impairments}
 
     @classmethod
     def from_numbers(cls, numbers: Mapping[str, Any], cc: str = DEFAULT_CC) -> LinkShape:
         """The shape of :meth:`numbers` (a table row, cell.json): ``bw_bps`` None or NaN is
         uncapped; a missing delay, jitter or loss is 0."""
-        rate = numbers.get("bw_bps")
+        rate = numbers.get(SHAPING["bw"])
         return cls(
             rate_bps=None if _missing(rate) else round(float(rate)),
             **{
-                col: 0.0 if _missing(numbers.get(col)) else float(numbers[col])
-                for col in LINK_NUMBER_COLUMNS[1:]
+                SHAPING[axis]: 0.0
+                if _missing(numbers.get(SHAPING[axis]))
+                else float(numbers[SHAPING[axis]])
+                for axis in IMPAIRMENT_AXES
             },
             cc=cc,
         )
@@ -280,19 +281,28 @@ def _missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
-def link_label(numbers: Mapping[str, Any]) -> str:
-    """A link's numbers (:data:`LINK_NUMBER_COLUMNS`, e.g. a table row) in words: ``"cap 50
-    Mbit/s"``, ``"delay 5 ms"``, ``"jitter ±1 ms"``, ``"loss 0.1 %"``, several joined by
-    ``" + "``, or ``"unshaped"``. A missing cap is none; a missing delay, jitter or loss 0."""
+# How each shaping axis's number reads in words (link_label): the text around it and what it is
+# divided by (the cap is counted in bit/s and said in Mbit/s).
+AXIS_WORDS: dict[str, tuple[str, float]] = {
+    "bw": ("cap {:g} Mbit/s", 1e6),
+    "delay": ("delay {:g} ms", 1.0),
+    "jitter": ("jitter ±{:g} ms", 1.0),
+    "loss": ("loss {:g} %", 1.0),
+}
+
+
+def link_label(numbers: Mapping[str, Any], axes: Iterable[str] = tuple(SHAPING)) -> str:
+    """A link's numbers (:data:`LINK_NUMBER_COLUMNS`, e.g. a table row) in words, by
+    :data:`AXIS_WORDS`: ``"cap 50 Mbit/s"``, ``"delay 5 ms"``, ``"jitter ±1 ms"``, ``"loss 0.1
+    %"``, several joined by ``" + "``, or ``"unshaped"``. A missing cap is none; a missing
+    impairment 0. ``axes``: the shaping axes to say (default all)."""
     parts = []
-    if not _missing(numbers.get("bw_bps")):
-        parts.append(f"cap {float(numbers['bw_bps']) / 1e6:g} Mbit/s")
-    if float(numbers.get("delay_ms") or 0) > 0:
-        parts.append(f"delay {float(numbers['delay_ms']):g} ms")
-    if float(numbers.get("jitter_ms") or 0) > 0:
-        parts.append(f"jitter ±{float(numbers['jitter_ms']):g} ms")
-    if float(numbers.get("loss_pct") or 0) > 0:
-        parts.append(f"loss {float(numbers['loss_pct']):g} %")
+    for axis in axes:
+        value = numbers.get(SHAPING[axis])
+        moved = not _missing(value) if axis == "bw" else float(value or 0) > 0
+        if moved:
+            text, unit = AXIS_WORDS[axis]
+            parts.append(text.format(float(value) / unit))
     return " + ".join(parts) or "unshaped"
 
 
