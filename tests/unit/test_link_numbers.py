@@ -107,6 +107,9 @@ def test_cell_json_holds_the_applied_shape_and_cell_link_reads_it() -> None:
     old = {"params": params, "bw_bps": 50_000_000}
     assert cell_link(old) == applied
     assert cell_link({}) == LinkShape(None)
+    # One from before an impairment was added: that impairment is 0, the rest as applied.
+    older = {k: v for k, v in meta.items() if k != "jitter_ms"}
+    assert cell_link(older) == applied
 
 
 def _with_meta(cell: Path, **changes: object) -> Path:
@@ -173,6 +176,10 @@ def test_study_tables_read_the_summarys_numbers() -> None:
     strings = summary.drop(columns=list(LINK_NUMBER_COLUMNS))
     assert link_number_columns(strings)["delay_ms"].tolist() == [0.0, 0.0, 5.0]
     assert unshaped_rows(strings)["step_time_mean_s"].tolist() == [1.0]
+    # A summary from before an impairment column existed: that column is 0.
+    older = link_number_columns(summary.drop(columns=["jitter_ms"]))
+    assert list(older.columns) == list(LINK_NUMBER_COLUMNS)
+    assert older["jitter_ms"].tolist() == [0.0, 0.0, 0.0]
 
 
 def test_the_schema_writes_the_link_setting_once() -> None:

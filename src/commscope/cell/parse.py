@@ -34,7 +34,7 @@ from commscope.contracts import (
     rank_table_file,
 )
 from commscope.importers.nccl_log import load_nccl_log
-from commscope.spec.link import DEFAULT_CC, LINK_NUMBER_COLUMNS, LinkShape, axes_shape
+from commscope.spec.link import DEFAULT_CC, IMPAIRMENT_AXES, SHAPING, LinkShape, axes_shape
 from commscope.spec.settings import CellSettings
 
 # Per table, the columns that hold a node's own clock (ns) and get its offset removed (those a
@@ -275,12 +275,13 @@ def _cell_meta(
 
 def cell_link(meta: Mapping[str, Any]) -> LinkShape:
     """The link a cell ran on, from its cell.json ``meta``: the applied shape's numbers
-    :func:`_cell_meta` wrote (``bw_bps``, ``delay_ms``, ``jitter_ms``, ``loss_pct``); for a
-    cell.json from before they were written, or one without them (an import), its link axes
-    (``params``) parsed, missing ones at their defaults. ``cc`` is the params' (the default
-    without one). ValueError for a link axis the link model refuses."""
+    :func:`_cell_meta` wrote (``bw_bps``, ``delay_ms``, ``jitter_ms``, ``loss_pct``; an
+    impairment added since is 0); for a cell.json from before they were written, or one without
+    them (an import), its link axes (``params``) parsed, missing ones at their defaults. ``cc``
+    is the params' (the default without one). ValueError for a link axis the link model
+    refuses."""
     params = meta.get("params") or {}
-    if all(col in meta for col in LINK_NUMBER_COLUMNS):
+    if any(SHAPING[axis] in meta for axis in IMPAIRMENT_AXES):
         return LinkShape.from_numbers(meta, cc=str(params.get("cc") or DEFAULT_CC))
     return axes_shape(params)
 

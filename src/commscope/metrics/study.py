@@ -18,7 +18,7 @@ from commscope.collectives.ring import bench_wire_bytes
 from commscope.contracts import is_replay
 from commscope.metrics.summary import link_numbers
 from commscope.metrics.volume import size_cdf
-from commscope.spec.link import LINK_AXES, LINK_NUMBER_COLUMNS, SHAPING, shaped
+from commscope.spec.link import IMPAIRMENT_AXES, LINK_AXES, LINK_NUMBER_COLUMNS, SHAPING, shaped
 
 # Parameters that, besides strategy and model, tell series apart in sweep plots: the placement
 # and every link axis but the cap (the plots' x).
@@ -150,11 +150,13 @@ def t_quantile(df: int, level: float = CI_LEVEL) -> float:
 
 def link_number_columns(table: pd.DataFrame) -> pd.DataFrame:
     """The :data:`~commscope.spec.link.LINK_NUMBER_COLUMNS` of a per-cell table, index kept:
-    its own where it has them (the summary), else its text link axes parsed once per distinct
-    setting (:func:`~commscope.metrics.summary.link_numbers`: a metric table that carries only
-    the cell's axes; an axis the table lacks takes its default)."""
-    if all(col in table.columns for col in LINK_NUMBER_COLUMNS):
-        return table[list(LINK_NUMBER_COLUMNS)]
+    its own where it has them (the summary; an impairment column it lacks, one added since it
+    was written, is 0), else its text link axes parsed once per distinct setting
+    (:func:`~commscope.metrics.summary.link_numbers`: a metric table that carries only the
+    cell's axes; an axis the table lacks takes its default)."""
+    columns = set(table.columns)
+    if SHAPING["bw"] in columns and any(SHAPING[axis] in columns for axis in IMPAIRMENT_AXES):
+        return table.reindex(columns=list(LINK_NUMBER_COLUMNS), fill_value=0.0)
     axes = [a for a in LINK_AXES if a in table.columns]
     links = table[axes].astype(object).where(table[axes].notna(), None)
     parsed: dict[tuple, dict[str, float]] = {}
