@@ -69,6 +69,7 @@ def test_impaired_and_shaped_read_the_columns() -> None:
     )
     assert impaired(frame).tolist() == [False, False, True, True]
     assert shaped(frame).tolist() == [False, True, True, True]
+    assert impaired(frame.drop(columns=["loss_pct"])).tolist() == [False, False, True, False]
 
 
 def test_axes_shape_defaults_missing_axes() -> None:

@@ -308,8 +308,10 @@ def link_label(numbers: Mapping[str, Any], axes: Iterable[str] = tuple(SHAPING))
 
 def impaired(frame: pd.DataFrame) -> pd.Series:
     """Per row of a table with the :data:`LINK_NUMBER_COLUMNS`: does its link have delay,
-    jitter or loss (any :data:`IMPAIRMENT_AXES` number above 0)?"""
-    return (frame[[SHAPING[axis] for axis in IMPAIRMENT_AXES]] > 0).any(axis=1)
+    jitter or loss (any :data:`IMPAIRMENT_AXES` number above 0)? An impairment column the table
+    lacks (written before that impairment existed) counts as 0."""
+    columns = [SHAPING[axis] for axis in IMPAIRMENT_AXES if SHAPING[axis] in frame.columns]
+    return (frame[columns] > 0).any(axis=1)
 
 
 def shaped(frame: pd.DataFrame) -> pd.Series:
