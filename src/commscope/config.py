@@ -31,7 +31,6 @@ from commscope.units import fmt_bytes
 __all__ = [
     "AXIS_DEFAULTS",
     "SCHEMA_PATH",
-    "REPLAY_STRATEGY",
     "ConfigError",
     "StudyEstimate",
     "cell_id",
