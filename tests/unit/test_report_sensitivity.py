@@ -12,11 +12,11 @@ import pytest
 from synthetic import cell_id, cell_params
 
 from commscope.metrics.study import slowdown_table, step_time_over_repeats
-from commscope.metrics.summary import link_numbers
 from commscope.plots.study import cap_series, plot_slowdown, slowdown_figure
 from commscope.report import StudyResults, render_report
 from commscope.report.sections.overview import cells_rows, link_engine_text
 from commscope.report.sections.sensitivity import sensitivity_sentences, sensitivity_table
+from commscope.spec.link import axes_shape
 from commscope.units import fmt_slowdown
 
 REPORT_DIR = Path(__file__).resolve().parents[2] / "report"
@@ -40,7 +40,7 @@ LOSS_SEEN, LOSS_DROPPED = 20_000, 203
 
 
 def _link_columns(bw: str, delay: str, loss: str) -> dict[str, object]:
-    numbers = link_numbers({"bw": bw, "delay": delay, "loss": loss})
+    numbers = axes_shape({"bw": bw, "delay": delay, "loss": loss}).numbers()
     impaired = delay != "0ms" or loss != "0pct"
     late = LATE_US.get(delay, (NAN, NAN))
     return {

@@ -17,6 +17,7 @@ from commscope.report.findings._base import (
     Finding,
 )
 from commscope.report.results import StudyResults
+from commscope.spec.link import SHAPING
 from commscope.units import fmt_bytes
 
 
@@ -90,7 +91,8 @@ def replay_findings(results: StudyResults) -> list[Finding]:
     if slowdown.empty or "strategy" not in slowdown:
         return out
     rows = slowdown[slowdown["slowdown_mean"].notna()]
-    for varied, column, pick in (("bw", "bw_bps", "min"), ("delay", "delay_ms", "max")):
+    for varied, pick in (("bw", "min"), ("delay", "max")):
+        column = SHAPING[varied]
         at_varied = rows[rows["varied"] == varied]
         replayed = at_varied[is_replay(at_varied)]
         for name, group in replayed.groupby("model", sort=True):

@@ -9,12 +9,13 @@ from typing import Any
 
 from commscope.config import cell_axes
 from commscope.report.findings._base import Finding, setup_words
+from commscope.spec.link import SHAPING
 
 
 def failed_cell_words(cell: str) -> str:
     """A failed cell as a reader names it: strategy, model, placement and link."""
     a = cell_axes(cell)
-    link = ", ".join(f"{k} {a[k]}" for k in ("bw", "delay", "jitter", "loss") if k in a)
+    link = ", ".join(f"{k} {a[k]}" for k in SHAPING if k in a)
     return (
         f"{a.get('strategy', '?')} ({a.get('model', '?')}, {a.get('nodes', '?')} x "
         f"{a.get('ranks_per_node', '?')}, {link}, repeat {a.get('repeat', '?')})"

@@ -18,6 +18,7 @@ from commscope.report.findings._base import (
 )
 from commscope.report.results import StudyResults
 from commscope.report.sections._base import link_words
+from commscope.spec.link import SHAPING, impaired
 from commscope.units import fmt_ms
 
 
@@ -79,9 +80,9 @@ def sensitivity_findings(results: StudyResults) -> list[Finding]:
     if slowdown.empty:
         return []
     return [
-        *_sensitivity_at(slowdown, "bw", "bw_bps", "min"),
-        *_sensitivity_at(slowdown, "delay", "delay_ms", "max"),
-        *_sensitivity_at(slowdown, "loss", "loss_pct", "max"),
+        *_sensitivity_at(slowdown, "bw", SHAPING["bw"], "min"),
+        *_sensitivity_at(slowdown, "delay", SHAPING["delay"], "max"),
+        *_sensitivity_at(slowdown, "loss", SHAPING["loss"], "max"),
     ]
 
 
@@ -99,9 +100,7 @@ def link_findings(results: StudyResults) -> list[Finding]:
     first = group.iloc[0]
     setup = (summary["model"] == first["model"]) & (summary["nodes"] == first["nodes"])
     setup &= summary["ranks_per_node"] == first["ranks_per_node"]
-    for col in ("delay_ms", "jitter_ms", "loss_pct"):
-        if col in summary:
-            setup &= summary[col].fillna(0) == 0
+    setup &= ~impaired(summary)
     if "cc" in summary:  # the setup's usual congestion control, not a one-off comparison
         setup &= summary["cc"] == summary.loc[setup, "cc"].mode().iloc[0]
     rows = summary[setup & summary["strategy"].isin(group["strategy"])]

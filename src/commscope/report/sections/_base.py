@@ -13,7 +13,7 @@ import pandas as pd
 
 from commscope.contracts import is_replay
 from commscope.report.results import StudyResults
-from commscope.units import is_missing
+from commscope.spec.link import IMPAIRMENT_AXES, link_label
 
 
 def anchor(title: str) -> str:
@@ -65,19 +65,9 @@ class Section:
 
 
 def setting_label(row: dict[str, Any]) -> str:
-    """How a setting moved off the unshaped link, in words: ``"cap 50 Mbit/s"``,
-    ``"delay 5 ms"``, ``"loss 0.1 %"``, or several joined by ``" + "``. The one place the
-    report words a link setting from its numbers."""
-    parts = []
-    if not is_missing(row.get("bw_bps")):
-        parts.append(f"cap {float(row['bw_bps']) / 1e6:g} Mbit/s")
-    if float(row.get("delay_ms") or 0) > 0:
-        parts.append(f"delay {float(row['delay_ms']):g} ms")
-    if float(row.get("jitter_ms") or 0) > 0:
-        parts.append(f"jitter ±{float(row['jitter_ms']):g} ms")
-    if float(row.get("loss_pct") or 0) > 0:
-        parts.append(f"loss {float(row['loss_pct']):g} %")
-    return " + ".join(parts) or "unshaped"
+    """How a setting moved off the unshaped link, in words (``"cap 50 Mbit/s + delay 5 ms"``,
+    ``"unshaped"``), from the row's link numbers: :func:`commscope.spec.link.link_label`."""
+    return link_label(row)
 
 
 def link_words(row: dict[str, Any]) -> str:
@@ -89,7 +79,7 @@ def link_words(row: dict[str, Any]) -> str:
         rate = re.fullmatch(r"([0-9.]+)([kmg])bit", bw)
         unit = {"k": "kbit/s", "m": "Mbit/s", "g": "Gbit/s"}
         parts.append(f"a cap of {rate[1]} {unit[rate[2]]}" if rate else f"a cap of {bw}")
-    for axis in ("delay", "jitter", "loss"):
+    for axis in IMPAIRMENT_AXES:
         value = str(row.get(axis, "0"))
         if re.sub(r"[a-z]+$", "", value) not in ("0", "0.0", ""):
             parts.append(f"{axis} {value}")

@@ -8,8 +8,9 @@ from typing import Any
 
 import pandas as pd
 
-from commscope.metrics.study import CI_LEVEL, SETUP_AXES, SHAPING_AXES
+from commscope.metrics.study import CI_LEVEL, SETUP_AXES
 from commscope.report.sections._base import Section, setting_label
+from commscope.spec.link import SHAPING
 from commscope.units import fmt_ms, fmt_pct, fmt_slowdown, fmt_us
 
 _ENGINE_NAMES = {
@@ -51,14 +52,14 @@ def sensitivity_table(slowdown: pd.DataFrame) -> pd.DataFrame:
     setup = list(SETUP_AXES)
     table = table.merge(shaped[setup].drop_duplicates(), on=setup)
     labels = _setup_columns(table)
-    order = {axis: i for i, axis in enumerate([*SHAPING_AXES, "several"])}
+    order = {axis: i for i, axis in enumerate([*SHAPING, "several"])}
     settings = (
         shaped.assign(
             label=[setting_label(r) for r in shaped.to_dict("records")],
             _order=shaped["varied"].map(order),
             _cap=-shaped["bw_bps"].fillna(0.0),
         )
-        .sort_values(["_order", "_cap", *list(SHAPING_AXES.values())[1:]], kind="stable")
+        .sort_values(["_order", "_cap", *list(SHAPING.values())[1:]], kind="stable")
         .drop_duplicates("label")["label"]
         .tolist()
     )
