@@ -8,8 +8,12 @@ import pandas as pd
 
 from commscope.cell.timeline import (
     blocked_intervals,
+    compute_spans,
     free_ns,
+    phase_intervals,
     rank_step_waits,
+    rank_timeline,
+    step_blocked_ns,
     union,
     union_lengths,
 )
@@ -69,3 +73,81 @@ def test_rank_step_waits_tell_synchronous_from_async_ops() -> None:
     blocked, wait_at = rank_step_waits(issue, end, wait_ns, w_start, w_end, t1=1000 * us)
     assert blocked == [(0, 50 * us), (150 * us, 180 * us), (400 * us, 500 * us)]
     assert wait_at == [None, 150 * us, 260 * us, 450 * us, None]
+
+
+def _async_step() -> tuple[pd.DataFrame, pd.DataFrame]:
+    """One rank, one 100 ns step: fwd [0, 40), bwd [40, 90), optim [90, 100). A bucket
+    all-reduce issued at 50 runs to 80 under the backward and is waited on over [85, 88]; a
+    synchronous all-reduce at 92 blocks until 95."""
+    steps = pd.DataFrame(
+        [
+            (0, 0, "step", 0, 100),
+            (0, 0, "fwd", 0, 40),
+            (0, 0, "bwd", 40, 90),
+            (0, 0, "optim", 90, 100),
+        ],
+        columns=["rank", "step", "phase", "t_start_ns", "t_end_ns"],
+    )
+    ops = pd.DataFrame(
+        {
+            "rank": [0, 0],
+            "step": [0, 0],
+            "op": ["allreduce", "allreduce"],
+            "t_issue_ns": [50, 92],
+            "t_end_ns": [80, 95],
+            "wait_ns": [3, 3],
+            "t_wait_start_ns": [85, 92],
+            "t_wait_end_ns": [88, 95],
+        }
+    ).astype({c: "Int64" for c in ("t_end_ns", "wait_ns", "t_wait_start_ns", "t_wait_end_ns")})
+    return ops, steps
+
+
+def test_compute_is_step_time_outside_the_blocked_intervals() -> None:
+    ops, steps = _async_step()
+    spans = compute_spans(ops, steps, 0)
+    assert [(s.start_ns, s.end_ns, s.phase) for s in spans] == [
+        (0, 40, "fwd"),
+        (40, 85, "bwd"),
+        (88, 90, "bwd"),
+        (90, 92, "optim"),
+        (95, 100, "optim"),
+    ]
+    blocked = step_blocked_ns(ops, steps)
+    assert blocked[["rank", "step", "blocked_ns"]].values.tolist() == [[0, 0, 6]]
+    # Without the waits every op blocks from issue to completion: the lower bound of compute.
+    no_waits = ops.drop(columns=["wait_ns", "t_wait_start_ns", "t_wait_end_ns"])
+    assert step_blocked_ns(no_waits, steps)["blocked_ns"].tolist() == [33]
+
+
+def test_rank_timeline_puts_the_unblocked_compute_before_each_op() -> None:
+    ops, steps = _async_step()
+    records = [
+        {**r, "t_block_start_ns": ws, "t_block_end_ns": we}
+        for r, ws, we in zip(
+            ops[["t_issue_ns", "t_end_ns"]].astype(int).to_dict("records"),
+            [85, 92],
+            [88, 95],
+            strict=True,
+        )
+    ]
+    items = [
+        (kind, (item.start_ns, item.end_ns) if kind == "compute" else item["t_issue_ns"])
+        for kind, item in rank_timeline(records, phase_intervals(steps, 0))
+    ]
+    assert items == [
+        ("compute", (0, 40)),
+        ("compute", (40, 50)),
+        ("op", 50),
+        ("compute", (50, 85)),
+        ("compute", (88, 90)),
+        ("compute", (90, 92)),
+        ("op", 92),
+        ("compute", (95, 100)),
+    ]
+    # Records without blocked intervals: every op blocks over [issue, end].
+    bare = [{k: r[k] for k in ("t_issue_ns", "t_end_ns")} for r in records]
+    spans = [
+        item for kind, item in rank_timeline(bare, phase_intervals(steps, 0)) if kind == "compute"
+    ]
+    assert sum(s.duration_ns for s in spans) == 100 - 30 - 3

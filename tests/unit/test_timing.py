@@ -55,3 +55,27 @@ def test_gloo_reduce_scatter_is_timed_as_the_all_reduce_gloo_runs() -> None:
     assert gloo["comm_s"] == pytest.approx(as_allreduce["comm_s"])
     assert nccl["comm_s"] < gloo["comm_s"]
     assert wire_bytes("reduce_scatter", 100.0, 4, "gloo") == wire_bytes("allreduce", 100.0, 4)
+
+
+def test_rank_step_split_counts_compute_under_an_async_op_where_waits_are_recorded() -> None:
+    steps = pd.DataFrame(
+        [(0, 0, "step", 0, 1000)], columns=["rank", "step", "phase", "t_start_ns", "t_end_ns"]
+    )
+    # A bucket all-reduce in flight over [100, 800), waited on over [700, 800) only.
+    ops = pd.DataFrame(
+        [(0, 0, 100, 800, 100, 700, 800)],
+        columns=[
+            "rank",
+            "step",
+            "t_issue_ns",
+            "t_end_ns",
+            "wait_ns",
+            "t_wait_start_ns",
+            "t_wait_end_ns",
+        ],
+    ).astype("Int64")
+    split = rank_step_split(ops, steps, warmup_steps=0)
+    assert split.loc[0, "comm_s"] == pytest.approx(100e-9)
+    assert split.loc[0, "compute_s"] == pytest.approx(900e-9)
+    unknown = ops.drop(columns=["wait_ns", "t_wait_start_ns", "t_wait_end_ns"])
+    assert rank_step_split(unknown, steps, 0).loc[0, "comm_s"] == pytest.approx(700e-9)

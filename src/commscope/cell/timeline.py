@@ -1,28 +1,35 @@
 """One rank's timeline: when it was blocked in communication and when it computed.
 
+**Compute time** of a rank (the one definition, docs/traces.md *Compute and blocked time*) is
+the time inside its training steps when it is not blocked in communication: a step's time minus
+the union of the rank's blocked intervals in it. A rank is blocked on an op over the capture's
+recorded wait where there is one (``t_wait_start_ns``..``t_wait_end_ns``; never, when
+``wait_ns`` is 0), else over the op's whole [issue, end] unless the ops table's
+:data:`~commscope.contracts.BLOCKING_COLUMN` says it did not block (:func:`blocked_intervals`).
+So compute that overlapped an in-flight asynchronous op (DDP's bucket all-reduces under the
+backward, pipelined sends) counts as compute; a trace without waits counts every op as
+blocking, an upper bound of the blocked time and a lower bound of compute.
+
 The primitives every consumer of "when was a rank busy" shares (the sync metrics, the replay
 program, the exports, the predictor's measured split, the timeline figure):
 
-* :func:`blocked_intervals`: per op, the interval its issuing rank was blocked on it (the
-  capture's recorded wait where there is one, else the op's whole [issue, end] unless the ops
-  table's :data:`~commscope.contracts.BLOCKING_COLUMN` says it did not block);
+* :func:`blocked_intervals`: per op, the interval its issuing rank was blocked on it;
 * :func:`rank_step_waits`: the same for one rank's step in issue order, with the async rule the
   replay follows (which ops were waited on later, and when);
+* :func:`step_blocked_ns`: per rank and step, the union of the blocked intervals in the step
+  (step time minus it is the compute time);
 * :func:`union`, :func:`union_lengths` and :func:`free_ns`: unions of intervals and the time
   outside them;
 * :func:`phase_intervals`, :func:`step_spans`: a rank's step phases from ``steps.parquet``;
-* :func:`rank_timeline`: one rank's compute spans and ops in time order, for the exports.
-
-**Compute time** in :func:`rank_timeline` (the exports') is the time inside the rank's step
-phases (``fwd``, ``bwd``, ``optim``, ``fwd_bwd`` of ``steps.parquet``) when none of its
-communication ops is in flight (issued and not yet completed). Before each op the compute span
-runs from the completion of every earlier op to this op's issue (none if an earlier op is still
-in flight), cut at phase boundaries (one span per phase it crosses); after the last op it runs
-to the end of the last phase. Time outside step phases (set-up, data loading between steps) is
-not compute. An op with no completion time (null ``t_end_ns``) counts as completing when it is
-issued. A serial replay (compute, op, compute, ...) therefore reproduces the measured timeline
-when ops do not overlap compute; compute that overlapped an in-flight op (asynchronous DDP
-buckets, pipelined sends) is not counted, so such a replay serialises what overlapped.
+* :func:`compute_spans`: a rank's compute as spans inside its phases;
+* :func:`rank_timeline`: one rank's compute spans and ops in time order, for the exports
+  (Chakra, ASTRA-sim text): before each op the compute since the previous op's issue, cut at
+  phase boundaries (one span per phase and unblocked stretch). The exports place compute in
+  the named phases (``fwd``, ``bwd``, ``optim``, ``fwd_bwd``), so a step's time outside every
+  phase (between the optimizer and the next forward: data loading, zeroing gradients, about
+  1 ms of a step here) is not in them. A serial replay of such a trace (compute, op, compute,
+  ...) runs every op after the compute before it, so what overlapped an asynchronous op takes
+  the op's time on top in the replay.
 """
 
 from __future__ import annotations
@@ -35,7 +42,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from commscope.contracts import BLOCKING_COLUMN, WAIT_COLUMN, WAIT_END_COLUMN, WAIT_START_COLUMN
+from commscope.contracts import (
+    BLOCKING_COLUMN,
+    WAIT_COLUMN,
+    WAIT_END_COLUMN,
+    WAIT_START_COLUMN,
+)
 
 # Step phases that hold compute (steps.parquet also has "step", which spans a whole step).
 PHASES = ("fwd", "bwd", "optim", "fwd_bwd")
@@ -127,6 +139,29 @@ def rank_step_waits(
         else:
             blocked.append((issue[k], int(end[k])))
     return blocked, wait_at
+
+
+def step_blocked_ns(ops: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """Per rank and training step (``steps``' phase ``step`` rows with step >= 0): ``rank``,
+    ``step``, ``t_start_ns``, ``t_end_ns`` and ``blocked_ns``, the length of the union of the
+    rank's :func:`blocked_intervals` on the ops of that step, clipped to the step (its compute
+    time is the step's length minus it)."""
+    cols = ["rank", "step", "t_start_ns", "t_end_ns"]
+    if steps.empty or "phase" not in steps.columns:
+        return pd.DataFrame(columns=[*cols, "blocked_ns"], dtype="int64")
+    base = steps[(steps["phase"] == "step") & (steps["step"] >= 0)][cols].astype("int64")
+    base = base.reset_index(drop=True)
+    if ops.empty or "t_end_ns" not in ops.columns:
+        return base.assign(blocked_ns=np.zeros(len(base), dtype="int64"))
+    lab = blocked_intervals(ops[ops["step"] >= 0])
+    lab = lab[lab["t_block_start_ns"].notna()]
+    mine = lab[["rank", "step", "t_block_start_ns", "t_block_end_ns"]].merge(
+        base.reset_index(names="gid"), on=["rank", "step"], how="inner"
+    )
+    start = np.maximum(mine["t_block_start_ns"].to_numpy("int64"), mine["t_start_ns"].to_numpy())
+    end = np.minimum(mine["t_block_end_ns"].to_numpy("int64"), mine["t_end_ns"].to_numpy())
+    blocked = union_lengths(mine["gid"].to_numpy("int64"), start, end, len(base))
+    return base.assign(blocked_ns=blocked)
 
 
 # ------------------------------------------------------------------------ unions of intervals
@@ -230,7 +265,7 @@ def step_spans(steps: pd.DataFrame, rank: int) -> dict[int, tuple[int, int]]:
 
 @dataclass(frozen=True)
 class ComputeSpan:
-    """Compute of one rank between two ops, inside one step phase."""
+    """Compute of one rank: an unblocked stretch inside one step phase."""
 
     start_ns: int
     end_ns: int
@@ -254,23 +289,90 @@ def _clip(intervals: list[Interval], ends: list[int], lo: int, hi: int) -> Itera
             yield ComputeSpan(start, end, iv.step, iv.phase)
 
 
+def _unblocked(
+    span: ComputeSpan, blocked: list[tuple[int, int]], blocked_ends: list[int]
+) -> Iterator[ComputeSpan]:
+    """The pieces of ``span`` outside the (disjoint, sorted: :func:`union`) blocked intervals."""
+    cursor = span.start_ns
+    for a, b in blocked[bisect.bisect_right(blocked_ends, cursor) :]:
+        if a >= span.end_ns:
+            break
+        if a > cursor:
+            yield ComputeSpan(cursor, a, span.step, span.phase)
+        cursor = max(cursor, b)
+    if span.end_ns > cursor:
+        yield ComputeSpan(cursor, span.end_ns, span.step, span.phase)
+
+
+def compute_spans(ops: pd.DataFrame, steps: pd.DataFrame, rank: int) -> list[ComputeSpan]:
+    """The compute of ``rank`` (the module docstring's definition) as spans inside its step
+    phases (:func:`phase_intervals`), in time order: each phase minus the union of the rank's
+    :func:`blocked_intervals`."""
+    intervals = phase_intervals(steps, rank)
+    mine = blocked_intervals(ops[ops["rank"] == rank]) if len(ops) else None
+    blocked: list[tuple[int, int]] = []
+    if mine is not None:
+        mine = mine[mine["t_block_start_ns"].notna()]
+        blocked = union(
+            list(
+                zip(
+                    mine["t_block_start_ns"].tolist(),
+                    mine["t_block_end_ns"].tolist(),
+                    strict=True,
+                )
+            )
+        )
+    blocked_ends = [b for _, b in blocked]
+    return [
+        piece
+        for iv in intervals
+        for piece in _unblocked(
+            ComputeSpan(iv.start_ns, iv.end_ns, iv.step, iv.phase),
+            blocked,
+            blocked_ends,
+        )
+    ]
+
+
+def _record_blocks(records: list[dict[str, Any]]) -> list[tuple[int, int]]:
+    """The union of the records' blocked intervals: ``t_block_start_ns``..``t_block_end_ns``
+    where the records carry them (:func:`commscope.export.records.op_records`), else every op
+    with a completion over [issue, end] (the rule for ops without a recorded wait)."""
+    spans = []
+    for rec in records:
+        if "t_block_start_ns" in rec:
+            start, end = rec["t_block_start_ns"], rec["t_block_end_ns"]
+        else:
+            start, end = rec["t_issue_ns"], rec["t_end_ns"]
+        if start is not None and end is not None:
+            spans.append((int(start), int(end)))
+    return union(spans)
+
+
 def rank_timeline(
     records: list[dict[str, Any]], intervals: list[Interval]
 ) -> Iterator[tuple[str, Any]]:
     """One rank's ``("compute", ComputeSpan)`` and ``("op", record)`` items in time order, with
-    compute as defined in this module's docstring (phase time with no op in flight).
+    compute as the module docstring defines it: before each op, the time since the previous
+    op's issue inside the phases and outside the blocked intervals; after the last op, the
+    same up to the end of the last phase.
 
     ``records``: the rank's ops as dicts in issue order (``t_issue_ns``, ``t_end_ns`` None when
-    unknown; :func:`commscope.export.records.op_records`); ``intervals``: its
-    :func:`phase_intervals`."""
+    unknown, the blocked interval where known; :func:`commscope.export.records.op_records`);
+    ``intervals``: its :func:`phase_intervals`."""
     ends = [iv.end_ns for iv in intervals]
-    busy_until = -(2**63)  # completion of every op issued so far
+    blocked = _record_blocks(records)
+    blocked_ends = [b for _, b in blocked]
+
+    def compute(lo: int, hi: int) -> Iterator[tuple[str, Any]]:
+        for span in _clip(intervals, ends, lo, hi):
+            yield from (("compute", piece) for piece in _unblocked(span, blocked, blocked_ends))
+
+    cursor = -(2**63)  # the latest issue so far
     for rec in records:
         issue = rec["t_issue_ns"]
-        yield from (("compute", span) for span in _clip(intervals, ends, busy_until, issue))
+        yield from compute(cursor, issue)
         yield "op", rec
-        end = rec["t_end_ns"] if rec["t_end_ns"] is not None else issue
-        busy_until = max(busy_until, issue, end)
+        cursor = max(cursor, issue)
     if intervals:
-        tail = _clip(intervals, ends, busy_until, intervals[-1].end_ns)
-        yield from (("compute", span) for span in tail)
+        yield from compute(cursor, intervals[-1].end_ns)

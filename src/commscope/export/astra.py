@@ -29,12 +29,12 @@ median duration after ``warmup_steps``):
   input-gradient op before a weight-gradient op in the same layer (the backward order within
   a layer), a new layer whenever a slot is taken; the layer count is what both directions
   need (input-gradient ops never on layer 0, whose input gradient the converters skip);
-* the compute before an op (see :mod:`commscope.export`: phase time with no op in flight) is
-  that op's compute slot; compute after the last forward op is spread over the layers after
-  it (else added to the last layer), after the last backward op over the layers below it
-  (else added to layer 0's weight-gradient compute); pipelined ``fwd_bwd`` compute is split
-  1/3 forward, 2/3 backward (the usual backward ≈ 2× forward), since the trace does not
-  separate them;
+* the compute before an op (:mod:`commscope.cell.timeline`: phase time in which the rank was
+  not blocked in communication) is that op's compute slot; compute after the last forward op
+  is spread over the layers after it (else added to the last layer), after the last backward
+  op over the layers below it (else added to layer 0's weight-gradient compute); pipelined
+  ``fwd_bwd`` compute is split 1/3 forward, 2/3 backward (the usual backward ≈ 2× forward),
+  since the trace does not separate them;
 * comm types and sizes: those of the Chakra export (:func:`commscope.export.astrasim.plan_ops`,
   so the two exports agree and Chakra's ``chakra_converter Text`` makes ``.et`` nodes of the same
   sizes): the size convention ASTRA-sim's collectives read (all-reduce the buffer, all-gather the
@@ -53,8 +53,8 @@ barrier have no comm type and are left out (listed in :attr:`AstraWorkload.dropp
 time stays in the neighbouring compute); the format has no process groups, so a converter runs
 every collective over all ranks (the ``.et`` runs it over its group); a layer holds one
 collective per slot, so the layer structure is the trace's op sequence, not the model's;
-compute overlapped by asynchronous ops is not counted; pipelined schedules become one rank's
-serial sequence; ``update`` is rounded to an integer.
+compute overlapped by asynchronous ops is counted and the ops then run after it; pipelined
+schedules become one rank's serial sequence; ``update`` is rounded to an integer.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ such as DDP's parameter broadcast, are left out and counted in the summary, so t
 time is the steps' time). What every op becomes is decided once for all ranks by
 :func:`commscope.export.astrasim.plan_ops`, so that the traces run in ASTRA-sim as written
 (the module docstring there lists the rules and approximations). Per rank, following
-:func:`commscope.export.rank_timeline`:
+:func:`commscope.cell.timeline.rank_timeline`:
 
 * **phase markers**: one zero-duration ``COMP_NODE`` per (step, phase) the rank ran, where the
   phase starts, named like PyTorch's profiler annotations (``## forward ## step 3``,
@@ -18,8 +18,9 @@ time is the steps' time). What every op becomes is decided once for all ranks by
   of the phase name it in ``ctrl_deps`` (their enclosing span, as in traces converted from
   PyTorch), which is how a reader recovers the phase. ASTRA-sim replays a marker for 1 ns
   (METADATA nodes, which PyTorch-converted traces use, abort it).
-* **compute**: one ``COMP_NODE`` per compute span (phase time with no op in flight, see the
-  package docstring), ``duration_micros`` its length; spans shorter than 1 µs are left out.
+* **compute**: one ``COMP_NODE`` per compute span (phase time in which the rank was not
+  blocked in communication, :mod:`commscope.cell.timeline`), ``duration_micros`` its length;
+  spans shorter than 1 µs are left out.
 * **communication**: ``COMM_COLL_NODE`` for a collective ASTRA-sim simulates or replays
   (attributes ``comm_type``, ``comm_size`` in ASTRA-sim's size convention, ``pg_name`` = the
   ASTRA-sim communicator-group id), ``COMM_SEND_NODE`` / ``COMM_RECV_NODE`` for P2P

@@ -8,6 +8,12 @@ from typing import Any
 
 import pandas as pd
 
+from commscope.cell.timeline import blocked_intervals
+from commscope.contracts import BLOCKING_COLUMN, WAIT_COLUMN, WAIT_END_COLUMN, WAIT_START_COLUMN
+
+# The ops columns blocked_intervals reads besides the op's times.
+_BLOCK_INPUTS = {BLOCKING_COLUMN, WAIT_COLUMN, WAIT_END_COLUMN, WAIT_START_COLUMN}
+
 
 def _int(value: Any, default: int = -1) -> int:
     """``value`` as int; ``default`` for null/NaN/missing."""
@@ -32,12 +38,21 @@ def op_records(ops: pd.DataFrame) -> dict[int, list[dict[str, Any]]]:
 
     Integer fields are Python ints (-1 when null or absent: ``root`` is missing from older
     traces), ``t_end_ns`` is None when unknown, ``split_bytes`` kept when present.
+    ``t_block_start_ns``/``t_block_end_ns``: when the rank was blocked on the op
+    (:func:`commscope.cell.timeline.blocked_intervals`), None where it was not; absent when
+    ``ops`` has no ``t_end_ns`` column.
     """
     out: dict[int, list[dict[str, Any]]] = {}
     if ops.empty:
         return out
     has = set(ops.columns)
     rows = ops.to_dict("records")
+    blocks = None
+    if "t_end_ns" in has:
+        lab = blocked_intervals(ops[["t_issue_ns", "t_end_ns", *sorted(has & _BLOCK_INPUTS)]])
+        blocks = list(
+            zip(lab["t_block_start_ns"].tolist(), lab["t_block_end_ns"].tolist(), strict=True)
+        )
     order = sorted(
         range(len(rows)), key=lambda i: (_int(rows[i]["rank"]), _int(rows[i]["t_issue_ns"]), i)
     )
@@ -64,6 +79,10 @@ def op_records(ops: pd.DataFrame) -> dict[int, list[dict[str, Any]]]:
             "t_end_ns": None if _int(row.get("t_end_ns")) < 0 else _int(row.get("t_end_ns")),
             "split_bytes": row.get("split_bytes") if "split_bytes" in has else None,
         }
+        if blocks is not None:
+            start, end = blocks[i]
+            rec["t_block_start_ns"] = None if _int(start) < 0 else _int(start)
+            rec["t_block_end_ns"] = None if _int(end) < 0 else _int(end)
         out.setdefault(rec["rank"], []).append(rec)
     return out
 

@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 from commscope.bench.analysis import cap_bytes_per_s, delay_scaled, link_alpha_beta
-from commscope.cell.timeline import union
+from commscope.cell.timeline import step_blocked_ns
 from commscope.collectives.traffic import DEFAULT_BACKEND
 from commscope.contracts import SWEEP_AXES
 from commscope.metrics import step_times
@@ -105,28 +105,27 @@ def _as_recorded(plan_spec: dict[str, Any], recorded: dict[str, Any] | None) -> 
 
 
 def rank_step_split(ops: pd.DataFrame, steps: pd.DataFrame, warmup_steps: int) -> pd.DataFrame:
-    """Per rank and steady step: the rank's step time, the time it spent inside communication
-    ops (union of [issue, end] of its ops, clipped to the step) and the rest (``compute_s``).
+    """Per rank and steady step: the rank's step time (``step_s``), the time it was blocked in
+    communication (``comm_s``: the union of its blocked intervals in the step,
+    :func:`~commscope.cell.timeline.step_blocked_ns`, the sync tables' ``exposed_comm_s``) and
+    the rest, its compute (``compute_s``; the one definition, docs/traces.md).
 
-    A blocking op's interval is time the rank could not compute; an async op's (DDP's bucket
-    all-reduce under backward) overlaps compute, so ``compute_s`` is a lower bound there."""
-    rows = steps[(steps["phase"] == "step") & (steps["step"] >= warmup_steps)]
-    done = ops[ops["t_end_ns"].notna() & (ops["step"] >= warmup_steps)]
-    by_key = {k: g for k, g in done.groupby(["rank", "step"])}
-    out = []
-    for rec in rows.itertuples(index=False):
-        t0, t1 = int(rec.t_start_ns), int(rec.t_end_ns)
-        g = by_key.get((rec.rank, rec.step))
-        comm = 0
-        if g is not None:
-            iv = zip(
-                g["t_issue_ns"].to_numpy("int64"), g["t_end_ns"].to_numpy("int64"), strict=True
-            )
-            comm = sum(b - a for a, b in union(list(iv), t0, t1))
-        out.append((int(rec.rank), int(rec.step), (t1 - t0) / 1e9, comm / 1e9))
-    split = pd.DataFrame(out, columns=["rank", "step", "step_s", "comm_s"])
-    split["compute_s"] = split["step_s"] - split["comm_s"]
-    return split
+    Compute that overlapped an asynchronous op (DDP's bucket all-reduces under the backward)
+    counts as compute where the trace recorded the waits; without waits every op counts as
+    blocking from issue to completion, so ``compute_s`` is a lower bound there."""
+    split = step_blocked_ns(ops, steps)
+    split = split[split["step"] >= warmup_steps].reset_index(drop=True)
+    step_ns = (split["t_end_ns"] - split["t_start_ns"]).to_numpy("int64")
+    out = pd.DataFrame(
+        {
+            "rank": split["rank"].astype("int64"),
+            "step": split["step"].astype("int64"),
+            "step_s": step_ns / 1e9,
+            "comm_s": split["blocked_ns"].to_numpy("int64") / 1e9,
+        }
+    )
+    out["compute_s"] = out["step_s"] - out["comm_s"]
+    return out
 
 
 AlphaBeta = dict[str, tuple[float, float]]  # op -> (alpha per ring step in s, beta in B/s)
@@ -200,9 +199,9 @@ def predict_timing(
     unshaped veth; the cell's own link when no unshaped fit exists). Without fits: the cell's
     own effective bandwidth from its trace (:func:`effective_bandwidth`, alpha 0), else the cap.
     Compute: the achieved FLOP rate of this run, the predicted FLOPs of all ranks over their
-    measured time outside communication ops (:func:`rank_step_split`; medians over steady
-    steps), so the time error measures the communication and bubble model, not a guessed rate.
-    Measured step: median over steady steps of first rank in to last rank out.
+    measured compute time, step time not blocked in communication (:func:`rank_step_split`;
+    medians over steady steps), so the time error measures the communication and bubble model,
+    not a guessed rate. Measured step: median over steady steps of first rank in to last rank out.
     """
     backend = backend or DEFAULT_BACKEND
     links = cell_links(ops, cell, fits, backend)
@@ -226,7 +225,7 @@ def predict_timing(
     row = dict(
         bandwidth_source=links.bandwidth_source,
         intranode_source=links.intranode_source,
-        compute_source="trace: step time outside communication ops",
+        compute_source="trace: step time not blocked in communication",
         compute_flops_per_s=rate,
         critical_rank=t["critical_rank"],
         predicted_step_s=t["step_time_s"],
