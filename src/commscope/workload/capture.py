@@ -190,6 +190,12 @@ _TLS = threading.local()
 _DTYPES: dict[torch.dtype, str] = {}
 _BELOW_AUTOGRAD = torch._C._AutoDispatchBelowAutograd
 _BELOW_INPLACE_OR_VIEW = torch._C._AutoDispatchBelowADInplaceOrView
+# Around every re-dispatch from our kernels. Calling an operator from Python scans each argument
+# for ``__torch_function__``; on a ScriptObject (the ProcessGroup and ReduceOp of every c10d op)
+# that getattr misses through a C++ exception, ~80 us per op on this machine, half the capture's
+# cost. The call is already inside the dispatcher (its Python entry handled torch functions and
+# modes; C++-issued ops never had any), so switching them off here changes nothing.
+_NO_TORCH_FUNCTION = torch._C.DisableTorchFunction
 _GRAPH_TASK_ID = torch._C._current_graph_task_id  # -1 outside a backward on this thread
 _ENGINE = torch.autograd.Variable._execution_engine  # queues the backward's final callbacks
 # Python Works -> (table, row). Weak keys: a Work the caller dropped leaves the map by itself.
@@ -563,16 +569,19 @@ def _issued_by(table: _Table, row: int) -> bool:
 
 def _make_c10d_kernel(overload: Any, op: str):  # noqa: ANN202 - a torch.library kernel
     spec = _ArgSpec(overload, op)
+    # The operator itself, not OpOverload.__call__, whose check for fake script objects (export
+    # and compile tracing, which never reach a recording run) costs a few us per op.
+    call = overload._op
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         if not _STATE.enabled:
-            with _BELOW_AUTOGRAD(), _BELOW_INPLACE_OR_VIEW():
-                return overload(*args, **kwargs)
+            with _BELOW_AUTOGRAD(), _BELOW_INPLACE_OR_VIEW(), _NO_TORCH_FUNCTION():
+                return call(*args, **kwargs)
         row, table = _record(op, "c10d", spec, args, kwargs)
         to_python = _issued_by(table, row)
         # Below ADInplaceOrView too: the inner kernel there is only for nested calls.
-        with _BELOW_AUTOGRAD(), _BELOW_INPLACE_OR_VIEW():
-            out = overload(*args, **kwargs)
+        with _BELOW_AUTOGRAD(), _BELOW_INPLACE_OR_VIEW(), _NO_TORCH_FUNCTION():
+            out = call(*args, **kwargs)
         if not _watch(out, op, table, row, to_python):
             _completed_inside(table, row)
         return out
@@ -592,20 +601,21 @@ def _make_nested_c10d_kernel(overload: Any, op: str):  # noqa: ANN202
     excluded — the inner op of a functional collective (tie its Work to that row), or a c10d
     call from below autograd that the Autograd kernel never saw (record it)."""
     spec = _ArgSpec(overload, op)
+    call = overload._op
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         parent = getattr(_TLS, "parent", None)
         if parent is None and not _STATE.enabled:
-            with _BELOW_INPLACE_OR_VIEW():
-                return overload(*args, **kwargs)
+            with _BELOW_INPLACE_OR_VIEW(), _NO_TORCH_FUNCTION():
+                return call(*args, **kwargs)
         to_python = False
         if parent is None:
             row, table = _record(op, "c10d", spec, args, kwargs)
             to_python = _issued_by(table, row)
         else:
             row, table = parent[0], parent[1]
-        with _BELOW_INPLACE_OR_VIEW():
-            out = overload(*args, **kwargs)
+        with _BELOW_INPLACE_OR_VIEW(), _NO_TORCH_FUNCTION():
+            out = call(*args, **kwargs)
         if not _watch(out, op, table, row, to_python):
             _completed_inside(table, row)
         if parent is not None:
@@ -617,17 +627,18 @@ def _make_nested_c10d_kernel(overload: Any, op: str):  # noqa: ANN202
 
 def _make_functional_kernel(overload: Any, op: str):  # noqa: ANN202
     spec = _ArgSpec(overload, op)
+    call = overload._op
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         if not _STATE.enabled:  # also skip the inner c10d op's Python kernel
-            with _BELOW_AUTOGRAD(), _BELOW_INPLACE_OR_VIEW():
-                return overload(*args, **kwargs)
+            with _BELOW_AUTOGRAD(), _BELOW_INPLACE_OR_VIEW(), _NO_TORCH_FUNCTION():
+                return call(*args, **kwargs)
         row, table = _record(op, "functional", spec, args, kwargs)
         parent = [row, table, False]
         _TLS.parent = parent
         try:
-            with _BELOW_AUTOGRAD():
-                out = overload(*args, **kwargs)
+            with _BELOW_AUTOGRAD(), _NO_TORCH_FUNCTION():
+                out = call(*args, **kwargs)
         finally:
             _TLS.parent = None
         # The wait on an output is the row's wait, and its end the op's end when no inner
