@@ -70,6 +70,9 @@ STEPS_FILE = "steps.parquet"
 COUNTERS_FILE = "counters.parquet"
 # Per node and connection at a low rate (docs/traces.md, sockets), next to the other traces.
 SOCKETS_FILE = "sockets.parquet"
+# Per node at 2 Hz: the host's CPU and the node's run-queue waits (HOST_SAMPLE_COLUMNS, after
+# ``node``), the fidelity monitor's input (docs/traces.md, host).
+HOST_FILE = "host.parquet"
 # The MoE model's routing table: per rank, step, MoE layer and destination EP rank, the tokens
 # the dispatch all-to-all sent there and received from there.
 ROUTING_FILE = "moe.parquet"
@@ -88,6 +91,7 @@ CELL_TABLE_FILES: dict[str, str] = {
     "train": TRAIN_FILE,
     "moe": ROUTING_FILE,
     "sockets": SOCKETS_FILE,
+    "host": HOST_FILE,
     "wire_flows": WIRE_FLOWS_FILE,
     "nccl_ops": NCCL_OPS_FILE,
     "cell": CELL_FILE,
@@ -115,11 +119,13 @@ SOCKSTATS_READY = "commscope.node.sockstats: sampling"
 NODE_HOST_FILE = "host.parquet"
 HOSTSTAT_READY = "commscope.node.hoststat: sampling"
 # host.parquet's columns: cumulative counters at each sample (a window's share is a difference).
+# host_id: the kernel's boot id (its first 60 bits): nodes with the same one share a host;
 # cpu_*_ns: all of the host's CPUs (/proc/stat; steal: given by the hypervisor to other guests);
 # cpu_pressure_us: /proc/pressure/cpu "some" total (-1 without PSI); ranks_* / delayer_*: the
 # CPU time the node's rank (delayer) threads ran and waited on a run queue, and their threads.
 HOST_SAMPLE_COLUMNS: list[str] = [
     "t_ns",
+    "host_id",
     "cpus",
     "cpu_busy_ns",
     "cpu_idle_ns",
@@ -189,6 +195,7 @@ METRIC_TABLES: tuple[str, ...] = (
     "crosscheck",
     "matrix_check",
     "sockets",
+    "fidelity",
     *TEMPORAL_TABLES,
     *SYNC_TABLES,
 )

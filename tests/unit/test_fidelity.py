@@ -14,7 +14,7 @@ S = 1_000_000_000
 
 
 def _samples(
-    node: int, seconds: int, *, wait_per_s: float, steal_per_s: float = 0.0
+    node: int, seconds: int, *, wait_per_s: float, steal_per_s: float = 0.0, host: int = 77
 ) -> pd.DataFrame:
     """Two CPUs sampled every 0.5 s; per second the ranks run 1.5 CPU-seconds and wait
     ``wait_per_s`` CPU-seconds, the host is idle 0.2 CPU-seconds and steal takes
@@ -27,7 +27,7 @@ def _samples(
         total = 2.0 * t
         rows.append(
             (
-                10 * S + int(t * S), 2,
+                10 * S + int(t * S), host, 2,
                 int((total - idle - steal) * S), int(idle * S), int(steal * S), int(total * S),
                 int(wait_per_s * t * 1e6),
                 int(1.5 * t * S), int(wait_per_s * t * S), 8,
@@ -61,10 +61,12 @@ def test_a_node_over_the_rank_bound_makes_the_cell_host_limited() -> None:
     assert table.loc[1, "ranks_wait_share"] > f.RANK_WAIT_BOUND
     verdict = f.cell_verdict(table)
     assert verdict["host_limited"] and "ranks" in str(verdict["limited_by"])
-    # 1.55 + 2.0 runnable rank threads on a 2-CPU host: oversubscribed when the host is shared,
-    # not when each node had its own two CPUs.
+    # 1.55 + 2.0 runnable rank threads on one 2-CPU host: oversubscribed ...
     assert verdict["oversubscribed"] is True
-    assert f.cell_verdict(table, shared_host=False)["oversubscribed"] is False
+    assert math.isclose(verdict["runnable_rank_threads"], 3.55) and verdict["host_cpus"] == 2
+    # ... but not when each node has two CPUs of its own (another boot id).
+    apart = pd.concat([_samples(0, 10, wait_per_s=0.05), _samples(1, 10, wait_per_s=0.5, host=78)])
+    assert f.cell_verdict(f.fidelity_table(apart, (11 * S, 19 * S)))["oversubscribed"] is False
 
 
 def test_steal_counts_against_the_cell() -> None:
@@ -77,8 +79,6 @@ def test_steal_counts_against_the_cell() -> None:
 def test_no_samples_or_no_window_give_an_empty_table_and_an_unmonitored_cell() -> None:
     assert f.fidelity_table(pd.DataFrame(), (0, 1)).empty
     assert f.fidelity_table(_samples(0, 2, wait_per_s=0.0), None).empty
-    assert f.cell_verdict(pd.DataFrame(columns=f.FIDELITY_COLUMNS)) == {
-        "monitored": False,
-        "host_limited": False,
-        "limited_by": "",
-    }
+    verdict = f.cell_verdict(pd.DataFrame(columns=f.FIDELITY_COLUMNS))
+    assert list(verdict) == f.FIDELITY_SUMMARY_COLUMNS
+    assert verdict["monitored"] is False and verdict["host_limited"] is False

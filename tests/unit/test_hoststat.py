@@ -50,3 +50,8 @@ def test_a_row_has_the_contract_columns(monkeypatch) -> None:
     assert len(row) == len(HOST_SAMPLE_COLUMNS)
     named = dict(zip(HOST_SAMPLE_COLUMNS, row, strict=True))
     assert named["cpu_pressure_us"] == 7 and named["ranks_threads"] == 0
+
+
+def test_the_host_id_is_the_boot_ids_first_60_bits() -> None:
+    assert hoststat.host_id("0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0\n") == 0x0F1E2D3C4B5A697
+    assert hoststat.host_id("") == -1

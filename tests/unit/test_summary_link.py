@@ -115,7 +115,7 @@ def test_cell_summary_carries_the_link_engine_of_cell_json(tmp_path: Path) -> No
         link_engine=NFQUEUE_RECORD,
     )
     summary = m.cell_summary(m.load_cell(cell))
-    assert list(summary.columns[-len(LINK_SUMMARY_COLUMNS) :]) == LINK_SUMMARY_COLUMNS
+    assert set(LINK_SUMMARY_COLUMNS) <= set(summary.columns)
     row = summary.iloc[0]
     assert (row["delay_ms"], row["jitter_ms"], row["loss_pct"]) == (5.0, 0.0, 1.0)
     assert row["link_engine"] == "nfqueue"

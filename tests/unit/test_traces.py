@@ -156,6 +156,7 @@ def test_output_files(built: tuple[dict[str, Any], dict[str, Path]], tmp_path: P
         "train": out / "train.parquet",
         "moe": out / "moe.parquet",
         "sockets": out / "sockets.parquet",
+        "host": out / "host.parquet",
         "wire_flows": out / "wire_flows.parquet",
         "nccl_ops": out / "nccl_ops.parquet",
         "cell": out / "cell.json",

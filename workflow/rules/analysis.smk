@@ -12,6 +12,7 @@ rule cell_metrics:
         moe=rules.parse_cell.output.moe,
         sockets=rules.parse_cell.output.sockets,
         wire_flows=rules.parse_cell.output.wire_flows,
+        host=rules.parse_cell.output.host,
     output:
         **{
             table: f"{RUNS}/{CELL}/metrics/{table_file(table)}"

@@ -9,6 +9,10 @@ rule microbench_run:
         f"results/benchmarks/microbench_run/{LINK}.tsv"
     conda:
         "../../envs/commscope.yaml"
+    # Every core Snakemake was given: no other job of the study (its analysis, figures,
+    # predictions) runs beside a measurement, so the host's load is the measurement's own
+    # (issue 25, isolation; docs/reliability.md). The fidelity monitor checks the rest.
+    threads: workflow.cores
     resources:
         # Like run_cell: one job at a time owns the cluster.
         cluster_slot=1,

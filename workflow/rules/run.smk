@@ -18,6 +18,10 @@ checkpoint run_cell:
         strategy=TRAINING_CELL,
     conda:
         "../../envs/commscope.yaml"
+    # Every core Snakemake was given: no other job of the study (its analysis, figures,
+    # predictions) runs beside a measurement, so the host's load is the measurement's own
+    # (issue 25, isolation; docs/reliability.md). The fidelity monitor checks the rest.
+    threads: workflow.cores
     resources:
         # profiles/default gives cluster_slot=1: one cell at a time owns the cluster.
         cluster_slot=1,
@@ -50,6 +54,10 @@ checkpoint run_replay_cell:
         strategy=REPLAY_CELL,
     conda:
         "../../envs/commscope.yaml"
+    # Every core Snakemake was given: no other job of the study (its analysis, figures,
+    # predictions) runs beside a measurement, so the host's load is the measurement's own
+    # (issue 25, isolation; docs/reliability.md). The fidelity monitor checks the rest.
+    threads: workflow.cores
     resources:
         cluster_slot=1,
     params:

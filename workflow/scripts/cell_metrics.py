@@ -17,4 +17,5 @@ with log_to(snakemake.log[0]):
         routing=Path(snakemake.input.moe),
         sockets=Path(snakemake.input.sockets),
         wire_flows=Path(snakemake.input.wire_flows),
+        host=Path(snakemake.input.host),
     )

@@ -31,6 +31,8 @@ class CellTraces:
     counters: pd.DataFrame
     meta: dict[str, Any] = field(default_factory=dict)
     sockets: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # host.parquet: the host's CPU and each node's run-queue waits (empty before the monitor).
+    host: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
     def warmup_steps(self) -> int:
@@ -73,10 +75,11 @@ def load_cell_files(
     counters: Path | None = None,
     routing: Path | None = None,
     sockets: Path | None = None,
+    host: Path | None = None,
 ) -> CellTraces:
     """Read one cell's trace tables from the given files: ``cell`` (cell.json), ``ops``,
-    ``steps``, ``counters``, ``routing`` (the MoE routing table, moe.parquet) and
-    ``sockets``.
+    ``steps``, ``counters``, ``routing`` (the MoE routing table, moe.parquet), ``sockets``
+    and ``host`` (the fidelity monitor's samples).
 
     A missing (or not given) ``ops``, ``counters`` or ``sockets`` table (a run without
     communication, a node without a sampler, a run from before socket statistics) loads as an
@@ -91,7 +94,12 @@ def load_cell_files(
     op_table = alltoall_splits_from_routing(op_table, read_optional(routing))
     socket_table = read_optional(sockets)
     return CellTraces(
-        ops=op_table, steps=step_table, counters=counter_table, meta=meta, sockets=socket_table
+        ops=op_table,
+        steps=step_table,
+        counters=counter_table,
+        meta=meta,
+        sockets=socket_table,
+        host=read_optional(host),
     )
 
 

@@ -20,7 +20,9 @@ from commscope.cluster.clock import offset_at
 from commscope.config import cell_id
 from commscope.contracts import (
     CELL_TABLE_FILES,
+    HOST_SAMPLE_COLUMNS,
     NODE_COUNTERS_FILE,
+    NODE_HOST_FILE,
     NODE_SOCKETS_FILE,
     NODE_WIRE_FILE,
     NODE_WIRE_META_FILE,
@@ -44,6 +46,7 @@ _TIME_COLUMNS = {
     "steps": ("t_start_ns", "t_end_ns"),
     "counters": ("t_ns",),
     "sockets": ("t_ns",),
+    "host": ("t_ns",),
     "wire": ("t_ns", "t_start_ns", "t_end_ns"),
 }
 
@@ -190,7 +193,8 @@ def _node_tables(
     wire: dict[str, Any] | None,
     sample_hz: float,
 ) -> dict[str, pd.DataFrame]:
-    """The ops, steps, counters and sockets of every node, each on the orchestrator's clock.
+    """The ops, steps, counters, sockets and host statistics of every node, each on the
+    orchestrator's clock.
     The counters come from the BPF accounting (``wire``) when it ran, else from the sampler."""
     ops_files, steps_files = rank_table_file("ops", "*"), rank_table_file("steps", "*")
     ops = _concat(list(raw_dir.glob(f"*/{ops_files}")), ops_files, raw_dir)
@@ -220,11 +224,19 @@ def _node_tables(
         else pd.DataFrame(columns=["node", *SOCKET_SAMPLE_COLUMNS])
     )
     sockets_df = to_orchestrator_clock(sockets_df, _TIME_COLUMNS["sockets"], clock)
+    host = _per_node(raw_dir, NODE_HOST_FILE, node_index)
+    host_df = (
+        pd.concat(host, ignore_index=True)
+        if host
+        else pd.DataFrame(columns=["node", *HOST_SAMPLE_COLUMNS])
+    )
+    host_df = to_orchestrator_clock(host_df, _TIME_COLUMNS["host"], clock)
     return {
         "ops": ops.sort_values(["rank", "t_issue_ns"]),
         "steps": steps.sort_values(["rank", "t_start_ns"]),
         "counters": counters_df.sort_values(["node", "t_ns"]),
         "sockets": sockets_df.sort_values(["node", "t_ns"]),
+        "host": host_df.sort_values(["node", "t_ns"]),
     }
 
 
@@ -307,9 +319,9 @@ def build_cell_tables(
     warmup_steps: int,
     paths: Mapping[str, Path],
 ) -> dict[str, Path]:
-    """Write one cell's tables (ops, steps, counters, train, moe, sockets, wire_flows, nccl_ops
-    parquet and cell.json) to ``paths`` (one per name of ``CELL_TABLE_FILES``, e.g. the rule's
-    declared outputs or :func:`cell_table_paths`); returns them.
+    """Write one cell's tables (ops, steps, counters, train, moe, sockets, host, wire_flows,
+    nccl_ops parquet and cell.json) to ``paths`` (one per name of ``CELL_TABLE_FILES``, e.g.
+    the rule's declared outputs or :func:`cell_table_paths`); returns them.
 
     ``cell`` is a training cell (every sweep axis set; the rule script reads the rule's params
     with :meth:`CellSettings.from_mapping`)."""

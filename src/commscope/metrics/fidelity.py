@@ -38,6 +38,7 @@ STEAL_BOUND = 0.05
 
 FIDELITY_COLUMNS: list[str] = [
     "node",
+    "host_id",
     "window_s",
     "cpus",
     "host_busy_share",
@@ -97,6 +98,7 @@ def node_fidelity(samples: pd.DataFrame, window: tuple[int, int]) -> dict[str, o
     delayer_runnable = float(d["delayer_run_ns"] + d["delayer_wait_ns"])
     pressure = float(d["cpu_pressure_us"]) * 1e3 if span["cpu_pressure_us"].min() >= 0 else np.nan
     row: dict[str, object] = {
+        "host_id": int(span["host_id"].iloc[-1]),
         "window_s": wall / 1e9,
         "cpus": int(span["cpus"].iloc[-1]),
         "host_busy_share": _share(float(d["cpu_busy_ns"]), float(d["cpu_total_ns"])),
@@ -134,14 +136,38 @@ def fidelity_table(host: pd.DataFrame, window: tuple[int, int] | None) -> pd.Dat
     return pd.DataFrame(rows, columns=FIDELITY_COLUMNS) if rows else empty
 
 
-def cell_verdict(table: pd.DataFrame, shared_host: bool = True) -> dict[str, object]:
-    """The cell's fidelity in one row: host-limited when any node is, by what; the worst
-    node's shares; and ``oversubscribed``: more rank threads were runnable on average than
-    there were CPUs, all nodes together on a ``shared_host`` (the netns cluster), else on the
-    worst node."""
+# The summary's fidelity columns (one row per cell, :func:`cell_verdict`).
+FIDELITY_SUMMARY_COLUMNS: list[str] = [
+    "monitored",
+    "host_limited",
+    "limited_by",
+    "ranks_wait_share",
+    "delayer_wait_share",
+    "steal_share",
+    "runnable_rank_threads",
+    "host_cpus",
+    "oversubscribed",
+]
+
+
+def cell_verdict(table: pd.DataFrame) -> dict[str, object]:
+    """The cell's fidelity in one row (:data:`FIDELITY_SUMMARY_COLUMNS`): host-limited when
+    any node is, and by what; the worst node's shares; and ``oversubscribed``: more rank
+    threads were runnable on average than the host had CPUs. Nodes with one ``host_id`` share
+    one host (the netns cluster): their runnable threads add up against its CPUs; nodes on
+    hosts of their own are each held against their own."""
+    nan = float("nan")
     if table.empty:
-        return {"monitored": False, "host_limited": False, "limited_by": ""}
+        return {
+            "monitored": False, "host_limited": False, "limited_by": "",
+            "ranks_wait_share": nan, "delayer_wait_share": nan, "steal_share": nan,
+            "runnable_rank_threads": nan, "host_cpus": nan, "oversubscribed": False,
+        }  # fmt: skip
     by = sorted({k for v in table["limited_by"] for k in str(v).split(",") if k})
+    per_host = table.groupby("host_id").agg(
+        runnable=("runnable_ranks", "sum"), cpus=("cpus", "max")
+    )
+    worst = per_host.assign(load=per_host["runnable"] / per_host["cpus"])["load"].idxmax()
     return {
         "monitored": True,
         "host_limited": bool(table["host_limited"].any()),
@@ -149,9 +175,7 @@ def cell_verdict(table: pd.DataFrame, shared_host: bool = True) -> dict[str, obj
         "ranks_wait_share": float(table["ranks_wait_share"].max()),
         "delayer_wait_share": float(table["delayer_wait_share"].max()),
         "steal_share": float(table["steal_share"].max()),
-        "oversubscribed": bool(
-            table["runnable_ranks"].sum() > table["cpus"].max()
-            if shared_host
-            else (table["runnable_ranks"] > table["cpus"]).any()
-        ),
+        "runnable_rank_threads": float(per_host.loc[worst, "runnable"]),
+        "host_cpus": float(per_host.loc[worst, "cpus"]),
+        "oversubscribed": bool((per_host["runnable"] > per_host["cpus"]).any()),
     }

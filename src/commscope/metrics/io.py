@@ -30,6 +30,7 @@ from commscope.collectives.moe import alltoall_splits_from_routing
 from commscope.contracts import (
     CELL_FILE,
     COUNTERS_FILE,
+    HOST_FILE,
     METRIC_TABLES,
     OPS_FILE,
     PARAM_COLUMNS,
@@ -61,6 +62,7 @@ from commscope.metrics.crosscheck import (
     summed_flows,
     window_transfers,
 )
+from commscope.metrics.fidelity import fidelity_table
 from commscope.metrics.framework import WIRE_COLUMNS, wire_vs_framework
 from commscope.metrics.matrix import comm_matrix, node_matrix
 from commscope.metrics.sockets import SOCKET_INPUT_COLUMNS, socket_stats
@@ -214,7 +216,9 @@ def _cell_tables(
         traces.ops, traces.warmup_steps, measured_steps=measured_steps, backend=traces.backend
     )
     node_mat = node_matrix(rank_mat)
-    yield "summary", cell_summary(traces, node_mat=node_mat)
+    fidelity = fidelity_table(traces.host, window)
+    yield "summary", cell_summary(traces, node_mat=node_mat, fidelity=fidelity)
+    yield "fidelity", with_params(params, fidelity)
     yield "comm_matrix", rank_mat
     yield "node_matrix", node_mat
     yield "op_volume", op_volume(traces.ops, per_rank=True)
@@ -253,12 +257,14 @@ def write_cell_metrics(
     routing: Path | None = None,
     sockets: Path | None = None,
     wire_flows: Path | None = None,
+    host: Path | None = None,
 ) -> None:
     """Compute one cell's metric tables from its trace files (``cell`` = cell.json, ``ops``,
-    ``steps``, ``counters``, ``routing`` = moe.parquet, ``sockets``, ``wire_flows``; missing
-    optional ones count as empty, see :func:`~commscope.cell.load.load_cell_files`) and write
-    each to ``outputs[name]`` for every name of :data:`METRIC_TABLES`: the files hold what
-    :func:`cell_metric_tables` of :func:`~commscope.cell.load.load_cell_files`' traces gives.
+    ``steps``, ``counters``, ``routing`` = moe.parquet, ``sockets``, ``wire_flows``,
+    ``host``; missing optional ones count as empty, see
+    :func:`~commscope.cell.load.load_cell_files`) and write each to ``outputs[name]`` for every
+    name of :data:`METRIC_TABLES`: the files hold what :func:`cell_metric_tables` of
+    :func:`~commscope.cell.load.load_cell_files`' traces gives.
 
     Read lean (a long run's inputs are 10**7 rows): the text parameter columns of ``ops`` and
     ``steps`` as categoricals, ``counters`` and ``sockets`` without their parameter columns
@@ -309,6 +315,7 @@ def write_cell_metrics(
             # window copies nearly all of them, better done before the sockets are read.
             window_transfers(traces, checked[0], traces.backend)
         traces.sockets = _read_cell_data(sockets, SOCKET_INPUT_COLUMNS)[0]
+        traces.host = read_optional(host)
         flows = _window_flows(wire_flows, checked[0]) if checked else pd.DataFrame()
         written = []
         for name, table in _cell_tables(traces, flows, counter_params, throughput):
@@ -435,6 +442,7 @@ def compute_cell_metrics(cell_dir: Path, out_dir: Path) -> None:
         routing=cell_dir / ROUTING_FILE,
         sockets=cell_dir / SOCKETS_FILE,
         wire_flows=cell_dir / WIRE_FLOWS_FILE,
+        host=cell_dir / HOST_FILE,
     )
 
 

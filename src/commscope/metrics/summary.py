@@ -11,6 +11,7 @@ from commscope.cell.load import CellTraces
 from commscope.cell.parse import cell_link
 from commscope.contracts import P2P_OPS
 from commscope.metrics.counters import bin_width_ns, counted_wire_bytes, traffic_shape
+from commscope.metrics.fidelity import FIDELITY_SUMMARY_COLUMNS, cell_verdict, fidelity_table
 from commscope.metrics.framework import wire_vs_framework
 from commscope.metrics.matrix import comm_matrix, node_matrix, node_traffic_split
 from commscope.metrics.steps import step_times, training_window
@@ -66,6 +67,7 @@ SUMMARY_COLUMNS = [
     "wire_fallback",
     "wire_offload",
     *LINK_SUMMARY_COLUMNS,
+    *FIDELITY_SUMMARY_COLUMNS,
 ]
 # The burstiness columns of the summary beside the 10 ms ones: suffix -> bin width (ms).
 SHAPE_SUMMARY_BINS: dict[str, float] = {"100us": 0.1, "1ms": 1.0, "100ms": 100.0}
@@ -180,7 +182,11 @@ def link_engine_summary(record: Mapping[str, Any] | None) -> dict[str, Any]:
     }
 
 
-def cell_summary(traces: CellTraces, node_mat: pd.DataFrame | None = None) -> pd.DataFrame:
+def cell_summary(
+    traces: CellTraces,
+    node_mat: pd.DataFrame | None = None,
+    fidelity: pd.DataFrame | None = None,
+) -> pd.DataFrame:
     """The headline numbers of one cell, one row, over its measured (non-warm-up) steps.
 
     * step_time_mean_s / step_time_std_s: step duration across ranks (sample std, ddof=1).
@@ -210,6 +216,9 @@ def cell_summary(traces: CellTraces, node_mat: pd.DataFrame | None = None) -> pd
     * bw_bps (NaN uncapped), delay_ms, jitter_ms, loss_pct: the link the cell's nodes applied,
       as numbers (cell.json, :func:`commscope.cell.parse.cell_link`); link_engine and what it
       measured (:func:`link_engine_summary`, from cell.json ``link_engine``).
+    * monitored, host_limited, limited_by, ranks_wait_share, ...: the fidelity monitor's
+      verdict over the measured steps (:func:`commscope.metrics.fidelity.cell_verdict` of
+      ``fidelity``, the cell's fidelity table, computed from ``traces.host`` when not given).
 
     Columns: cell params, then SUMMARY_COLUMNS.
     """
@@ -252,4 +261,8 @@ def cell_summary(traces: CellTraces, node_mat: pd.DataFrame | None = None) -> pd
     row.update(_wire_summary(traces, st, n_measured, link.rate_bps))
     row.update({SHAPING[axis]: numbers[SHAPING[axis]] for axis in IMPAIRMENT_AXES})
     row.update(link_engine_summary(traces.meta.get("link_engine")))
+    if fidelity is None:
+        window = training_window(measured) if n_measured else None
+        fidelity = fidelity_table(traces.host, window)
+    row.update(cell_verdict(fidelity))
     return pd.DataFrame([row], columns=[*params, *SUMMARY_COLUMNS])

@@ -137,26 +137,37 @@ def read(path: str) -> str:
         return ""
 
 
-def one_sample(table: ProcessTable, tick_ns: int) -> tuple:
-    """One row of HOST_SAMPLE_COLUMNS, now."""
+def host_id(boot_id: str) -> int:
+    """The kernel's boot id (a UUID) as a non-negative int64: its first 60 bits. Nodes with the
+    same one run on one kernel, i.e. share a host (the netns cluster); -1 when unreadable."""
+    digits = boot_id.strip().replace("-", "")
+    try:
+        return int(digits[:15], 16)
+    except ValueError:
+        return -1
+
+
+def one_sample(table: ProcessTable, tick_ns: int, boot: int = -1) -> tuple:
+    """One row of HOST_SAMPLE_COLUMNS, now (``boot``: :func:`host_id`)."""
     t_ns = time.time_ns()
     busy, idle, steal, total = host_cpu(read("/proc/stat"), tick_ns)
     pressure = cpu_pressure_us(read("/proc/pressure/cpu"))
     classes = table.tracked()
     per_class = [v for c in CLASSES for v in thread_times(classes[c])]
-    return (t_ns, os.cpu_count() or 1, busy, idle, steal, total, pressure, *per_class)
+    return (t_ns, boot, os.cpu_count() or 1, busy, idle, steal, total, pressure, *per_class)
 
 
 def sample(hz: float, max_seconds: float, stop: list[bool]) -> list[tuple]:
     """Rows at ``hz`` until ``stop[0]`` or ``max_seconds``, and one more at the end."""
     tick_ns = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
     table = ProcessTable()
+    boot = host_id(read("/proc/sys/kernel/random/boot_id"))
     period_ns = int(1e9 / hz)
     rows: list[tuple] = []
     t0 = time.time_ns()
     end, deadline = t0 + int(max_seconds * 1e9), t0
     while not stop[0]:
-        rows.append(one_sample(table, tick_ns))
+        rows.append(one_sample(table, tick_ns, boot))
         now = time.time_ns()
         if now >= end:
             return rows
@@ -164,7 +175,7 @@ def sample(hz: float, max_seconds: float, stop: list[bool]) -> list[tuple]:
         # A signal ends the sleep early (PEP 475 retries it, so sleep in short slices).
         while not stop[0] and time.time_ns() < deadline:
             time.sleep(min(0.05, max(0.0, (deadline - time.time_ns()) / 1e9)))
-    rows.append(one_sample(table, tick_ns))  # the window's end, at the stop
+    rows.append(one_sample(table, tick_ns, boot))  # the window's end, at the stop
     return rows
 
 

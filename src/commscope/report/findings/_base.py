@@ -33,12 +33,35 @@ PREDICTIONS = predictions.SCENARIOS.anchor
 REPLAY = replay.SECTION.anchor
 
 
+# The research questions the report groups its findings by, in its order (issue 25: a
+# report that argues), and where a finding's numbers come from: measured training runs,
+# replays of traces, predictions of the analytic model, or checks of the tool itself.
+QUESTIONS: tuple[str, ...] = (
+    "volume",
+    "temporal structure",
+    "synchronisation",
+    "sensitivity",
+    "placement and scale",
+    "checks",
+)
+SOURCES: tuple[str, ...] = ("measured", "replayed", "predicted", "check")
+
+
 @dataclass(frozen=True)
 class Finding:
-    """One sentence of the findings list and the report section (anchor) behind it."""
+    """One sentence of the findings list, the report section (anchor) behind it, the research
+    question it answers (:data:`QUESTIONS`) and what its numbers come from (:data:`SOURCES`)."""
 
     text: str
     anchor: str
+    question: str = "volume"
+    source: str = "measured"
+
+    def __post_init__(self) -> None:
+        if self.question not in QUESTIONS:
+            raise ValueError(f"Finding.question {self.question!r}: one of {QUESTIONS}")
+        if self.source not in SOURCES:
+            raise ValueError(f"Finding.source {self.source!r}: one of {SOURCES}")
 
 
 def comparison_group(summary: pd.DataFrame) -> pd.DataFrame:
