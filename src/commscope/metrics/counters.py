@@ -418,9 +418,3 @@ def wire_counts(counters: pd.DataFrame, window: tuple[int, int]) -> pd.DataFrame
         rec["covered"] &= bool(series.t_ns[0] <= edges[0] and series.t_ns[-1] >= edges[1])
     out = pd.DataFrame([{"node": n, **r} for n, r in records.items()])
     return out[cols]
-
-
-# The names metrics.temporal imports, until it imports the public ones (issue 24).
-_CounterSeries = CounterSeries
-_counter_series = counter_series
-_shape_stats = shape_stats

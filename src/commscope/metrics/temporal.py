@@ -31,13 +31,8 @@ import pandas as pd
 from commscope.contracts import GROUP_KIND_COLUMN, with_params
 from commscope.contracts import TEMPORAL_TABLES as TEMPORAL_TABLES  # this module's, re-exported
 from commscope.metrics._common import _param_cols
-from commscope.metrics.counters import (
-    DEFAULT_BIN_MS,
-    _counter_series,
-    _CounterSeries,
-    _shape_stats,
-    bin_width_ns,
-)
+from commscope.metrics.counter_series import CounterSeries, counter_series
+from commscope.metrics.counters import DEFAULT_BIN_MS, bin_width_ns, shape_stats
 from commscope.metrics.steps import training_window
 from commscope.units import NS_PER_MS, NS_PER_S
 
@@ -186,11 +181,11 @@ def _measured(step_table: pd.DataFrame) -> pd.DataFrame:
 
 
 def _binned_bytes(
-    series: _CounterSeries, col: str, bin_ns: int, k_first: int, k_last: int
+    series: CounterSeries, col: str, bin_ns: int, k_first: int, k_last: int
 ) -> np.ndarray:
     """Bytes of ``col`` in each bin ``[k*bin, (k+1)*bin)`` for k from ``k_first`` to
     ``k_last`` (exclusive): the cumulative counter interpolated at the edges and differenced,
-    like :meth:`_CounterSeries.rates` but in bytes, exact for an in-kernel series (edges
+    like :meth:`CounterSeries.rates` but in bytes, exact for an in-kernel series (edges
     relative to the first sample are whole numbers below 2**53, exact in float64)."""
     n = k_last - k_first
     out = np.empty(n, dtype="float64")
@@ -207,7 +202,7 @@ def _binned_bytes(
     return out
 
 
-def _resolved_width(series: _CounterSeries, bin_ms: float) -> tuple[float, int] | None:
+def _resolved_width(series: CounterSeries, bin_ms: float) -> tuple[float, int] | None:
     """``(bin_ms, bin_ns)``: ``bin_ms`` when the series resolves it, else the finest coarser
     width of :data:`DEFAULT_BIN_MS` it resolves (a 1 kHz sampler: 1 ms); None if none."""
     for width in sorted({float(bin_ms), *(b for b in DEFAULT_BIN_MS if b > bin_ms)}):
@@ -312,14 +307,14 @@ def onoff_periods(
         return _finish(out_params, [], ONOFF_COLUMNS)
     window = training_window(step_table)
     chosen = []
-    for node, iface, series in _counter_series(counters):
+    for node, iface, series in counter_series(counters):
         width = _resolved_width(series, bin_ms)
         k = None if width is None else series.bin_range(0, width[1], *window)
         if width is not None and k is not None:
             chosen.append((node, iface, series, width, k))
     # The cell's peak: from the per-width statistics the shape table computes (shared).
     peaks = [
-        _shape_stats(series, f"{d}_bytes", width[1], window, True)["peak_bps"]
+        shape_stats(series, f"{d}_bytes", width[1], window, True)["peak_bps"]
         for _, _, series, width, _ in chosen
         for d in _DIRECTIONS
     ]
@@ -336,7 +331,7 @@ def onoff_periods(
             del binned
             # NaN without traffic (then nothing is on either: idle) or unresolved 10 ms bins.
             resolved = series.resolved(class_ns)
-            cov_10ms = float(_shape_stats(series, col, class_ns, window, resolved)["cov"])
+            cov_10ms = float(shape_stats(series, col, class_ns, window, resolved)["cov"])
             records.append(
                 {
                     "node": node,
@@ -386,13 +381,13 @@ def dispersion_by_width(
         return _finish(out_params, [], DISPERSION_COLUMNS)
     window = training_window(step_table)
     records = []
-    for node, iface, series in _counter_series(counters):
+    for node, iface, series in counter_series(counters):
         for width_ms in bin_ms_list:
             width_ns = bin_width_ns(width_ms)
             resolved = series.resolved(width_ns)
             to_bytes = width_ns / (8 * NS_PER_S)
             for direction in _DIRECTIONS:
-                stats = _shape_stats(series, f"{direction}_bytes", width_ns, window, resolved)
+                stats = shape_stats(series, f"{direction}_bytes", width_ns, window, resolved)
                 mean = stats["mean_bps"] * to_bytes
                 cov = stats["cov"]
                 records.append(
@@ -530,7 +525,7 @@ def periodicity(
     durations_ms = (steps["t_end_ns"] - steps["t_start_ns"]).to_numpy(dtype="float64") / NS_PER_MS
     step_ms = float(np.median(durations_ms)) if len(durations_ms) else float("nan")
     records = []
-    for node, iface, series in _counter_series(counters):
+    for node, iface, series in counter_series(counters):
         width = _resolved_width(series, bin_ms)
         k = None if width is None else series.bin_range(0, width[1], *window)
         if width is None or k is None:
