@@ -16,6 +16,7 @@ from commscope.plots.timeline import (
     timeline_cells,
     timeline_panels,
 )
+from commscope.spec.link import axes_shape
 
 T0 = 1_700_000_000_000_000_000
 MS = 1_000_000
@@ -120,7 +121,8 @@ def study() -> dict:
     tables = {c["cell"]: _cell_tables(c) for c in cells}
     return {
         "cells": cells,
-        "summary": pd.DataFrame(cells),
+        # The summary carries each cell's link as numbers (cell.json's applied shape).
+        "summary": pd.DataFrame([{**c, **axes_shape(c).numbers()} for c in cells]),
         "step_times": pd.concat([t["step_times"] for t in tables.values()], ignore_index=True),
         "throughput": pd.concat([t["throughput"] for t in tables.values()], ignore_index=True),
         "ops": {cell: t["ops"] for cell, t in tables.items()},
@@ -171,7 +173,8 @@ def test_timeline_panels_show_the_zoomed_step_of_each_chosen_cell(study: dict) -
         assert panel.step_ms == pytest.approx(STEP_MS - 2)
         assert panel.median_step_ms == pytest.approx(STEP_MS - 2)
     assert panels[0].lanes == ["dp"] and panels[1].lanes == ["tp"]  # group kinds of sync
-    assert "no cap" in panels[0].title and "200.0 Mbit/s" in panels[1].title
+    # The link in the report's words (spec.link.link_label of the summary's numbers).
+    assert panels[0].title.endswith(", unshaped") and "cap 200 Mbit/s" in panels[1].title
 
 
 def test_timeline_bars_are_the_steps_ops_and_the_compute_between(study: dict) -> None:

@@ -29,10 +29,10 @@ from matplotlib.patches import Patch
 
 from commscope.cell.timeline import union
 from commscope.metrics.steps import zoom_window
-from commscope.metrics.summary import link_numbers
 from commscope.metrics.sync import group_kinds
 from commscope.plots._style import _no_data, _palette, _save, _styled
-from commscope.units import NS_PER_MS, fmt_bps
+from commscope.spec.link import LINK_NUMBER_COLUMNS, SHAPING, impaired, link_label
+from commscope.units import NS_PER_MS
 
 # The figure's file stem (results/figures/timeline.png) and its caption's key.
 TIMELINE_FIGURE = "timeline"
@@ -78,28 +78,22 @@ class TimelinePanel:
     wire: pd.DataFrame = field(repr=False)
 
 
-def _link(row: Mapping[str, Any]) -> dict[str, float]:
-    """A summary row's link as numbers, from its axis strings (an unparsable one counts as
-    unshaped rather than failing the figure)."""
-    try:
-        return link_numbers(row)
-    except ValueError:
-        return {"bw_bps": math.nan, "delay_ms": 0.0, "jitter_ms": 0.0, "loss_pct": 0.0}
-
-
 def timeline_cells(summary: pd.DataFrame) -> pd.DataFrame:
     """One cell per strategy for the timeline, from the aggregated summary (one row per cell).
 
-    The least perturbed link first: no delay, jitter or loss, then the highest cap, no cap
-    first (the unshaped cell when there is one); then the study's default model (the one most
-    cells run) and a 2-node cell, else the fewest nodes (at least 2: one node has no wire) and
-    ranks; then the most common congestion control, the first repeat and the first cell id, so
-    the choice is deterministic. Columns: the summary's, sorted by strategy.
+    The least perturbed link first: not impaired (:func:`~commscope.spec.link.impaired` of the
+    summary's link numbers), then the highest cap, no cap first (the unshaped cell when there is
+    one); then the study's default model (the one most cells run) and a 2-node cell, else the
+    fewest nodes (at least 2: one node has no wire) and ranks; then the most common congestion
+    control, the first repeat and the first cell id, so the choice is deterministic.
+    Columns: the summary's, sorted by strategy.
     """
     if summary.empty or not {"cell", "strategy"} <= set(summary.columns):
         return pd.DataFrame(columns=summary.columns)
     cells = summary.drop_duplicates("cell").reset_index(drop=True)
-    links = pd.DataFrame([_link(r) for r in cells.to_dict("records")], index=cells.index)
+    # The summary's link numbers (cell.json's applied shape, cell.parse.cell_link); a column it
+    # lacks is no cap, no impairment.
+    links = cells.reindex(columns=list(LINK_NUMBER_COLUMNS))
 
     def most_common(col: str) -> pd.Series:
         if col not in cells:
@@ -112,8 +106,8 @@ def timeline_cells(summary: pd.DataFrame) -> pd.DataFrame:
     per_node = cells.get("ranks_per_node", pd.Series(1, index=cells.index)).astype("int64")
     keys = pd.DataFrame(
         {
-            "impaired": (links[["delay_ms", "jitter_ms", "loss_pct"]] > 0).any(axis=1),
-            "cap": -links["bw_bps"].fillna(math.inf),
+            "impaired": impaired(links),
+            "cap": -links[SHAPING["bw"]].astype("float64").fillna(math.inf),
             "other_model": most_common("model"),
             "not_two_nodes": nodes.ne(2),
             "one_node": nodes.lt(2),
@@ -254,17 +248,14 @@ def timeline_wire(throughput: pd.DataFrame, window: tuple[int, int]) -> pd.DataF
     return per_bin[WIRE_COLUMNS].reset_index(drop=True)
 
 
-def _setup_title(row: Mapping[str, Any], link: Mapping[str, float]) -> str:
+def _setup_title(row: Mapping[str, Any]) -> str:
+    """A chosen cell's setup in words: model, nodes × ranks per node, and its link as the
+    report says it (:func:`~commscope.spec.link.link_label` of the summary's numbers)."""
     parts = [str(row.get("model", ""))] if row.get("model") else []
     nodes, per_node = row.get("nodes"), row.get("ranks_per_node")
     if nodes is not None and per_node is not None:
         parts.append(f"{nodes} node{'s' * (str(nodes) != '1')} × {per_node}")
-    cap = link["bw_bps"]
-    parts.append("no cap" if math.isnan(cap) else f"cap {fmt_bps(cap)}")
-    if link["delay_ms"] > 0:
-        parts.append(f"delay {link['delay_ms']:g} ms")
-    if link["loss_pct"] > 0:
-        parts.append(f"loss {link['loss_pct']:g} %")
+    parts.append(link_label(row))
     return ", ".join(parts)
 
 
@@ -295,16 +286,16 @@ def timeline_panels(
             ops[cell], steps[cell], plans.get(cell), chosen["step"], window
         )
         tp = throughput[throughput["cell"].astype(str) == cell] if len(throughput) else throughput
-        link = _link(row)
+        cap = row.get(SHAPING["bw"])
         panels.append(
             TimelinePanel(
                 strategy=str(row["strategy"]),
                 cell=cell,
-                title=_setup_title(row, link),
+                title=_setup_title(row),
                 step=chosen["step"],
                 step_ms=(window[1] - window[0]) / NS_PER_MS,
                 median_step_ms=chosen["median_s"] * 1e3,
-                cap_bps=link["bw_bps"],
+                cap_bps=math.nan if cap is None else float(cap),
                 ranks=ranks,
                 lanes=lanes,
                 bars=bars,
