@@ -32,15 +32,18 @@ from commscope.metrics.steps import zoom_window
 from commscope.metrics.sync import group_kinds
 from commscope.plots._style import _no_data, _palette, _save, _styled
 from commscope.spec.link import LINK_NUMBER_COLUMNS, SHAPING, impaired, link_label
+from commscope.spec.plan import DIMS
 from commscope.units import NS_PER_MS
 
 # The figure's file stem (results/figures/timeline.png) and its caption's key.
 TIMELINE_FIGURE = "timeline"
 # The wire row's bin width: the finest the throughput table has, kept over the zoomed step.
 WIRE_BIN_MS = 0.1
-# Group kinds in legend and lane order (sync.group_kinds' values); colours come from _palette
-# over all of them, so a kind keeps its colour whichever kinds a study has.
-GROUP_KIND_ORDER: tuple[str, ...] = ("dp", "tp", "pp", "ep", "world", "other", "self")
+# Group kinds in legend and lane order (sync.group_kinds' values): the parallel dimensions in
+# the mesh's order (spec.plan.DIMS, outermost first), so a new dimension gets its lane and colour
+# here by itself, then the groups that are no dimension's. Colours come from _palette over all of
+# them (sorted by name), so a kind keeps its colour whichever kinds a study has.
+GROUP_KIND_ORDER: tuple[str, ...] = (*DIMS, "world", "other", "self")
 COMPUTE = "compute"
 _COMPUTE_COLOUR = "0.85"
 # Greys, not palette colours: the bars above already use those for group kinds.
