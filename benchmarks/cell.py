@@ -184,7 +184,7 @@ def main() -> None:
                     rows.append(row)
         finally:
             if not args.keep:
-                from commscope.cluster.netns import teardown_netns
+                from commscope.cluster.teardown import teardown_netns
 
                 teardown_netns(CLUSTER["name"], state_dir(cluster_cfg, root))
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}

@@ -44,7 +44,8 @@ from typing import Any
 import pandas as pd
 
 from commscope.cell.parse import build_cell_tables, cell_table_paths
-from commscope.cluster.netns import provision_netns, teardown_netns
+from commscope.cluster.netns import provision_netns
+from commscope.cluster.teardown import teardown_netns
 from commscope.collectives.traffic import op_sends
 from commscope.config import filled_cell, read_yaml
 from commscope.experiment.cell import run_cell

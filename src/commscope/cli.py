@@ -29,7 +29,7 @@ def _cleanup(args: argparse.Namespace) -> int:
     import os
 
     from commscope.cluster.claim import claim_or_holder
-    from commscope.cluster.netns import cleanup_all, teardown_netns
+    from commscope.cluster.teardown import cleanup_all, teardown_netns
 
     if args.all:
         spared: dict[str, str] = {}

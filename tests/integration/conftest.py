@@ -11,7 +11,8 @@ import pytest
 
 from commscope.cluster.hosts import Cluster, Host
 from commscope.cluster.machine import kernel_has_netem
-from commscope.cluster.netns import provision_netns, teardown_netns
+from commscope.cluster.netns import provision_netns
+from commscope.cluster.teardown import teardown_netns
 
 # Not the pipeline's defaults (198.18.0.0/24, 198.19.0.0/24): a real study may run concurrently.
 # Two suites on one machine (two checkouts, or engineers testing side by side) pick apart names

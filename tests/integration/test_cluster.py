@@ -19,8 +19,9 @@ from commscope.cluster import netns
 from commscope.cluster.claim import claim_cluster
 from commscope.cluster.clock import estimate_offset
 from commscope.cluster.hosts import Cluster, Host, NodeSpec
-from commscope.cluster.netns import cleanup_all, list_netns, provision_netns, teardown_netns
+from commscope.cluster.netns import provision_netns
 from commscope.cluster.shaping import apply_shape, qdisc_snapshot, shaped
+from commscope.cluster.teardown import cleanup_all, list_netns, teardown_netns
 from commscope.spec.link import LinkShape
 
 integration = pytest.mark.integration

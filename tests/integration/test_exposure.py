@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from commscope.cluster.hosts import Cluster
-from commscope.cluster.netns import ns_name
+from commscope.cluster.teardown import ns_name
 from commscope.experiment.cell import CellFailed, run_cell
 from commscope.experiment.launch import training_workload
 from commscope.spec.plan import BUILTIN_STRATEGIES

@@ -20,8 +20,9 @@ import pytest
 import yaml
 
 from commscope.cluster.hosts import Cluster
-from commscope.cluster.netns import list_netns, ns_name, provision_netns, teardown_netns
+from commscope.cluster.netns import provision_netns
 from commscope.cluster.shaping import apply_shape, impairment_leftovers
+from commscope.cluster.teardown import list_netns, ns_name, teardown_netns
 from commscope.contracts import CELL_FAILED_FILE
 from commscope.experiment.attempts import run_attempts
 from commscope.experiment.cell import CellFailed, Progress

@@ -24,9 +24,10 @@ import pytest
 import yaml
 
 from commscope.cluster.hosts import Cluster
-from commscope.cluster.netns import cleanup_all, list_netns, ns_name, provision_netns
-from commscope.cluster.netns import teardown_netns as teardown
+from commscope.cluster.netns import provision_netns
 from commscope.cluster.shaping import apply_shape, qdisc_snapshot
+from commscope.cluster.teardown import cleanup_all, list_netns, ns_name
+from commscope.cluster.teardown import teardown_netns as teardown
 from commscope.spec.link import LinkShape
 
 from .conftest import integration_skip_reason

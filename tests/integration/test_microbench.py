@@ -15,7 +15,8 @@ import pytest
 from commscope.bench.analysis import analyse_link, summarize_bench
 from commscope.bench.run import MICROBENCH_MODULE
 from commscope.cluster.hosts import Cluster
-from commscope.cluster.netns import provision_netns, teardown_netns
+from commscope.cluster.netns import provision_netns
+from commscope.cluster.teardown import teardown_netns
 from commscope.experiment.cell import run_cell
 from commscope.spec.link import LinkSetting
 from commscope.spec.settings import CellSettings, RunSettings, Workload

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from commscope.cluster.hosts import Cluster, Host
-from commscope.cluster.netns import cleanup_all, list_netns, provision_netns, teardown_netns
+from commscope.cluster.netns import provision_netns
 from commscope.cluster.provision import provision
 from commscope.cluster.shaping import (
     ShapingError,
@@ -24,6 +24,7 @@ from commscope.cluster.shaping import (
     qdisc_snapshot,
     shaped,
 )
+from commscope.cluster.teardown import cleanup_all, list_netns, teardown_netns
 from commscope.spec.link import LinkShape
 from commscope.spec.settings import ClusterSettings
 

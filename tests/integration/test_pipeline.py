@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from commscope.cluster.netns import list_netns
+from commscope.cluster.teardown import list_netns
 
 from .browser import check_in_browser, chromium
 

@@ -30,7 +30,8 @@ import pytest
 
 from commscope.cell.parse import build_cell_tables, cell_table_paths
 from commscope.cluster.hosts import Cluster
-from commscope.cluster.netns import provision_netns, teardown_netns
+from commscope.cluster.netns import provision_netns
+from commscope.cluster.teardown import teardown_netns
 from commscope.collectives.traffic import op_sends
 from commscope.config import filled_cell, read_yaml, strategy_spec
 from commscope.contracts import DTYPE_SIZES, IMPORT_TABLES

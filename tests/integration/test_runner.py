@@ -18,8 +18,8 @@ import pytest
 
 from commscope.cell.parse import build_cell_tables, cell_table_paths
 from commscope.cluster.hosts import Cluster
-from commscope.cluster.netns import ns_name
 from commscope.cluster.shaping import qdisc_snapshot
+from commscope.cluster.teardown import ns_name
 from commscope.experiment.cell import CellFailed, run_cell
 from commscope.experiment.launch import training_workload
 from commscope.spec.plan import BUILTIN_STRATEGIES, ParallelPlan

@@ -21,7 +21,8 @@ from commscope import cli
 from commscope.cluster import hosts as hosts_module
 from commscope.cluster.claim import claim_cluster
 from commscope.cluster.hosts import Cluster, Host
-from commscope.cluster.netns import ns_name, provision_netns, teardown_netns
+from commscope.cluster.netns import provision_netns
+from commscope.cluster.teardown import ns_name, teardown_netns
 from commscope.config import read_yaml
 from commscope.experiment import probes
 from commscope.experiment.launch import ensure_forkserver, forkserver_log

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from commscope.cli import main
-from commscope.cluster import netns
+from commscope.cluster import teardown
 from commscope.cluster.claim import ClusterBusy, claim_cluster, cluster_holder
-from commscope.cluster.netns import cluster_of_netns
+from commscope.cluster.teardown import cluster_of_netns
 from commscope.experiment import cleanup
 from commscope.experiment.cleanup import PROCESS_PATTERNS, NodeCleanup, kill_script, owners
 
@@ -44,13 +44,13 @@ LINKS = [
 
 @pytest.fixture
 def machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, list[str]]:
-    """netns' view of the machine, faked: NAMESPACES and LINKS; what it would kill and delete
+    """teardown's view of the machine, faked: NAMESPACES and LINKS; what it would kill and delete
     is recorded. Claims go to a lock directory of the test's own."""
     monkeypatch.setenv("COMMSCOPE_LOCK_DIR", str(tmp_path / "locks"))
     done: dict[str, list[str]] = {"killed_in": [], "deleted": []}
-    monkeypatch.setattr(netns, "require_root", lambda: None)
-    monkeypatch.setattr(netns, "list_netns", lambda: list(NAMESPACES))
-    monkeypatch.setattr(netns, "_root_links", lambda: [dict(link) for link in LINKS])
+    monkeypatch.setattr(teardown, "require_root", lambda: None)
+    monkeypatch.setattr(teardown, "list_netns", lambda: list(NAMESPACES))
+    monkeypatch.setattr(teardown, "root_links", lambda: [dict(link) for link in LINKS])
 
     def kill(ns: str) -> list[int]:
         done["killed_in"].append(ns)
@@ -60,8 +60,8 @@ def machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, list[s
         done["deleted"].append(cmd[-1])
         return True
 
-    monkeypatch.setattr(netns, "_kill_netns_pids", kill)
-    monkeypatch.setattr(netns, "run_quiet", quiet)
+    monkeypatch.setattr(teardown, "kill_netns_pids", kill)
+    monkeypatch.setattr(teardown, "run_quiet", quiet)
     return done
 
 
@@ -74,13 +74,13 @@ def machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, list[s
 def test_a_node_namespace_is_exactly_what_ns_name_writes(ns: str, cluster: str | None) -> None:
     assert cluster_of_netns(ns) == cluster
     if cluster is not None:
-        assert netns.ns_name(cluster, int(ns.rsplit("-", 1)[1])) == ns
+        assert teardown.ns_name(cluster, int(ns.rsplit("-", 1)[1])) == ns
 
 
 def test_cleanup_all_takes_only_the_namespaces_and_links_commscope_made(
     machine: dict[str, list[str]],
 ) -> None:
-    removed = netns.cleanup_all()
+    removed = teardown.cleanup_all()
     ours = ["cs-abc-0", "cs-abc-1", "cs-abcd-0", f"csprobe{GONE_PID}"]
     links = ["abc-mgmt", "abcm0", "abcd-exp", "zz-mgmt"]
     assert sorted(removed) == sorted(ours + links)
@@ -91,13 +91,13 @@ def test_cleanup_all_takes_only_the_namespaces_and_links_commscope_made(
 
 def test_a_cluster_prefix_selects_that_cluster_alone(machine: dict[str, list[str]]) -> None:
     """ "cs-abc" took cs-abcd-0 (another cluster), cs-abc-extra and the link aliased cs-abcd."""
-    removed = netns.cleanup_all(prefix="cs-abc")
+    removed = teardown.cleanup_all(prefix="cs-abc")
     assert sorted(removed) == ["abc-mgmt", "abcm0", "cs-abc-0", "cs-abc-1"]
     assert sorted(machine["killed_in"]) == ["cs-abc-0", "cs-abc-1"]
     with pytest.raises(ValueError, match="prefix='cs-abc-'"):
-        netns.cleanup_all(prefix="cs-abc-")
+        teardown.cleanup_all(prefix="cs-abc-")
     with pytest.raises(ValueError, match="prefix='c'"):
-        netns.cleanup_all(prefix="c")
+        teardown.cleanup_all(prefix="c")
 
 
 def test_cleanup_all_refuses_a_claimed_cluster_naming_its_holder(
@@ -136,8 +136,8 @@ def test_cleanup_holds_the_claim_while_it_removes(
         seen.append(str(busy.value))
         return []
 
-    monkeypatch.setattr(netns, "_kill_netns_pids", kill)
-    netns.cleanup_all(prefix="cs-abcd")
+    monkeypatch.setattr(teardown, "kill_netns_pids", kill)
+    teardown.cleanup_all(prefix="cs-abcd")
     assert seen and "is in use by pid" in seen[0]
     assert cluster_holder("abcd") is None  # released afterwards
 

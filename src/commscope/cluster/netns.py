@@ -31,14 +31,14 @@ nodes' namespaces pick every algorithm a sweep may ask for
 Each node runs its own sshd inside its namespace with a per-cluster host key, key-only auth and
 a known_hosts file written here, so :class:`~commscope.cluster.hosts.Host` verifies every node
 exactly as it would verify a real machine. Everything is done with ``ip``, ``ssh-keygen`` and
-``sshd`` as root. Links we create carry the alias ``commscope:cs-NAME`` so :func:`cleanup_all`
-can find them without guessing from names alone.
+``sshd`` as root. Links we create carry the alias ``commscope:cs-NAME`` so
+:func:`~commscope.cluster.teardown.cleanup_all` can find them without guessing from names alone;
+the names and their removal are :mod:`commscope.cluster.teardown`'s.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import ipaddress
 import json
 import logging
@@ -46,79 +46,34 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import sys
-import time
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
-from commscope.cluster.claim import CLUSTER_NAME, check_cluster_name, claim_or_holder
+from commscope.cluster.claim import check_cluster_name
 from commscope.cluster.hosts import Cluster, Host, NodeSpec, on_all
 from commscope.cluster.machine import allow_congestion_controls, require_root
 from commscope.cluster.sshd import SSHD, keygen, start_sshd, wait_for_sshd
 from commscope.cluster.syscmd import bridge_nf_note, run_checked, run_quiet
+from commscope.cluster.teardown import (
+    link_alias,
+    list_netns,
+    lock_state_dir,
+    ns_name,
+    remove_cluster,
+)
 from commscope.spec.settings import check_mtu, subnet_problem
 
 log = logging.getLogger(__name__)
 
-NETNS_PREFIX = "cs-"
-# Alias stamped on every root-side link we create: cleanup finds our links by it, not by name.
-_ALIAS_PREFIX = "commscope:"
-
 
 # ──────────────────────────────────────────────────────────────────────────── helpers
-
-
-def ns_name(name: str, index: int) -> str:
-    """The network namespace of node ``index`` of netns cluster ``name``."""
-    return f"{NETNS_PREFIX}{name}-{index}"
 
 
 # A path that reaches a remote shell unquoted must hold nothing a shell splits or expands.
 # Each component begins at its '/': one way to match, so no backtracking blow-up on a long
 # path that fails at its end (the form `(x+/?)*` took minutes on a 60-character path).
 SAFE_PATH = re.compile(r"^(?:/[A-Za-z0-9._+-]+)*/?$")
-
-
-def list_netns() -> list[str]:
-    """Names of all network namespaces known to ``ip netns`` (those under /run/netns)."""
-    proc = run_checked(["ip", "-j", "netns", "list"], check=False)
-    if proc.returncode != 0 or not proc.stdout.strip():
-        return []
-    return [entry["name"] for entry in json.loads(proc.stdout)]
-
-
-def _root_links() -> list[dict]:
-    proc = run_checked(["ip", "-j", "link", "show"], check=False)
-    return json.loads(proc.stdout) if proc.returncode == 0 and proc.stdout.strip() else []
-
-
-def _netns_pids(ns: str) -> list[int]:
-    proc = run_checked(["ip", "netns", "pids", ns], check=False)
-    return [int(p) for p in proc.stdout.split() if p.isdigit()]
-
-
-def _kill_netns_pids(ns: str, grace_s: float = 3.0) -> list[int]:
-    """SIGTERM every process in ``ns``, SIGKILL what is left after ``grace_s``.
-
-    Needed because deleting a namespace only unmounts its name: processes inside keep it (and
-    its interfaces) alive.
-    """
-    pids = _netns_pids(ns)
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and _netns_pids(ns):
-        time.sleep(0.05)
-    for pid in _netns_pids(ns):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and _netns_pids(ns):
-        time.sleep(0.05)
-    return pids
 
 
 def _disable_ipv6(dev: str | None = None, ns: str | None = None) -> None:
@@ -132,18 +87,6 @@ def _disable_ipv6(dev: str | None = None, ns: str | None = None) -> None:
                 Path(path).write_text("1\n")
         else:
             run_quiet(["ip", "netns", "exec", ns, "sh", "-c", f"echo 1 > {shlex.quote(path)}"])
-
-
-@contextlib.contextmanager
-def _locked(state_dir: Path) -> Iterator[None]:
-    """Exclusive fcntl lock on state_dir/.lock (blocks until concurrent provisioners finish)."""
-    state_dir.mkdir(parents=True, exist_ok=True)
-    with open(state_dir / ".lock", "a+") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
 def _subnet_hosts(subnet: str, field: str, n_nodes: int) -> tuple[ipaddress.IPv4Network, list]:
@@ -196,132 +139,6 @@ def _check_no_route_overlap(net: ipaddress.IPv4Network, own_bridge: str, field: 
 # ──────────────────────────────────────────────────────────────────────────── public API
 
 
-def teardown_netns(name: str, state_dir: Path | None = None) -> list[str]:
-    """Remove cluster ``name``: processes, namespaces, root-side veths, both bridges; return
-    what was removed.
-
-    Idempotent and never raises because something is already gone. With ``state_dir``, also
-    removes its cluster.json (keys are kept: a rebuild makes new ones anyway).
-    """
-    check_cluster_name(name)
-    require_root()
-    if state_dir is not None:
-        with _locked(Path(state_dir)):
-            return _teardown(name, Path(state_dir))
-    return _teardown(name, None)
-
-
-def _teardown(name: str, state_dir: Path | None) -> list[str]:
-    removed: list[str] = []
-    for ns in list_netns():
-        if cluster_of_netns(ns) == name:
-            _kill_netns_pids(ns)
-            if run_quiet(["ip", "netns", "delete", ns]):
-                removed.append(ns)
-    # Veth root ends vanish with their namespace peers; delete stragglers (e.g. a crash between
-    # creating a veth and moving its peer) and the bridges. Match by our alias or by exact name.
-    link_re = _link_names_re(name)
-    alias = f"{_ALIAS_PREFIX}{NETNS_PREFIX}{name}"
-    for link in _root_links():
-        ifname = link.get("ifname", "")
-        ours = link_re.fullmatch(ifname) or link.get("ifalias") == alias
-        if ours and run_quiet(["ip", "link", "delete", "dev", ifname]):
-            removed.append(ifname)
-    if state_dir is not None:
-        (state_dir / "cluster.json").unlink(missing_ok=True)
-        # sshd pid files of a dead cluster are stale; drop them so nobody trusts them.
-        for pidfile in state_dir.glob("node*/sshd.pid"):
-            pidfile.unlink(missing_ok=True)
-    return removed
-
-
-# Exactly the names commscope gives: node namespaces ns_name(NAME, i) (NAME as CLUSTER_NAME
-# allows, i as range() writes it), the netem probe's namespace, and the alias stamped on root-side
-# links. Nothing else that merely starts with "cs-" is ours.
-_NS_NAME_RE = re.compile(rf"{re.escape(NETNS_PREFIX)}([a-z0-9]{{1,6}})-(?:0|[1-9][0-9]*)")
-_PROBE_NS_RE = re.compile(r"csprobe([1-9][0-9]*)")
-_ALIAS_RE = re.compile(rf"{re.escape(_ALIAS_PREFIX + NETNS_PREFIX)}([a-z0-9]{{1,6}})")
-
-
-def cluster_of_netns(ns: str) -> str | None:
-    """The netns cluster whose node namespace ``ns`` is (``cs-NAME-i``, exactly as
-    :func:`ns_name` writes it), or None for any other name."""
-    match = _NS_NAME_RE.fullmatch(ns)
-    return match.group(1) if match else None
-
-
-def _link_names_re(name: str) -> re.Pattern[str]:
-    """The root-side links of cluster ``name``: its veth ends and its two bridges."""
-    n = re.escape(name)
-    return re.compile(rf"{n}[me](?:0|[1-9][0-9]*)|{n}-(?:mgmt|exp)")
-
-
-def cleanup_all(
-    prefix: str = NETNS_PREFIX,
-    spare_claimed: bool = False,
-    spared: dict[str, str] | None = None,
-) -> list[str]:
-    """Remove the namespaces and links of every netns cluster commscope left on this machine
-    (``prefix`` ``cs-``), or of cluster NAME alone (``prefix`` ``cs-NAME``); return their names.
-
-    Backs ``commscope cleanup --all``: after a crash, kills the processes in each namespace
-    (sshd, ranks, iperf3), deletes the namespaces, then the root-side veths and bridges stamped
-    with a cluster's alias (``commscope:cs-NAME``) or named as :func:`provision_netns` names
-    them for a cluster found; with the default prefix also the netem probe's namespaces
-    (``csprobe<pid>``) whose process is gone. Only names exactly as commscope makes them count:
-    ``cs-anything`` is not a node namespace, ``cs-ab`` does not select cluster ``abc``. Each
-    cluster is claimed (:func:`~commscope.cluster.claim.claim_cluster`) while it is removed, so
-    no run starts on it meanwhile. With ``spare_claimed``, a cluster a live run has claimed is
-    left alone, and its holder recorded in ``spared`` (name -> holder) when given.
-    """
-    require_root()
-    only: str | None = None
-    if prefix != NETNS_PREFIX:
-        only = prefix.removeprefix(NETNS_PREFIX)
-        if not prefix.startswith(NETNS_PREFIX) or not CLUSTER_NAME.match(only):
-            raise ValueError(
-                f"prefix={prefix!r}: use {NETNS_PREFIX!r} (every cluster) or "
-                f"'{NETNS_PREFIX}NAME' (cluster NAME alone)"
-            )
-    removed: list[str] = []
-    spans: dict[str, list[str]] = {}  # cluster -> its node namespaces
-    for ns in list_netns():
-        probe = _PROBE_NS_RE.fullmatch(ns)
-        if only is None and probe and not Path(f"/proc/{probe[1]}").exists():
-            if run_quiet(["ip", "netns", "delete", ns]):
-                removed.append(ns)
-            continue
-        cluster = cluster_of_netns(ns)
-        if cluster is not None and only in (None, cluster):
-            spans.setdefault(cluster, []).append(ns)
-    links = _root_links()
-    for link in links:  # a crash between a bridge and the first namespace: links alone
-        alias = _ALIAS_RE.fullmatch(str(link.get("ifalias", "")))
-        if alias and only in (None, alias.group(1)):
-            spans.setdefault(alias.group(1), [])
-    for cluster, namespaces in sorted(spans.items()):
-        claim, holder = claim_or_holder(cluster, f"pid {os.getpid()} (commscope cleanup)")
-        if holder is not None and spare_claimed:
-            if spared is not None:
-                spared[cluster] = holder
-            continue
-        try:
-            for ns in namespaces:
-                _kill_netns_pids(ns)
-                if run_quiet(["ip", "netns", "delete", ns]):
-                    removed.append(ns)
-            names, alias = _link_names_re(cluster), f"{_ALIAS_PREFIX}{NETNS_PREFIX}{cluster}"
-            for link in links:
-                ifname = link.get("ifname", "")
-                ours = names.fullmatch(ifname) or link.get("ifalias") == alias
-                if ours and run_quiet(["ip", "link", "delete", "dev", ifname]):
-                    removed.append(ifname)
-        finally:
-            if claim is not None:
-                claim.close()
-    return removed
-
-
 def provision_netns(
     name: str,
     n_nodes: int,
@@ -371,7 +188,7 @@ def provision_netns(
     if not os.access(SSHD, os.X_OK):
         raise RuntimeError(f"{SSHD} not found: install openssh-server")
     state_dir = Path(state_dir).resolve()
-    with _locked(state_dir):
+    with lock_state_dir(state_dir):
         existing = _reuse(name, n_nodes, state_dir, mgmt_subnet, exp_subnet, python)
         if existing is not None:
             log.info("netns cluster %s: reusing %d live nodes", name, existing.size)
@@ -381,7 +198,7 @@ def provision_netns(
             existing.extra["cc_allowed"] = allow_congestion_controls()
             existing.to_json(state_dir / "cluster.json")
             return existing
-        _teardown(name, state_dir)
+        remove_cluster(name, state_dir)
         _check_no_route_overlap(mgmt_net, f"{name}-mgmt", "mgmt_subnet")
         try:
             cluster = _build(
@@ -392,7 +209,7 @@ def provision_netns(
             _check_exp_connectivity(cluster.nodes)
         except BaseException:
             # Never leave half a cluster behind (namespaces, sshds) when building fails.
-            _teardown(name, state_dir)
+            remove_cluster(name, state_dir)
             raise
         cluster.to_json(state_dir / "cluster.json")
         return cluster
@@ -501,7 +318,7 @@ def _build(
     python: str,
     connect_timeout: float,
 ) -> Cluster:
-    alias = f"{_ALIAS_PREFIX}{NETNS_PREFIX}{name}"
+    alias = link_alias(name)
     br_mgmt, br_exp = f"{name}-mgmt", f"{name}-exp"
     gateway = mgmt_net.network_address + 1
     n_nodes = len(mgmt_addrs)
@@ -564,7 +381,7 @@ def _make_node(
     """Node ``i``: its namespace, a veth to each bridge (``mgmt``/``exp``: bridge, subnet,
     address), a fresh host key and a running sshd. Returns the node and its known_hosts line."""
     (br_mgmt, mgmt_net, mgmt_addr), (br_exp, exp_net, exp_addr) = mgmt, exp
-    alias = f"{_ALIAS_PREFIX}{NETNS_PREFIX}{name}"
+    alias = link_alias(name)
     ns = ns_name(name, i)
     node_dir = state_dir / f"node{i}"
     workdir = node_dir / "work"

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from commscope.cluster.hosts import Cluster, Host, NodeSpec
-from commscope.cluster.netns import SAFE_PATH, provision_netns, teardown_netns
+from commscope.cluster.netns import SAFE_PATH, provision_netns
 from commscope.cluster.shaping import link_facts
+from commscope.cluster.teardown import teardown_netns
 from commscope.config import ConfigError, read_yaml, validate_config
 from commscope.spec.settings import ClusterSettings
 
