@@ -36,7 +36,8 @@ def _samples(
         )  # fmt: skip
     frame = pd.DataFrame(rows, columns=HOST_SAMPLE_COLUMNS)
     frame.insert(0, "node", node)
-    return frame
+    # As parse_cell writes it: the cell's parameters follow as constant columns.
+    return frame.assign(strategy="ddp", model="tiny", bw="none", cell="c")
 
 
 def test_shares_are_differences_over_the_window() -> None:

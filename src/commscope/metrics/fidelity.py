@@ -30,6 +30,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from commscope.contracts import HOST_SAMPLE_COLUMNS
+
 # Bounds of a faithful cell, each a share of time (justification in the module docstring and
 # docs/analysis.md "Fidelity").
 RANK_WAIT_BOUND = 0.10
@@ -89,7 +91,8 @@ def _idle_min(span: pd.DataFrame) -> float:
 def node_fidelity(samples: pd.DataFrame, window: tuple[int, int]) -> dict[str, object] | None:
     """One node's row (:data:`FIDELITY_COLUMNS` without ``node``) over ``window`` (ns, the
     samples' clock), or None with fewer than two samples around it."""
-    span = _bracket(samples.sort_values("t_ns"), window)
+    # The counters only: the trace table also carries the cell's parameters as columns.
+    span = _bracket(samples.sort_values("t_ns")[HOST_SAMPLE_COLUMNS], window)
     if len(span) < 2:
         return None
     d = span.iloc[-1] - span.iloc[0]
