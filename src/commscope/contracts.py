@@ -172,6 +172,7 @@ TEMPORAL_TABLES: tuple[str, ...] = (
     "temporal_dispersion",
     "temporal_periodicity",
     "temporal_ops",
+    "temporal_bursts",
 )
 # Synchronization structure per cell (commscope.metrics.sync, docs/sync.md).
 SYNC_TABLES: tuple[str, ...] = (

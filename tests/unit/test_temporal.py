@@ -19,12 +19,15 @@ import pytest
 from commscope.metrics._common import shared_results
 from commscope.metrics.counters import traffic_shape
 from commscope.metrics.temporal import (
+    BURST_BIN_MS,
+    BURST_COLUMNS,
     DISPERSION_COLUMNS,
     ONOFF_COLUMNS,
     OP_CADENCE_COLUMNS,
     PERIODICITY_COLUMNS,
     TEMPORAL_COLUMNS,
     TEMPORAL_TABLES,
+    bursts_by_timescale,
     dispersion_by_width,
     onoff_periods,
     op_cadence,
@@ -487,3 +490,88 @@ def test_inside_shared_results_the_same_numbers_as_outside() -> None:
         shared = temporal_tables(wire, _ops({0: [0, 5]}), steps, CAP)
     for name in TEMPORAL_TABLES:
         pd.testing.assert_frame_equal(alone[name], shared[name])
+
+
+# --------------------------------------------------------------------------------------------
+# Burstiness over timescales (payload bytes; docs/analysis.md)
+# --------------------------------------------------------------------------------------------
+
+DATA_BIN = 3032  # two frames' worth: 2 packets, so 2,900 B payload
+ACK_BIN = 66  # one pure ACK per bin: 0 B payload
+
+
+def _payload_wire() -> pd.DataFrame:
+    """Node 0 sends the square wave (30 of every 100 bins on) of 3,032 B in 2 packets per on
+    bin and receives one pure ACK (66 B, 1 packet) per bin."""
+    first = T0 // BIN - 100
+    n = (N_STEPS + 2) * 100
+    k = np.arange(first, first + n)
+    on = k % 100 < 30
+    tx, tx_pk = np.where(on, DATA_BIN, 0), np.where(on, 2, 0)
+    rx, rx_pk = np.full(n, ACK_BIN), np.ones(n, dtype="int64")
+
+    def cum(x: np.ndarray) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum(x)]) + 1_000
+
+    return pd.DataFrame(
+        {
+            "node": 0,
+            "iface": "e0",
+            "t_ns": (first + np.arange(n + 1)) * BIN,
+            "tx_bytes": cum(tx),
+            "rx_bytes": cum(rx),
+            "tx_packets": cum(tx_pk),
+            "rx_packets": cum(rx_pk),
+            "resolution_ns": BIN,
+        }
+    ).assign(**PARAMS)
+
+
+def test_bursts_of_a_square_wave_at_each_timescale() -> None:
+    t = bursts_by_timescale(_payload_wire(), _step_table())
+    assert list(t.columns) == [*PARAMS, *BURST_COLUMNS]
+    assert sorted(set(t["bin_ms"])) == [0.1, 1.0, 10.0, 100.0]
+    for width, mean in ((0.1, 870.0), (1.0, 8_700.0)):
+        r = _row(t, direction="tx", bin_ms=width)
+        assert bool(r["payload"]) and bool(r["resolved"])
+        assert r["mean_bytes"] == pytest.approx(mean)  # 0.3 x 2,900 B per 100 µs
+        assert r["peak_to_mean"] == pytest.approx(1 / 0.3)
+        assert r["on_fraction"] == pytest.approx(0.3)
+        assert r["burst_byte_share"] == pytest.approx(1.0)  # every on bin > 2 x the mean
+        assert r["n_on_periods"] == N_STEPS
+        assert r["on_ms_median"] == pytest.approx(3.0) and r["on_ms_p90"] == pytest.approx(3.0)
+        assert r["off_ms_median"] == pytest.approx(7.0) and r["off_ms_p90"] == pytest.approx(7.0)
+    for width in (10.0, 100.0):  # the period fits in a bin: a constant stream
+        r = _row(t, direction="tx", bin_ms=width)
+        assert r["peak_to_mean"] == pytest.approx(1.0)
+        assert r["on_fraction"] == 1.0 and r["burst_byte_share"] == 0.0
+        assert r["n_on_periods"] == 1 and r["on_ms_median"] == pytest.approx(1_000.0)
+        assert math.isnan(r["off_ms_median"])
+
+
+def test_pure_acks_carry_no_payload_and_are_never_on() -> None:
+    t = bursts_by_timescale(_payload_wire(), _step_table())
+    for width in BURST_BIN_MS:
+        r = _row(t, direction="rx", bin_ms=width)
+        assert r["mean_bytes"] == 0.0 and r["on_fraction"] == 0.0 and r["n_on_periods"] == 0
+        assert math.isnan(r["peak_to_mean"]) and math.isnan(r["burst_byte_share"])
+    # The 100 µs on/off table reads them as payload too: under a 100 Mbit/s cap a 66 B ACK in
+    # every bin was 5 % of the cap, over a 2 % threshold; with no payload it is off.
+    onoff = onoff_periods(_payload_wire(), _step_table(), link_cap_bps=CAP, threshold=0.02)
+    assert _row(onoff, direction="rx")["n_bursts"] == 0
+
+
+def test_bins_shorter_than_a_frame_at_the_cap_are_unresolved() -> None:
+    # 8 x 1,514 B at 20 Mbit/s = 0.61 ms: 100 µs bins cannot tell busy from idle.
+    t = bursts_by_timescale(_payload_wire(), _step_table(), link_cap_bps=20e6)
+    fine = _row(t, direction="tx", bin_ms=0.1)
+    assert not bool(fine["resolved"]) and math.isnan(fine["peak_to_mean"])
+    assert fine["mean_bytes"] == pytest.approx(870.0)
+    assert bool(_row(t, direction="tx", bin_ms=1.0)["resolved"])
+
+
+def test_without_packet_counts_the_bytes_are_taken_as_payload() -> None:
+    t = bursts_by_timescale(_wire(), _step_table())  # packets all 0
+    r = _row(t, node=1, direction="tx", bin_ms=0.1)  # a constant 1,250 B per bin
+    assert not bool(r["payload"])
+    assert r["mean_bytes"] == pytest.approx(ON_BYTES) and r["on_fraction"] == 0.0  # < a frame

@@ -11,9 +11,11 @@ and the ops, per node and direction or per rank:
   peak near the measured median step time) of the binned bytes, and the correlation of
   consecutive steps' bytes;
 * :func:`op_cadence`: the inter-arrival of op issues per rank and the step-to-step similarity
-  of its op sequence.
+  of its op sequence;
+* :func:`bursts_by_timescale`: peak/mean, the share of payload in bursts and the on/off period
+  distributions of the payload bytes at 0.1, 1, 10 and 100 ms (docs/analysis.md).
 
-:func:`temporal_tables` returns the four tables by name. Every function takes one cell's
+:func:`temporal_tables` returns the five tables by name. Every function takes one cell's
 tables; the wire tables cover the training window (the measured steps,
 :func:`~commscope.metrics.steps.training_window`), the op table the measured steps.
 Inside :func:`~commscope.metrics._common.shared_results` the cleaned counter series and the
@@ -42,6 +44,23 @@ from commscope.units import NS_PER_MS, NS_PER_S
 # 100 µs bin of a 200 Mbit/s link (2,500 B) is already "on".
 ON_BIN_MS = 0.1
 ON_THRESHOLD = 0.10
+
+# Payload: a frame's headers (Ethernet 14 + IPv4 20 + TCP 20 with the 12 B timestamp option),
+# taken off each counted packet, so a pure ACK (66 B on the wire) carries 0 payload bytes. A
+# GSO/TSO super-packet counts once, so its payload is overestimated by a few headers: never an ACK.
+HEADER_BYTES = 66
+# One full frame's payload at a 1500 B MTU (1500 - 20 - 32): the least a bin must carry to be
+# "on" in the bursts table, so a bin holding ACKs or a stray header-sized segment is off.
+FRAME_PAYLOAD_BYTES = 1448
+# One full frame on the wire (with its Ethernet header): a bin shorter than its serialisation
+# time at the cap cannot tell a busy link (one frame every 8 x 1514 / cap) from an idle one.
+FRAME_WIRE_BYTES = 1514
+# Burst timescales (the literature states burstiness per timescale, e.g. "60:1 at 5 ms").
+BURST_BIN_MS: tuple[float, ...] = (0.1, 1.0, 10.0, 100.0)
+# A bin is part of a burst when it is on and carries more than this many times the mean payload
+# per bin at its width: a constant stream has no burst bin, an on/off source of duty d < 0.5 has
+# all its bytes in them (its on bins carry 1/d x the mean).
+BURST_OVER_MEAN = 2.0
 
 # Periodicity: the autocorrelation and the per-step byte series use 1 ms bins (a 1 % resolution
 # on a 100 ms step; 100 µs would make the FFT 10x longer for nothing the period needs).
@@ -137,11 +156,31 @@ OP_CADENCE_COLUMNS = [
     "seq_modal_share",
 ]
 
+BURST_COLUMNS = [
+    "node",
+    "iface",
+    "direction",
+    "bin_ms",
+    "n_bins",
+    "resolved",
+    "payload",
+    "mean_bytes",
+    "peak_bytes",
+    "peak_to_mean",
+    "on_fraction",
+    "burst_byte_share",
+    "n_on_periods",
+    "on_ms_median",
+    "on_ms_p90",
+    "off_ms_median",
+    "off_ms_p90",
+]
+
 # Each table's columns after the cell parameters, by name (contracts.TEMPORAL_TABLES, in order).
 TEMPORAL_COLUMNS: dict[str, list[str]] = dict(
     zip(
         TEMPORAL_TABLES,
-        (ONOFF_COLUMNS, DISPERSION_COLUMNS, PERIODICITY_COLUMNS, OP_CADENCE_COLUMNS),
+        (ONOFF_COLUMNS, DISPERSION_COLUMNS, PERIODICITY_COLUMNS, OP_CADENCE_COLUMNS, BURST_COLUMNS),
         strict=True,
     )
 )
@@ -200,6 +239,31 @@ def _binned_bytes(
         at = np.interp(edges, t_rel, cum)
         np.subtract(at[1:], at[:-1], out=out[a:b])
     return out
+
+
+def _has_packets(series: CounterSeries, direction: str) -> bool:
+    """Whether the series counts ``direction``'s packets (a table without packet columns, or
+    with all of them 0 as a synthetic one, gives bytes only)."""
+    try:
+        cum = series.cum[f"{direction}_packets"]
+    except KeyError:
+        return False
+    return bool(len(cum) and cum[-1] > 0)
+
+
+def _payload_bytes(
+    series: CounterSeries, direction: str, bin_ns: int, k_first: int, k_last: int
+) -> tuple[np.ndarray, bool]:
+    """``(payload bytes per bin, whether packets were counted)``: each bin's bytes less
+    :data:`HEADER_BYTES` per packet counted in it, at least 0 (a bin of pure ACKs carries
+    none); the bytes as they are where the series counts no packets."""
+    binned = _binned_bytes(series, f"{direction}_bytes", bin_ns, k_first, k_last)
+    if not _has_packets(series, direction):
+        return binned, False
+    packets = _binned_bytes(series, f"{direction}_packets", bin_ns, k_first, k_last)
+    binned -= HEADER_BYTES * packets
+    np.maximum(binned, 0.0, out=binned)
+    return binned, True
 
 
 def _resolved_width(series: CounterSeries, bin_ms: float) -> tuple[float, int] | None:
@@ -291,7 +355,9 @@ def onoff_periods(
     whole multiples of the width, every bin inside the window, as the ``throughput`` and
     ``shape`` tables) come from the cumulative counters; where the series does not resolve
     ``bin_ms`` (a sampler slower than it), the finest coarser width of 1/10/100 ms it resolves
-    is used and recorded in ``bin_ms``. A bin is **on** when its rate exceeds
+    is used and recorded in ``bin_ms``. A bin is **on** when its payload rate (its bytes less
+    :data:`HEADER_BYTES` per packet counted, so pure ACKs add nothing; the bytes where the
+    counters count no packets) exceeds
     ``threshold`` x the reference rate: ``link_cap_bps`` (``reference = "cap"``) when the cell
     has a cap, else the cell's peak (``"peak"``: the highest bin rate of any node and
     direction at its width). A **burst** is a maximal run of on bins: its duration (ms), size
@@ -326,7 +392,8 @@ def onoff_periods(
     for node, iface, series, (width_ms, width_ns), (k_first, k_last) in chosen:
         for direction in _DIRECTIONS:
             col = f"{direction}_bytes"
-            binned = _binned_bytes(series, col, width_ns, k_first, k_last)
+            # Payload bytes: a bin of pure ACKs is off even under a tight cap (issue 25 #6).
+            binned = _payload_bytes(series, direction, width_ns, k_first, k_last)[0]
             record = _burst_record(binned, width_ns, threshold_bps)
             del binned
             # NaN without traffic (then nothing is on either: idle) or unresolved 10 ms bins.
@@ -348,6 +415,108 @@ def onoff_periods(
                 }
             )
     return _finish(out_params, records, ONOFF_COLUMNS)
+
+
+# --------------------------------------------------------------------------------------------
+# Burstiness over timescales
+# --------------------------------------------------------------------------------------------
+
+
+def _periods(on: np.ndarray, bin_ms: float) -> tuple[np.ndarray, np.ndarray]:
+    """(durations of the on periods, durations of the off periods between two on periods), ms.
+    On periods cut by the window's edges count as seen; off periods before the first and after
+    the last on period are left out (their length is the window's, not the traffic's)."""
+    starts, ends = _runs(on)
+    return (ends - starts) * bin_ms, (starts[1:] - ends[:-1]) * bin_ms
+
+
+def _timescale_record(
+    payload: np.ndarray, width_ms: float, resolved: bool
+) -> dict[str, float | int | bool]:
+    """One width's burstiness statistics of the payload bytes per bin (NaN where unresolved)."""
+    nan = float("nan")
+    mean = float(payload.mean()) if len(payload) else nan
+    record: dict[str, float | int | bool] = {"n_bins": len(payload), "resolved": resolved}
+    record["mean_bytes"] = mean
+    if not resolved or not len(payload):
+        names = ("peak_bytes", "peak_to_mean", "on_fraction", "burst_byte_share")
+        names += ("on_ms_median", "on_ms_p90", "off_ms_median", "off_ms_p90")
+        return record | {n: nan for n in names} | {"n_on_periods": 0}
+    peak = float(payload.max())
+    on = payload >= FRAME_PAYLOAD_BYTES
+    burst = on & (payload > BURST_OVER_MEAN * mean)
+    total = float(payload.sum())
+    on_ms, off_ms = _periods(on, width_ms)
+    on_median, on_p90, _ = _stats(on_ms)
+    off_median, off_p90, _ = _stats(off_ms)
+    return record | {
+        "peak_bytes": peak,
+        "peak_to_mean": peak / mean if mean > 0 else nan,
+        "on_fraction": float(on.mean()),
+        "burst_byte_share": float(payload[burst].sum()) / total if total > 0 else nan,
+        "n_on_periods": len(on_ms),
+        "on_ms_median": on_median,
+        "on_ms_p90": on_p90,
+        "off_ms_median": off_median,
+        "off_ms_p90": off_p90,
+    }
+
+
+def bursts_by_timescale(
+    counters: pd.DataFrame,
+    step_table: pd.DataFrame,
+    link_cap_bps: float | None = None,
+    bin_ms_list: Sequence[float] = BURST_BIN_MS,
+    params: Mapping[str, Any] | None = None,
+) -> pd.DataFrame:
+    """Burstiness of each node's payload at several timescales, inside the training window
+    (definitions and reasons: docs/analysis.md *Burstiness over timescales*).
+
+    Per node, direction and width ``bin_ms`` (0.1, 1, 10, 100 ms; bins at whole multiples of
+    the width, as the ``shape`` table): the **payload** bytes per bin (the bytes less
+    :data:`HEADER_BYTES` per packet counted in the bin, at least 0; ``payload`` false where the
+    counters count no packets and the bytes are taken as they are), their mean and peak and
+    ``peak_to_mean``. A bin is **on** when it carries at least one full frame's payload
+    (:data:`FRAME_PAYLOAD_BYTES`), so pure ACKs never are; ``on_fraction`` is the share of on
+    bins; on periods are maximal runs of on bins and off periods the runs of off bins between
+    two of them (ms: ``on_ms_median``/``_p90``, ``off_ms_median``/``_p90``, numpy's linear
+    percentiles; ``n_on_periods``). A **burst** bin is on and carries more than
+    :data:`BURST_OVER_MEAN` x the mean payload per bin; ``burst_byte_share`` is the share of
+    the payload in burst bins (0 for a constant stream at every width, 1 for on/off traffic of
+    duty under 1/2 at widths below its on period). A width is ``resolved`` when the series
+    resolves it and, with a cap, it is at least one full frame's serialisation time at the cap
+    (8 x :data:`FRAME_WIRE_BYTES` / ``link_cap_bps``: 0.6 ms at 20 Mbit/s); elsewhere every
+    statistic but ``mean_bytes`` is NaN.
+
+    Columns: cell params, then :data:`BURST_COLUMNS`.
+    """
+    out_params = _params(params, counters, step_table)
+    if counters.empty or step_table.empty:
+        return _finish(out_params, [], BURST_COLUMNS)
+    window = training_window(step_table)
+    frame_ns = 8 * FRAME_WIRE_BYTES * NS_PER_S / link_cap_bps if link_cap_bps else 0.0
+    records = []
+    for node, iface, series in counter_series(counters):
+        for width_ms in bin_ms_list:
+            width_ns = bin_width_ns(width_ms)
+            k = series.bin_range(0, width_ns, *window)
+            if k is None:
+                continue
+            resolved = series.resolved(width_ns) and width_ns >= frame_ns
+            for direction in _DIRECTIONS:
+                payload, counted = _payload_bytes(series, direction, width_ns, *k)
+                record = _timescale_record(payload, float(width_ms), resolved)
+                records.append(
+                    {
+                        "node": node,
+                        "iface": iface,
+                        "direction": direction,
+                        "bin_ms": float(width_ms),
+                        "payload": counted,
+                        **record,
+                    }
+                )
+    return _finish(out_params, records, BURST_COLUMNS)
 
 
 # --------------------------------------------------------------------------------------------
@@ -727,8 +896,8 @@ def temporal_tables(
 ) -> dict[str, pd.DataFrame]:
     """The cell's temporal tables by name (:data:`TEMPORAL_TABLES`): ``temporal_onoff``
     (:func:`onoff_periods`), ``temporal_dispersion`` (:func:`dispersion_by_width`),
-    ``temporal_periodicity`` (:func:`periodicity`) and ``temporal_ops`` (:func:`op_cadence`),
-    each with the defaults documented there.
+    ``temporal_periodicity`` (:func:`periodicity`), ``temporal_ops`` (:func:`op_cadence`) and
+    ``temporal_bursts`` (:func:`bursts_by_timescale`), each with the defaults documented there.
 
     ``counters``, ``ops``: one cell's tables; ``step_table``: its
     :func:`~commscope.metrics.steps.step_times`; ``link_cap_bps``: cell.json ``bw_bps`` (None
@@ -741,12 +910,21 @@ def temporal_tables(
         "temporal_dispersion": dispersion_by_width(counters, step_table, params=out_params),
         "temporal_periodicity": periodicity(counters, step_table, params=out_params),
         "temporal_ops": op_cadence(ops, step_table, params=out_params),
+        "temporal_bursts": bursts_by_timescale(
+            counters, step_table, link_cap_bps, params=out_params
+        ),
     }
 
 
 __all__ = [
+    "BURST_BIN_MS",
+    "BURST_COLUMNS",
+    "BURST_OVER_MEAN",
     "CLASS_BIN_MS",
     "DISPERSION_COLUMNS",
+    "FRAME_PAYLOAD_BYTES",
+    "FRAME_WIRE_BYTES",
+    "HEADER_BYTES",
     "ITERATION_SEARCH",
     "ONOFF_COLUMNS",
     "ON_BIN_MS",
@@ -759,6 +937,7 @@ __all__ = [
     "STREAMING_MIN_ON_FRACTION",
     "TEMPORAL_COLUMNS",
     "TEMPORAL_TABLES",
+    "bursts_by_timescale",
     "dispersion_by_width",
     "onoff_periods",
     "op_cadence",
