@@ -49,6 +49,19 @@ SLOWDOWN_COLUMNS: list[str] = [
 ]
 # Confidence level of the slowdown's interval over repeats.
 CI_LEVEL = 0.95
+# The knee: the cap at which the measured slowdown reaches this (docs/analysis.md *The knee*).
+KNEE_SLOWDOWN = 1.1
+KNEE_COLUMNS: list[str] = [
+    *SETUP_AXES,
+    "caps",
+    "knee_bps",
+    "knee_above_bps",
+    "knee_below_bps",
+    "cap_high_bps",
+    "cap_low_bps",
+    "slowdown_high",
+    "slowdown_low",
+]
 
 
 def measured_size_cdf(msgs: pd.DataFrame) -> pd.DataFrame:
@@ -71,13 +84,16 @@ def step_time_over_repeats(summary: pd.DataFrame) -> pd.DataFrame:
     float, NaN for uncapped cells; ``delay_ms``, ``jitter_ms``, ``loss_pct`` the link's other
     numbers (the summary's, :data:`~commscope.spec.link.LINK_NUMBER_COLUMNS`).
 
+    ``ci_low``/``ci_high``: the :data:`CI_LEVEL` interval of the mean over repeats (Student's
+    t with repeats - 1 degrees of freedom, :func:`mean_ci`; NaN for a single repeat).
+
     Columns: model, strategy, the varying series axes, bw, bw_bps, delay_ms, jitter_ms,
-    loss_pct, mean, std, repeats.
+    loss_pct, mean, std, repeats, ci_low, ci_high.
     """
     varying = [c for c in SERIES_AXES if c in summary and summary[c].nunique(dropna=False) > 1]
     keys = ["model", "strategy", *varying, "bw", *LINK_NUMBER_COLUMNS]
     if summary.empty:
-        return pd.DataFrame(columns=[*keys, "mean", "std", "repeats"])
+        return pd.DataFrame(columns=[*keys, "mean", "std", "repeats", "ci_low", "ci_high"])
     numbers = link_number_columns(summary).astype("float64")
     df = summary.assign(**{col: numbers[col] for col in LINK_NUMBER_COLUMNS})
     agg = (
@@ -85,8 +101,35 @@ def step_time_over_repeats(summary: pd.DataFrame) -> pd.DataFrame:
         .agg(mean="mean", std="std", repeats="count")
         .reset_index()
     )
+    bounds = [mean_ci(m, sd, int(n)) for m, sd, n in agg[["mean", "std", "repeats"]].to_numpy()]
     agg["std"] = agg["std"].fillna(0.0)  # a single repeat has no spread to show
+    agg["ci_low"] = [b[0] for b in bounds]
+    agg["ci_high"] = [b[1] for b in bounds]
     return agg
+
+
+def mean_ci(mean: float, sd: float, n: int, level: float = CI_LEVEL) -> tuple[float, float]:
+    """The ``level`` interval of a mean of ``n`` repeats with sample sd ``sd``: mean ± t(n-1)
+    x sd / sqrt(n); NaN, NaN under two repeats."""
+    if n < 2 or not np.isfinite(sd) or not np.isfinite(mean):
+        return float("nan"), float("nan")
+    half = t_quantile(n - 1, level) * sd / math.sqrt(n)
+    return float(mean - half), float(mean + half)
+
+
+def runs_to_separate(
+    mean_a: float, sd_a: float, mean_b: float, sd_b: float, level: float = CI_LEVEL
+) -> int | None:
+    """The fewest repeats per side at which the two :func:`mean_ci` intervals stop overlapping,
+    if the observed means and sample sds held (None when they are equal, or a sd is unknown;
+    at most 1000)."""
+    gap = abs(mean_a - mean_b)
+    if not gap > 0 or not (np.isfinite(sd_a) and np.isfinite(sd_b)):
+        return None
+    for n in range(2, 1001):
+        if t_quantile(n - 1, level) * (sd_a + sd_b) / math.sqrt(n) < gap:
+            return n
+    return None
 
 
 def bytes_per_step_by_op(op_volume: pd.DataFrame, step_table: pd.DataFrame) -> pd.DataFrame:
@@ -287,6 +330,59 @@ def slowdown_table(summary: pd.DataFrame) -> pd.DataFrame:
         [*setup, "_order", *SHAPING_AXES.values()], na_position="last", kind="stable"
     )
     return out[SLOWDOWN_COLUMNS].reset_index(drop=True)
+
+
+def _knee_of(caps: np.ndarray, slowdowns: np.ndarray, threshold: float) -> dict[str, float]:
+    """The knee of one setup's curve, ``caps`` descending: between the highest cap whose
+    slowdown exceeds ``threshold`` and the next higher cap, linear in 1 / cap."""
+    nan = float("nan")
+    out = dict.fromkeys(KNEE_COLUMNS[len(SETUP_AXES) + 1 :], nan)
+    over = np.flatnonzero(slowdowns > threshold)
+    if len(over) == 0:
+        out["knee_below_bps"] = float(caps[-1])
+        return out
+    i = int(over[0])
+    if i == 0:
+        out["knee_above_bps"] = float(caps[0])
+        return out
+    (c_hi, s_hi), (c_lo, s_lo) = (caps[i - 1], slowdowns[i - 1]), (caps[i], slowdowns[i])
+    x = 1 / c_hi + (threshold - s_hi) * (1 / c_lo - 1 / c_hi) / (s_lo - s_hi)
+    out |= {
+        "knee_bps": float(1 / x),
+        "cap_high_bps": float(c_hi),
+        "cap_low_bps": float(c_lo),
+        "slowdown_high": float(s_hi),
+        "slowdown_low": float(s_lo),
+    }
+    return out
+
+
+def knee_table(slowdown: pd.DataFrame, threshold: float = KNEE_SLOWDOWN) -> pd.DataFrame:
+    """The knee of each setup, read from its measured slowdown curve over the cap.
+
+    ``slowdown``: :func:`slowdown_table`; its rows that vary the cap alone (``varied == "bw"``,
+    with a slowdown). The knee is the cap at which the slowdown reaches ``threshold``
+    (:data:`KNEE_SLOWDOWN`, 1.1: a step 10 % longer than unshaped), interpolated between the
+    two measured caps that bracket it, the highest cap whose slowdown exceeds ``threshold`` and
+    the next higher one, linearly in 1 / cap (a capped step is close to the unshaped step plus
+    bytes / cap, so the slowdown is close to linear in 1 / cap). ``knee_bps`` is NaN where the
+    caps do not bracket it: every cap already slows the step by more (the knee is above
+    ``knee_above_bps``, the highest cap measured) or none does (below ``knee_below_bps``, the
+    lowest). The unshaped link is not a cap (a memcpy-speed veth) and brackets nothing.
+    ``cap_high_bps``/``cap_low_bps`` and ``slowdown_high``/``slowdown_low``: the bracket.
+
+    Columns: :data:`KNEE_COLUMNS`, one row per setup with a capped cell.
+    """
+    needed = [*SETUP_AXES, "varied", "bw_bps", "slowdown_mean"]
+    if slowdown.empty or any(c not in slowdown for c in needed):
+        return pd.DataFrame(columns=KNEE_COLUMNS)
+    rows = slowdown[(slowdown["varied"] == "bw") & slowdown["slowdown_mean"].notna()]
+    records = []
+    for key, g in rows.groupby(list(SETUP_AXES), sort=True, dropna=False):
+        curve = g.groupby("bw_bps")["slowdown_mean"].mean().sort_index(ascending=False)
+        knee = _knee_of(curve.index.to_numpy("float64"), curve.to_numpy("float64"), threshold)
+        records.append({**dict(zip(SETUP_AXES, key, strict=True)), "caps": len(curve), **knee})
+    return pd.DataFrame(records, columns=KNEE_COLUMNS)
 
 
 def derive_study_tables(tables: Mapping[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
