@@ -264,6 +264,18 @@ def test_waits_decide_the_critical_path_and_the_summary() -> None:
     assert summary["comm_ratio_median"] == 12 / 20
 
 
+def test_the_summary_measures_how_much_communication_the_compute_hid() -> None:
+    ops, steps = ddp_step_with_waits()
+    summary = sync.sync_tables(ops, steps)["sync_summary"].iloc[0]
+    # In flight 12 ms ([1, 12] and [14, 15]), blocked 5 ms ([8, 12] and [14, 15]): 7/12 hidden.
+    assert summary["comm_inflight_s"] == 0.012
+    assert summary["comm_blocked_s"] == 0.005
+    assert summary["comm_overlap"] == pytest.approx(7 / 12)
+    # Without waits every op blocks over its whole flight: nothing hidden.
+    old = ops.drop(columns=["t_wait_start_ns", "t_wait_end_ns", "wait_ns"])
+    assert sync.sync_tables(old, steps)["sync_summary"].iloc[0]["comm_overlap"] == 0.0
+
+
 def test_the_bubble_keeps_its_rule_when_waits_are_recorded() -> None:
     # 2-stage pipeline, one microbatch: rank 1 posts its recv at 0 ms (and waits on it only
     # from 5 ms), rank 0 sends at 6 ms, done at 7 ms. The bubble is still [recv issue, send

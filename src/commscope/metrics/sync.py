@@ -132,6 +132,9 @@ SYNC_SUMMARY_COLUMNS = [
     "sync_skew_max_s",
     "comm_ratio_median",
     "comm_ratio_max",
+    "comm_inflight_s",
+    "comm_blocked_s",
+    "comm_overlap",
     "exposed_source",
     "blocking_recorded",
     "critical_path_s",
@@ -296,6 +299,15 @@ def _one_source(sources: pd.Series) -> str:
     return values[0] if len(values) == 1 else ("mixed" if values else "")
 
 
+def _overlap(exposed: pd.DataFrame) -> float:
+    """1 - (time blocked on communication) / (time communication was in flight), summed over
+    ``exposed``'s rank-steps, in [0, 1]; NaN when nothing was in flight."""
+    inflight = float(exposed["comm_s"].sum()) if len(exposed) else 0.0
+    if not inflight > 0:
+        return math.nan
+    return min(1.0, max(0.0, 1.0 - float(exposed["exposed_comm_s"].sum()) / inflight))
+
+
 def sync_summary(
     ops: pd.DataFrame,
     tables: Mapping[str, pd.DataFrame],
@@ -307,7 +319,13 @@ def sync_summary(
 
     Per measured step (steps >= warmup, all when none are): the mean number of collective,
     P2P and barrier instances and of world-wide sync points, and their skew (mean, max);
-    the median and the largest per-rank comm ratio; the steady step's critical path (length,
+    the median and the largest per-rank comm ratio; the measured overlap (docs/analysis.md
+    *Overlap*): ``comm_inflight_s`` and ``comm_blocked_s``, the mean per rank and measured step
+    of :func:`exposed_comm`'s ``comm_s`` (communication in flight) and ``exposed_comm_s`` (the
+    rank blocked on it), and ``comm_overlap`` = 1 - blocked / in flight over all of them (the
+    share of its communication the rank's compute hid; clipped to [0, 1], a blocked interval
+    being stamped a few µs past its op's end; NaN without communication); the steady step's
+    critical path (length,
     compute, communication, the comm share, rank switches, the ops on it); the measured bubble
     (mean over pipeline ranks and measured steps, of fwd_bwd and of the step), the analytic
     one and ``predicted_bubble_ratio`` as given (the predictor's ``predicted_bubble_ratio``,
@@ -347,6 +365,9 @@ def sync_summary(
         "sync_skew_max_s": float(pts["skew_s"].max()) if len(pts) else math.nan,
         "comm_ratio_median": float(ex["comm_ratio"].median()) if len(ex) else math.nan,
         "comm_ratio_max": float(ex["comm_ratio"].max()) if len(ex) else math.nan,
+        "comm_inflight_s": float(ex["comm_s"].mean()) if len(ex) else math.nan,
+        "comm_blocked_s": float(ex["exposed_comm_s"].mean()) if len(ex) else math.nan,
+        "comm_overlap": _overlap(ex),
         "exposed_source": _one_source(ex["exposed_source"]),
         "blocking_recorded": BLOCKING_COLUMN in ops.columns,
         "critical_path_s": float(total) if len(path) else math.nan,
