@@ -45,7 +45,9 @@ def test_caps_that_do_not_bracket_the_knee_give_nan_and_say_which_side() -> None
     both = pd.concat([_slowdown("ddp", {20e6: 5.33}), _slowdown("pp", {100e6: 1.02, 20e6: 0.98})])
     t = knee_table(both).set_index("strategy")
     assert math.isnan(t.loc["ddp", "knee_bps"]) and t.loc["ddp", "knee_above_bps"] == 20e6
+    assert t.loc["ddp", "slowdown_low"] == 5.33 and t.loc["ddp", "cap_low_bps"] == 20e6
     assert math.isnan(t.loc["pp", "knee_bps"]) and t.loc["pp", "knee_below_bps"] == 20e6
+    assert t.loc["pp", "slowdown_high"] == 0.98
     assert set(SETUP_AXES) <= set(t.reset_index().columns)
 
 

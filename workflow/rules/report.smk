@@ -23,6 +23,7 @@ rule report:
         # Synchronization and temporal structure per cell (docs/sync.md, docs/temporal.md).
         sync_summary=f"results/aggregate/{table_file('sync_summary')}",
         temporal_onoff=f"results/aggregate/{table_file('temporal_onoff')}",
+        temporal_bursts=f"results/aggregate/{table_file('temporal_bursts')}",
         figures=rules.study_figures.output,
         learning_figures=rules.learning.output.figures,
         learning_loss=rules.learning.output.loss,

@@ -338,12 +338,14 @@ def _knee_of(caps: np.ndarray, slowdowns: np.ndarray, threshold: float) -> dict[
     nan = float("nan")
     out = dict.fromkeys(KNEE_COLUMNS[len(SETUP_AXES) + 1 :], nan)
     over = np.flatnonzero(slowdowns > threshold)
-    if len(over) == 0:
-        out["knee_below_bps"] = float(caps[-1])
+    if len(over) == 0:  # the lowest cap and its slowdown: the knee is below them
+        out |= {"knee_below_bps": float(caps[-1]), "cap_high_bps": float(caps[-1])}
+        out["slowdown_high"] = float(slowdowns[-1])
         return out
     i = int(over[0])
-    if i == 0:
-        out["knee_above_bps"] = float(caps[0])
+    if i == 0:  # the highest cap and its slowdown: the knee is above them
+        out |= {"knee_above_bps": float(caps[0]), "cap_low_bps": float(caps[0])}
+        out["slowdown_low"] = float(slowdowns[0])
         return out
     (c_hi, s_hi), (c_lo, s_lo) = (caps[i - 1], slowdowns[i - 1]), (caps[i], slowdowns[i])
     x = 1 / c_hi + (threshold - s_hi) * (1 / c_lo - 1 / c_hi) / (s_lo - s_hi)
@@ -369,7 +371,9 @@ def knee_table(slowdown: pd.DataFrame, threshold: float = KNEE_SLOWDOWN) -> pd.D
     caps do not bracket it: every cap already slows the step by more (the knee is above
     ``knee_above_bps``, the highest cap measured) or none does (below ``knee_below_bps``, the
     lowest). The unshaped link is not a cap (a memcpy-speed veth) and brackets nothing.
-    ``cap_high_bps``/``cap_low_bps`` and ``slowdown_high``/``slowdown_low``: the bracket.
+    ``cap_high_bps``/``cap_low_bps`` and ``slowdown_high``/``slowdown_low``: the bracket (only
+    its low side, the highest cap, when the knee is above; only its high side, the lowest cap,
+    when it is below).
 
     Columns: :data:`KNEE_COLUMNS`, one row per setup with a capped cell.
     """

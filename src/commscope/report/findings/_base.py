@@ -4,13 +4,22 @@ group most findings compare strategies in, and the wording helpers they share.""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from commscope.contracts import is_replay
-from commscope.metrics.study import strategy_label, unshaped_rows
+from commscope.metrics.study import (
+    mean_ci,
+    runs_to_separate,
+    slowdown_table,
+    strategy_label,
+    unshaped_rows,
+)
 from commscope.report.sections import (
     crosscheck,
     overview,
@@ -64,6 +73,96 @@ class Finding:
             raise ValueError(f"Finding.source {self.source!r}: one of {SOURCES}")
 
 
+# --------------------------------------------------------------------- host-limited cells
+
+
+def host_limited_cells(results: Any) -> set[str]:
+    """The cells the fidelity monitor marked host-limited (``summary.host_limited``): no finding
+    rests on one. A summary without the column (cells not monitored) marks none."""
+    summary = results.summary
+    if summary.empty or "host_limited" not in summary or "cell" not in summary:
+        return set()
+    limited = summary["host_limited"].astype("boolean").fillna(False).to_numpy(bool)
+    return set(summary.loc[limited, "cell"].astype(str))
+
+
+def kept(results: Any, name: str) -> tuple[pd.DataFrame, int]:
+    """``(table, cells left out)``: the table ``name`` without the rows of host-limited cells
+    (:func:`host_limited_cells`), and how many of its cells were left out. The slowdown table
+    (one row per setting, no cell column) is derived again from the summary's kept rows."""
+    limited = host_limited_cells(results)
+    if name == "slowdown":
+        if not limited:
+            return results.slowdown, 0
+        summary, n = kept(results, "summary")
+        return slowdown_table(summary), n
+    table = results.table(name)
+    if not limited or table.empty or "cell" not in table:
+        return table, 0
+    out = table["cell"].astype(str).isin(limited)
+    return table[~out], int(table.loc[out, "cell"].nunique())
+
+
+def left_out(n: int) -> str:
+    """`` (N host-limited cells left out)`` when a finding lost cells to the monitor, else ''."""
+    return f" ({n} host-limited cell{'' if n == 1 else 's'} left out)" if n else ""
+
+
+# --------------------------------------------------------------------- intervals
+
+
+@dataclass(frozen=True)
+class Spread:
+    """A quantity over repeats: its mean, sample sd (NaN for one), repeats and interval."""
+
+    mean: float
+    sd: float
+    n: int
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, values: Iterable[float]) -> Spread:
+        v = np.asarray([x for x in values if pd.notna(x)], dtype="float64")
+        n = len(v)
+        mean = float(v.mean()) if n else math.nan
+        sd = float(v.std(ddof=1)) if n > 1 else math.nan
+        low, high = mean_ci(mean, sd, n)
+        return cls(mean, sd, n, low, high)
+
+    @property
+    def interval(self) -> str:
+        """``95 % CI a-b`` (3 significant digits) or ``one run``/``N runs``, no interval."""
+        if math.isnan(self.low):
+            return "one run" if self.n == 1 else f"{self.n} runs"
+        return f"95 % CI {self.low:.3g}-{self.high:.3g}, {self.n} runs"
+
+
+def separated(a: Spread, b: Spread) -> bool:
+    """Whether the two intervals exist and do not overlap."""
+    if math.isnan(a.low) or math.isnan(b.low):
+        return False
+    return a.low > b.high or b.low > a.high
+
+
+def unsettled(a: Spread, b: Spread) -> str:
+    """Why ``a`` vs ``b`` is not established, and how many runs would settle it."""
+    if a.n < 2 or b.n < 2:
+        runs = "one run each" if a.n == b.n == 1 else f"{a.n} and {b.n} runs"
+        return f"not established: {runs}, no interval (at least 2 runs each are needed)"
+    n = runs_to_separate(a.mean, a.sd, b.mean, b.sd)
+    more = f"about {n} runs each would settle it" if n else "the means do not differ"
+    return f"not established: their 95 % intervals overlap ({a.n} and {b.n} runs); {more}"
+
+
+def ordering(hi: Spread, lo: Spread) -> str:
+    """'' when ``hi`` and ``lo`` separate, else ``; <why not established>``."""
+    return "" if separated(hi, lo) else f"; {unsettled(hi, lo)}"
+
+
+# --------------------------------------------------------------------- setups
+
+
 def comparison_group(summary: pd.DataFrame) -> pd.DataFrame:
     """One row per strategy (mean over repeats and congestion controls) of the unshaped setup
     (model, nodes, ranks per node) that ran the most strategies; empty when none ran two."""
@@ -84,6 +183,32 @@ def comparison_group(summary: pd.DataFrame) -> pd.DataFrame:
         .mean(numeric_only=True)
         .assign(model=best[0], nodes=best[1], ranks_per_node=best[2])
     )
+
+
+def comparison_cells(summary: pd.DataFrame) -> pd.DataFrame:
+    """The unshaped cells (every repeat) of the :func:`comparison_group`'s setup, under the
+    setup's usual congestion control; empty without a group."""
+    group = comparison_group(summary)
+    if group.empty:
+        return group
+    first = group.iloc[0]
+    base = unshaped_rows(summary)
+    keep = np.ones(len(base), dtype=bool)
+    for col in ("model", "nodes", "ranks_per_node"):
+        keep &= (base[col] == first[col]).to_numpy()
+    base = base[keep]
+    if "cc" in base and len(base):
+        base = base[base["cc"] == base["cc"].mode().iloc[0]]
+    return base
+
+
+def in_setup(table: pd.DataFrame, setup: Any) -> pd.DataFrame:
+    """The rows of ``table`` in the (model, nodes, ranks per node) of the row ``setup``."""
+    keep = np.ones(len(table), dtype=bool)
+    for col in ("model", "nodes", "ranks_per_node"):
+        if col in table:
+            keep &= (table[col] == setup[col]).to_numpy()
+    return table[keep]
 
 
 def setup_words(row: Any) -> str:

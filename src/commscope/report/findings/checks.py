@@ -15,6 +15,9 @@ from commscope.report.findings._base import (
     SENSITIVITY,
     TIMING,
     Finding,
+    host_limited_cells,
+    kept,
+    left_out,
 )
 from commscope.report.results import StudyResults
 from commscope.spec.link import SHAPING
@@ -53,6 +56,8 @@ def mapping_findings(results: StudyResults) -> list[Finding]:
                 f"(p, t, d) = ({int(row['pp'])}, {int(row['tp'])}, {int(row['dp'])})): "
                 f"{'; '.join(said)} per step; the difference is {ratio}.",
                 PREDICTIONS,
+                question="placement and scale",
+                source="predicted",
             )
         )
     return out
@@ -63,7 +68,8 @@ def replay_findings(results: StudyResults) -> list[Finding]:
     message and byte; the step time against the source's on the source's own link), and how
     each replayed trace's step slows under the study's tightest cap and largest delay next to
     the training strategies' at the same setting."""
-    comparison, timing, slowdown = results.comparison, results.timing, results.slowdown
+    comparison, timing = results.comparison, results.timing
+    slowdown, dropped = kept(results, "slowdown")
     out = []
     if "strategy" in comparison and "exact" in comparison:
         rep = comparison[is_replay(comparison)]
@@ -87,7 +93,7 @@ def replay_findings(results: StudyResults) -> list[Finding]:
                     f"{ratio.max():.2f}x the source's ({parts}; one run each, beside the "
                     "study's other jobs)"
                 )
-            out.append(Finding(text + ".", REPLAY))
+            out.append(Finding(text + ".", REPLAY, question="checks", source="replayed"))
     if slowdown.empty or "strategy" not in slowdown:
         return out
     rows = slowdown[slowdown["slowdown_mean"].notna()]
@@ -97,8 +103,19 @@ def replay_findings(results: StudyResults) -> list[Finding]:
         replayed = at_varied[is_replay(at_varied)]
         for name, group in replayed.groupby("model", sort=True):
             value = group[column].min() if pick == "min" else group[column].max()
-            mine = group[group[column] == value]["slowdown_mean"].mean()
+            mine_rows = group[group[column] == value]
+            mine = mine_rows["slowdown_mean"].mean()
             others = at_varied[~is_replay(at_varied) & (at_varied[column] == value)]
+            # Only the workloads on the replay's own cluster (nodes x ranks): no average over
+            # unlike setups.
+            place = [c for c in ("nodes", "ranks_per_node") if c in others and c in mine_rows]
+            for col in place:
+                others = others[others[col].isin(set(mine_rows[col]))]
+            where = (
+                f" on {int(mine_rows['nodes'].iloc[0])}x{int(mine_rows['ranks_per_node'].iloc[0])}"
+                if len(place) == 2
+                else ""
+            )
             setting = (
                 f"a cap of {value / 1e6:g} Mbit/s"
                 if varied == "bw"
@@ -117,14 +134,16 @@ def replay_findings(results: StudyResults) -> list[Finding]:
                     if bare
                     else ""
                 )
-                + f" takes {mine:.2f}x as long under {setting}"
+                + f" takes {mine:.2f}x as long under {setting}{where}"
             )
             if len(others):
-                per = others.groupby("strategy")["slowdown_mean"].mean().sort_values()
-                text += "; our own workloads at the same setting: " + ", ".join(
-                    f"{s} {v:.2f}x" for s, v in per.items()
+                per = others.groupby(["strategy", "model"])["slowdown_mean"].mean().sort_values()
+                text += "; our own workloads at the same setting and cluster: " + ", ".join(
+                    f"{s} ({m}) {v:.2f}x" for (s, m), v in per.items()
                 )
-            out.append(Finding(text + ".", SENSITIVITY))
+            if dropped:
+                text += left_out(dropped)
+            out.append(Finding(text + ".", SENSITIVITY, question="sensitivity", source="replayed"))
     return out
 
 
@@ -145,7 +164,14 @@ def check_findings(results: StudyResults) -> list[Finding]:
         )
         if not matrix_check.empty and "passed" in matrix_check:
             text += f" and {int(matrix_check['passed'].sum())} of {len(matrix_check)} node pairs"
-        out.append(Finding(text + " agree within their stated tolerance.", CROSSCHECK))
+        out.append(
+            Finding(
+                text + " agree within their stated tolerance.",
+                CROSSCHECK,
+                question="checks",
+                source="check",
+            )
+        )
     if not comparison.empty and "exact" in comparison:
         cells = comparison.groupby("cell")["exact"].all()
         out.append(
@@ -153,8 +179,17 @@ def check_findings(results: StudyResults) -> list[Finding]:
                 f"The analytical model predicted every message and byte exactly in "
                 f"{int(cells.sum())} of {len(cells)} cells.",
                 COMPARE,
+                question="checks",
+                source="check",
             )
         )
+    # The measured step time of a host-limited cell is the host's, not the network's.
+    limited = host_limited_cells(results)
+    dropped = 0
+    if limited and "cell" in timing:
+        out_cells = timing["cell"].astype(str).isin(limited)
+        dropped = int(timing.loc[out_cells, "cell"].nunique())
+        timing = timing[~out_cells]
     if not timing.empty and "time_error" in timing:
         err = timing["time_error"].abs().dropna()
         if len(err):
@@ -162,8 +197,10 @@ def check_findings(results: StudyResults) -> list[Finding]:
                 Finding(
                     f"The alpha-beta step time is within {100 * err.median():.0f} % of the "
                     f"measured one for the median cell (worst {100 * err.max():.0f} %, "
-                    f"{len(err)} cells).",
+                    f"{len(err)} cells){left_out(dropped)}.",
                     TIMING,
+                    question="checks",
+                    source="check",
                 )
             )
     return out

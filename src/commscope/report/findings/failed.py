@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from commscope.config import cell_axes
@@ -57,6 +58,6 @@ def lost_sides(
                 f"cell{'' if len(lacking) == 1 else 's'} it could have included: "
                 f"{'; '.join(lacking)}.]"
             )
-            f = Finding(text, f.anchor)
+            f = replace(f, text=text)
         out.append(f)
     return out

@@ -1,6 +1,7 @@
 """How sensitive the strategies are to the link: the slowdown at the study's tightest cap,
-largest delay and largest loss, the knee and crossovers over the cap, and the congestion
-control."""
+largest delay and largest loss (each in one setup), the knee read off the measured slowdown
+curve and the crossovers over the cap, and the congestion control; every comparison with its
+interval over runs, stated as an ordering only where the intervals separate."""
 
 from __future__ import annotations
 
@@ -9,11 +10,16 @@ from typing import Any
 import pandas as pd
 
 from commscope.contracts import is_replay
+from commscope.metrics.study import knee_table
 from commscope.report.findings._base import (
     SENSITIVITY,
     Finding,
+    Spread,
     comparison_group,
+    kept,
+    left_out,
     named,
+    ordering,
     setup_words,
 )
 from commscope.report.results import StudyResults
@@ -22,7 +28,9 @@ from commscope.spec.link import SHAPING, impaired
 from commscope.units import fmt_ms
 
 
-def _sensitivity_at(slowdown: pd.DataFrame, varied: str, column: str, pick: str) -> list[Finding]:
+def _sensitivity_at(
+    slowdown: pd.DataFrame, varied: str, column: str, pick: str, dropped: int
+) -> list[Finding]:
     rows = slowdown[(slowdown["varied"] == varied) & slowdown["slowdown_mean"].notna()]
     # Replayed traces are compared with the strategies in replay_findings, at equal settings.
     rows = rows[~is_replay(rows)]
@@ -30,14 +38,20 @@ def _sensitivity_at(slowdown: pd.DataFrame, varied: str, column: str, pick: str)
         return []
     value = rows[column].min() if pick == "min" else rows[column].max()
     at = rows[rows[column] == value]
+    # One setup: the one with the most strategies at this setting (ties: the smallest cluster),
+    # never an average over unlike setups.
+    setup_keys = [k for k in (*SETUP, "cc") if k in at]
+    counts = at.groupby(setup_keys, dropna=False)["strategy"].nunique()
+    if counts.empty or counts.max() < 2:
+        return []
+    best = sorted(counts[counts == counts.max()].index, key=lambda k: (k[1], k[2], str(k)))[0]
+    at = at[(at[setup_keys] == pd.Series(best, index=setup_keys)).all(axis=1)]
     at = at.groupby("strategy", as_index=False).agg(
         slowdown_mean=("slowdown_mean", "mean"),
         low=("slowdown_ci_low", "first"),
         high=("slowdown_ci_high", "first"),
-        setups=("slowdown_mean", "size"),
+        repeats=("repeats", "first") if "repeats" in at else ("slowdown_mean", "size"),
     )
-    if len(at) < 2:
-        return []
     at = at.sort_values(["slowdown_mean", "strategy"], ascending=[False, True])
     hi, lo = at.iloc[0], at.iloc[-1]
     setting = {
@@ -46,58 +60,91 @@ def _sensitivity_at(slowdown: pd.DataFrame, varied: str, column: str, pick: str)
         "loss": f"{value:g} % random loss",
     }[varied]
     noun = {"bw": "bandwidth", "delay": "latency", "loss": "loss"}[varied]
-    # With intervals on both ends, say when they overlap: the order is then not established.
-    overlap = (
-        pd.notna(hi["low"])
-        and pd.notna(lo["high"])
-        and hi["setups"] == lo["setups"] == 1
-        and hi["low"] <= lo["high"]
-    )
-    caveat = "; their 95 % intervals overlap, so this order is not established" if overlap else ""
+    setup = setup_words(dict(zip(setup_keys, best, strict=True)))
+    # Stated as an ordering only where the two intervals separate.
+    if pd.notna(hi["low"]) and pd.notna(lo["high"]) and hi["low"] > lo["high"]:
+        caveat = ""
+    elif pd.notna(hi["low"]) and pd.notna(lo["high"]):
+        caveat = "; their 95 % intervals overlap, so this order is not established"
+    else:
+        runs = sorted({int(hi["repeats"]), int(lo["repeats"])})
+        caveat = (
+            "; not established: "
+            + ("one run each" if runs == [1] else f"{' and '.join(map(str, runs))} runs")
+            + ", no interval (at least 2 runs of each setting and of its baseline are needed)"
+        )
     return [
         Finding(
-            f"Most sensitive to {noun}: {hi['strategy']}, whose step takes "
+            f"Most sensitive to {noun} ({setup}): {hi['strategy']}, whose step takes "
             f"{_times(hi)} as long under {setting} as unshaped; "
-            f"{lo['strategy']} {_times(lo)}, the least of {len(at)} strategies{caveat}.",
+            f"{lo['strategy']} {_times(lo)}, the least of {len(at)} strategies{caveat}"
+            f"{left_out(dropped)}.",
             SENSITIVITY,
+            question="sensitivity",
         )
     ]
 
 
+# A setup (setup_words' keys first: model, nodes, ranks per node).
+SETUP = ("model", "nodes", "ranks_per_node", "steps")
+
+
 def _times(row: Any) -> str:
-    """``2.31x`` and, where the slowdown has an interval (one setup, repeats on both sides), its
-    95 % bounds: ``2.31x (95 % CI 2.10-2.55x)``."""
+    """``2.31x`` and, where the slowdown has an interval (repeats on both sides), its 95 %
+    bounds: ``2.31x (95 % CI 2.10-2.55x)``."""
     text = f"{row['slowdown_mean']:.2f}x"
-    if row.get("setups", 1) == 1 and pd.notna(row.get("low")) and pd.notna(row.get("high")):
+    if pd.notna(row.get("low")) and pd.notna(row.get("high")):
         text += f" (95 % CI {row['low']:.2f}-{row['high']:.2f}x)"
     return text
 
 
 def sensitivity_findings(results: StudyResults) -> list[Finding]:
     """The strategy that slows down most (and least) at the tightest cap, the largest delay and
-    the largest loss of the study."""
-    slowdown = results.slowdown
+    the largest loss of the study, in one setup (the one with the most strategies there)."""
+    slowdown, dropped = kept(results, "slowdown")
     if slowdown.empty:
         return []
     return [
-        *_sensitivity_at(slowdown, "bw", SHAPING["bw"], "min"),
-        *_sensitivity_at(slowdown, "delay", SHAPING["delay"], "max"),
-        *_sensitivity_at(slowdown, "loss", SHAPING["loss"], "max"),
+        *_sensitivity_at(slowdown, "bw", SHAPING["bw"], "min", dropped),
+        *_sensitivity_at(slowdown, "delay", SHAPING["delay"], "max", dropped),
+        *_sensitivity_at(slowdown, "loss", SHAPING["loss"], "max", dropped),
     ]
+
+
+def _knee_words(row: Any) -> str:
+    """One strategy's knee: its value and bracket, or the side of the caps it lies on."""
+    if pd.notna(row["knee_bps"]):
+        return (
+            f"{row['strategy']} {row['knee_bps'] / 1e6:,.0f} Mbit/s (between "
+            f"{row['cap_low_bps'] / 1e6:g} Mbit/s, {row['slowdown_low']:.2f}x, and "
+            f"{row['cap_high_bps'] / 1e6:g} Mbit/s, {row['slowdown_high']:.2f}x)"
+        )
+    if pd.notna(row["knee_above_bps"]):
+        cap, there, which = row["knee_above_bps"], row["slowdown_low"], "highest"
+        side = "above"
+    else:
+        cap, there, which = row["knee_below_bps"], row["slowdown_high"], "lowest"
+        side = "below"
+    return (
+        f"{row['strategy']} {side} {cap / 1e6:g} Mbit/s ({there:.2f}x there, the {which} cap "
+        "run: the caps do not bracket it)"
+    )
 
 
 def link_findings(results: StudyResults) -> list[Finding]:
     """Knees and crossovers over the rate cap, in the comparison group's setup.
 
-    Knee: the cap at which a strategy's node (on average) needs its whole unshaped step to send one
-    step's bytes, ``8 x wire tx per step and node / unshaped step time``. Below it the step
-    grows like bytes / bandwidth (communication no longer fits in the time compute takes).
-    Crossover: which strategy has the shortest step at each cap, where that changes."""
-    summary = named(results.summary)
+    Knee (:func:`~commscope.metrics.study.knee_table`): the cap at which the measured step is
+    1.1x the unshaped one, interpolated in 1 / cap between the measured caps that bracket it
+    (else the side of the caps it lies on). Crossover: which strategy has the shortest step at
+    each cap, where that changes, with the step's interval over runs."""
+    summary, dropped = kept(results, "summary")
+    summary = named(summary)
     group = comparison_group(summary)
-    if group.empty or "wire_tx_bytes_per_step_per_node" not in summary:
+    if group.empty:
         return []
     first = group.iloc[0]
+    note = left_out(dropped)
     setup = (summary["model"] == first["model"]) & (summary["nodes"] == first["nodes"])
     setup &= summary["ranks_per_node"] == first["ranks_per_node"]
     setup &= ~impaired(summary)
@@ -105,41 +152,76 @@ def link_findings(results: StudyResults) -> list[Finding]:
         setup &= summary["cc"] == summary.loc[setup, "cc"].mode().iloc[0]
     rows = summary[setup & summary["strategy"].isin(group["strategy"])]
     out = []
-    knees = group["wire_tx_bytes_per_step_per_node"] * 8 / group["step_time_mean_s"]
-    knees = pd.Series(knees.to_numpy(), index=group["strategy"]).dropna()
-    knees = knees.sort_values(ascending=False)
+    slowdown, _ = kept(results, "slowdown")
+    knees = knee_table(named(slowdown)) if not slowdown.empty else pd.DataFrame()
+    if not knees.empty:
+        knees = knees[(knees["model"] == first["model"]) & (knees["nodes"] == first["nodes"])]
+        knees = knees[knees["ranks_per_node"] == first["ranks_per_node"]]
+        if "cc" in rows and len(rows):
+            knees = knees[knees["cc"].isin(set(rows["cc"]))]
+        knees = knees[knees["strategy"].isin(group["strategy"])]
     if len(knees) >= 2:
-        parts = [f"{name} {value / 1e6:,.0f} Mbit/s" for name, value in knees.items()]
-        out.append(
-            Finding(
-                "Knee (the cap below which a step grows like bytes / bandwidth: 8 x the "
-                "bytes a node sends per step over the unshaped step): "
-                + ", ".join(parts)
-                + f" ({setup_words(first)}).",
-                SENSITIVITY,
-            )
+        order = knees.assign(
+            _key=knees["knee_bps"]
+            .fillna(knees["knee_above_bps"] * 10)
+            .fillna(knees["knee_below_bps"] / 10)
+        ).sort_values(["_key", "strategy"], ascending=[False, True])
+        text = (
+            "Knee (the cap at which the measured step is 1.1x the unshaped one, read off the "
+            f"slowdown curve; {setup_words(first)}): "
+            + "; ".join(_knee_words(r) for _, r in order.iterrows())
         )
+        if "wire_tx_bytes_per_step_per_node" in group:
+            rate = group["wire_tx_bytes_per_step_per_node"] * 8 / group["step_time_mean_s"]
+            rate = pd.Series(rate.to_numpy(), index=group["strategy"]).dropna()
+            if len(rate):
+                text += (
+                    ". For comparison, the rate a node needs to send one step's bytes within "
+                    "the unshaped step (bytes rate): "
+                    + ", ".join(f"{k} {v / 1e6:,.0f} Mbit/s" for k, v in rate.items())
+                )
+        out.append(Finding(text + note + ".", SENSITIVITY, question="sensitivity"))
     caps = rows.assign(cap=rows["bw_bps"].fillna(float("inf")))
-    per_cap = caps.groupby(["cap", "strategy"])["step_time_mean_s"].mean().reset_index()
+    per_cap = caps.groupby(["cap", "strategy"])["step_time_mean_s"].agg(list).reset_index()
+    per_cap["spread"] = per_cap["step_time_mean_s"].map(Spread.of)
+    per_cap["mean"] = per_cap["spread"].map(lambda v: v.mean)
     full = per_cap.groupby("cap")["strategy"].nunique() == len(group)
     per_cap = per_cap[per_cap["cap"].isin(full[full].index)]
     if per_cap["cap"].nunique() >= 2:
-        fastest = per_cap.loc[per_cap.groupby("cap")["step_time_mean_s"].idxmin()]
-        fastest = fastest.sort_values("cap", ascending=False)
+        unsettled = []
+        fastest = []
+        for cap, g in per_cap.groupby("cap"):
+            g = g.sort_values(["mean", "strategy"])
+            fastest.append({"cap": cap, "strategy": g["strategy"].iloc[0]})
+            if ordering(g["spread"].iloc[1], g["spread"].iloc[0]):
+                unsettled.append(cap)
+        fastest = pd.DataFrame(fastest).sort_values("cap", ascending=False)
         changes = int(fastest["strategy"].ne(fastest["strategy"].shift()).sum() - 1)
+        runs = max(v.n for v in per_cap["spread"])
+        caveat = ""
+        if unsettled:
+            caveat = (
+                "; the fastest is not established "
+                + (
+                    "at any cap"
+                    if len(unsettled) == len(fastest)
+                    else "at " + ", ".join(_cap_words(c) for c in sorted(unsettled, reverse=True))
+                )
+                + (" (one run each)" if runs == 1 else " (the 95 % intervals over runs overlap)")
+            )
         if changes:
             words = [f"{r['strategy']} {_cap_words(r['cap'])}" for r in fastest.to_dict("records")]
             text = (
-                f"Fastest by cap: {'; '.join(words)} (the fastest strategy changes {changes} "
-                f"time{'' if changes == 1 else 's'})."
+                f"Fastest by cap ({setup_words(first)}): {'; '.join(words)} (the fastest "
+                f"strategy changes {changes} time{'' if changes == 1 else 's'}{caveat})"
             )
         else:
             text = (
                 f"No crossover over the cap: {fastest['strategy'].iloc[0]} has the shortest "
                 f"step at every cap, from unshaped down to {fastest['cap'].min() / 1e6:g} Mbit/s "
-                f"({len(group)} strategies, {setup_words(first)})."
+                f"({len(group)} strategies, {setup_words(first)}{caveat})"
             )
-        out.append(Finding(text, SENSITIVITY))
+        out.append(Finding(text + note + ".", SENSITIVITY, question="sensitivity"))
     return out
 
 
@@ -150,26 +232,30 @@ def _cap_words(cap: float) -> str:
 def congestion_findings(results: StudyResults) -> list[Finding]:
     """Cells that differ only in TCP congestion control: each one's step against the same
     setting under the other control(s), mean over repeats."""
-    summary = named(results.summary)
+    summary, dropped = kept(results, "summary")
+    summary = named(summary)
     keys = ["strategy", "model", "nodes", "ranks_per_node", "bw", "delay", "jitter", "loss"]
     if summary.empty or "cc" not in summary or any(k not in summary for k in keys):
         return []
-    steps = summary.groupby([*keys, "cc"], dropna=False)["step_time_mean_s"].mean()
+    steps = summary.groupby([*keys, "cc"], dropna=False)["step_time_mean_s"].agg(Spread.of)
     out = []
     for key, by_cc in steps.groupby(level=keys, dropna=False, sort=True):
         if len(by_cc) < 2:
             continue
-        by_cc = by_cc.droplevel(keys).sort_values()
+        by_cc = by_cc.droplevel(keys)
+        by_cc = by_cc.iloc[sorted(range(len(by_cc)), key=lambda i: by_cc.iloc[i].mean)]
         row = dict(zip(keys, key, strict=True))
         link = link_words(row)
         fast, slow = by_cc.index[0], by_cc.index[-1]
-        listed = ", ".join(f"{fmt_ms(t)} with {cc}" for cc, t in by_cc.items())
+        listed = ", ".join(f"{fmt_ms(v.mean)} with {cc} ({v.interval})" for cc, v in by_cc.items())
         out.append(
             Finding(
                 f"Congestion control{link}: {row['strategy']}'s step takes {listed} "
-                f"({slow}'s {by_cc.iloc[-1] / by_cc.iloc[0]:.2f}x {fast}'s; {row['model']} on "
-                f"{int(row['nodes'])}x{int(row['ranks_per_node'])}).",
+                f"({slow}'s {by_cc.iloc[-1].mean / by_cc.iloc[0].mean:.2f}x {fast}'s; "
+                f"{setup_words(row)}){ordering(by_cc.iloc[-1], by_cc.iloc[0])}"
+                f"{left_out(dropped)}.",
                 SENSITIVITY,
+                question="sensitivity",
             )
         )
     return out
