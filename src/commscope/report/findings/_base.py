@@ -5,7 +5,7 @@ group most findings compare strategies in, and the wording helpers they share.""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,9 +133,13 @@ class Spread:
     @property
     def interval(self) -> str:
         """``95 % CI a-b`` (3 significant digits) or ``one run``/``N runs``, no interval."""
+        return self.interval_in(lambda v: f"{v:.3g}")
+
+    def interval_in(self, fmt: Callable[[float], str]) -> str:
+        """:attr:`interval` with the bounds written by ``fmt`` (e.g. as milliseconds)."""
         if math.isnan(self.low):
             return "one run" if self.n == 1 else f"{self.n} runs"
-        return f"95 % CI {self.low:.3g}-{self.high:.3g}, {self.n} runs"
+        return f"95 % CI {fmt(self.low)}-{fmt(self.high)}, {self.n} runs"
 
 
 def separated(a: Spread, b: Spread) -> bool:

@@ -41,11 +41,15 @@ def _sensitivity_at(
     # One setup: the one with the most strategies at this setting (ties: the smallest cluster),
     # never an average over unlike setups.
     setup_keys = [k for k in (*SETUP, "cc") if k in at]
-    counts = at.groupby(setup_keys, dropna=False)["strategy"].nunique()
-    if counts.empty or counts.max() < 2:
+    best: tuple[Any, ...] = ()
+    if setup_keys:
+        counts = at.groupby(setup_keys, dropna=False)["strategy"].nunique()
+        most = counts[counts == counts.max()].index
+        # Ties: the smallest cluster (nodes, then ranks per node), then by name.
+        best = sorted((k if isinstance(k, tuple) else (k,) for k in most), key=_cluster)[0]
+        at = at[(at[setup_keys] == pd.Series(best, index=setup_keys)).all(axis=1)]
+    if at["strategy"].nunique() < 2:
         return []
-    best = sorted(counts[counts == counts.max()].index, key=lambda k: (k[1], k[2], str(k)))[0]
-    at = at[(at[setup_keys] == pd.Series(best, index=setup_keys)).all(axis=1)]
     at = at.groupby("strategy", as_index=False).agg(
         slowdown_mean=("slowdown_mean", "mean"),
         low=("slowdown_ci_low", "first"),
@@ -60,7 +64,8 @@ def _sensitivity_at(
         "loss": f"{value:g} % random loss",
     }[varied]
     noun = {"bw": "bandwidth", "delay": "latency", "loss": "loss"}[varied]
-    setup = setup_words(dict(zip(setup_keys, best, strict=True)))
+    keys = dict(zip(setup_keys, best, strict=True))
+    setup = f" ({setup_words(keys)})" if {"model", "nodes", "ranks_per_node"} <= set(keys) else ""
     # Stated as an ordering only where the two intervals separate.
     if pd.notna(hi["low"]) and pd.notna(lo["high"]) and hi["low"] > lo["high"]:
         caveat = ""
@@ -75,7 +80,7 @@ def _sensitivity_at(
         )
     return [
         Finding(
-            f"Most sensitive to {noun} ({setup}): {hi['strategy']}, whose step takes "
+            f"Most sensitive to {noun}{setup}: {hi['strategy']}, whose step takes "
             f"{_times(hi)} as long under {setting} as unshaped; "
             f"{lo['strategy']} {_times(lo)}, the least of {len(at)} strategies{caveat}"
             f"{left_out(dropped)}.",
@@ -87,6 +92,11 @@ def _sensitivity_at(
 
 # A setup (setup_words' keys first: model, nodes, ranks per node).
 SETUP = ("model", "nodes", "ranks_per_node", "steps")
+
+
+def _cluster(key: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Sort key of a setup tuple (:data:`SETUP` order): nodes, ranks per node, then the rest."""
+    return (*key[1:3], str(key))
 
 
 def _times(row: Any) -> str:
@@ -247,7 +257,9 @@ def congestion_findings(results: StudyResults) -> list[Finding]:
         row = dict(zip(keys, key, strict=True))
         link = link_words(row)
         fast, slow = by_cc.index[0], by_cc.index[-1]
-        listed = ", ".join(f"{fmt_ms(v.mean)} with {cc} ({v.interval})" for cc, v in by_cc.items())
+        listed = ", ".join(
+            f"{fmt_ms(v.mean)} with {cc} ({v.interval_in(fmt_ms)})" for cc, v in by_cc.items()
+        )
         out.append(
             Finding(
                 f"Congestion control{link}: {row['strategy']}'s step takes {listed} "

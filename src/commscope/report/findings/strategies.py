@@ -226,7 +226,8 @@ def placement_findings(results: StudyResults) -> list[Finding]:
                 f"Placement ({setup_words(row)}, {_link(row)}): {across} (the same degrees as "
                 f"{name}, its inner group across nodes) sends {fmt_bytes(inter_x)} across "
                 f"nodes per step against {fmt_bytes(inter_in)} (counted), and its step takes "
-                f"{fmt_ms(sb.mean)} ({sb.interval}) against {fmt_ms(sa.mean)} ({sa.interval}), "
+                f"{fmt_ms(sb.mean)} ({sb.interval_in(fmt_ms)}) against {fmt_ms(sa.mean)} "
+                f"({sa.interval_in(fmt_ms)}), "
                 f"{sb.mean / sa.mean:.2f}x{ordering(sb, sa)}{left_out(dropped)}.",
                 STRATEGIES,
                 question="placement and scale",
