@@ -58,6 +58,49 @@ def _save(fig: Figure, out_png: Path) -> Path:
     return out_png
 
 
+def _new_grid(
+    panels: int, ncols: int = 3, width: float = 4.4, height: float = 3.4
+) -> tuple[Figure, list]:
+    """A figure of ``panels`` panels, ``ncols`` to a row at most, the rest wrapped onto new
+    rows: returns the figure and the ``panels`` axes in reading order (unused grid places are
+    hidden). Panels side by side without a limit made a 9-model study's figures 7,425 px wide
+    strips that a 1280 px page shows 77 px tall; three to a row keeps every panel readable."""
+    panels = max(panels, 1)
+    ncols = min(ncols, panels)
+    nrows = -(-panels // ncols)
+    fig = Figure(figsize=(width * ncols, height * nrows), layout="constrained")
+    FigureCanvasAgg(fig)
+    grid = list(fig.subplots(nrows, ncols, squeeze=False).ravel())
+    for ax in grid[panels:]:
+        ax.set_visible(False)
+    return fig, grid[:panels]
+
+
+def _legend_below(fig: Figure, handles: dict[str, Any], title: str) -> None:
+    """One legend for the whole figure, below its panels (never on the data), its entries in
+    name order, as many columns as the longest label leaves room for."""
+    if not handles:
+        return
+    labels = sorted(handles)
+    width = fig.get_figwidth() * 10  # ~characters of small text across the figure
+    fig.legend(
+        [handles[label] for label in labels],
+        labels,
+        title=title,
+        loc="outside lower center",
+        ncols=max(1, min(len(labels), 6, int(width // (max(map(len, labels)) + 4)))),
+        fontsize="small",
+    )
+
+
+def strategy_palette(names: Sequence[str]) -> dict[str, tuple]:
+    """The one colour per strategy of every study figure: pass the study's strategy labels
+    (every strategy, replays as ``replayed NAME``: :func:`commscope.metrics.study.strategy_label`
+    of the summary), not a figure's own subset, so a strategy has the same colour in every
+    figure of the report even where a figure shows only some strategies."""
+    return _palette(names)
+
+
 def _palette(names: Sequence[str]) -> dict[str, tuple]:
     """Colour per name, assigned in sorted order so a strategy keeps its colour everywhere.
 

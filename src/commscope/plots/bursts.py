@@ -3,6 +3,7 @@ the aggregated :mod:`commscope.metrics.temporal` on/off table."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -10,8 +11,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from commscope.metrics.study import unshaped_rows
-from commscope.plots._style import _new_figure, _no_data, _palette, _save, _styled
+from commscope.metrics.study import strategy_label, unshaped_rows
+from commscope.plots._style import _new_figure, _no_data, _save, _styled, strategy_palette
 from commscope.units import bytes_tick
 
 # (column prefix of temporal_onoff, axis label)
@@ -26,16 +27,20 @@ def burst_rows(onoff: pd.DataFrame) -> pd.DataFrame:
     return unshaped_rows(onoff[(onoff["direction"] == "tx") & (onoff["n_bursts"] > 0)])
 
 
-def plot_bursts(onoff: pd.DataFrame, out_png: Path) -> Path:
+def plot_bursts(
+    onoff: pd.DataFrame, out_png: Path, palette: Mapping[str, tuple] | None = None
+) -> Path:
     """Draw :func:`bursts_figure` to ``out_png``."""
-    return _save(bursts_figure(onoff), out_png)
+    return _save(bursts_figure(onoff, palette), out_png)
 
 
 @_styled
-def bursts_figure(onoff: pd.DataFrame) -> Figure:
+def bursts_figure(onoff: pd.DataFrame, palette: Mapping[str, tuple] | None = None) -> Figure:
     """Two panels, burst size and burst duration, one column per strategy: for every node of
     every unshaped cell of the strategy its median burst (dot), the 90th percentile (bar top)
-    and the largest burst (cross), log y. Bursts are runs of "on" 100 µs bins (docs/temporal.md:
+    and the largest burst (cross), log y. ``palette``: the study's colour per strategy
+    (:func:`~commscope.plots.study.study_palette`); the figure's own strategies without one.
+    Bursts are runs of "on" 100 µs bins (docs/temporal.md:
     on above 10 % of the cell's peak bin on an unshaped link)."""
     rows = burst_rows(onoff)
     fig, axes = _new_figure(len(_PANELS), width=6.0, height=4.2)
@@ -43,8 +48,10 @@ def bursts_figure(onoff: pd.DataFrame) -> Figure:
         for ax in axes:
             _no_data(ax, "bursts on an unshaped link")
         return fig
-    strategies = sorted(rows["strategy"].astype(str).unique())
-    palette = _palette(strategies)
+    rows = rows.assign(strategy=strategy_label(rows).astype(str))
+    strategies = sorted(rows["strategy"].unique())
+    if palette is None:
+        palette = strategy_palette(strategies)
     for ax, (prefix, label) in zip(axes, _PANELS, strict=True):
         for x, name in enumerate(strategies):
             sub = rows[rows["strategy"].astype(str) == name]
@@ -53,7 +60,7 @@ def bursts_figure(onoff: pd.DataFrame) -> Figure:
             med = sub[f"{prefix}_median"].to_numpy(float)
             p90 = sub[f"{prefix}_p90"].to_numpy(float)
             top = sub[f"{prefix}_max"].to_numpy(float)
-            colour = palette[name]
+            colour = palette.get(name) or strategy_palette([name])[name]
             ax.vlines(x + offsets, med, p90, color=colour, linewidth=2)
             ax.scatter(x + offsets, med, color=colour, s=28, zorder=3)
             ax.scatter(x + offsets, top, color=colour, marker="x", s=22, zorder=3)

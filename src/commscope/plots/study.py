@@ -16,9 +16,18 @@ import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator
 
-from commscope.contracts import STUDY_FIGURE_TABLES, STUDY_FIGURES, table_file
+from commscope.contracts import STUDY_FIGURE_TABLES, STUDY_FIGURES, is_replay, table_file
 from commscope.metrics.study import SERIES_AXES, SETUP_AXES, strategy_label
-from commscope.plots._style import _new_figure, _no_data, _palette, _save, _styled
+from commscope.plots._style import (
+    _legend_below,
+    _new_figure,
+    _new_grid,
+    _no_data,
+    _palette,
+    _save,
+    _styled,
+    strategy_palette,
+)
 from commscope.plots.bursts import plot_bursts
 from commscope.plots.matrices import plot_comm_matrices
 from commscope.spec.link import SHAPING, impaired
@@ -44,13 +53,17 @@ def plot_study(tables: Mapping[str, Path], figures: Mapping[str, Path]) -> list[
     loss (:func:`plot_slowdown`).
     ``bursts.png``: burst size and duration per strategy on the unshaped link
     (:func:`~commscope.plots.bursts.plot_bursts`).
-    One panel per model when several models were run. Every figure is always written (with a
+    One panel per model when several models were run (every replayed trace in one panel, three
+    panels to a row), one legend below the panels, and one colour per strategy in every figure
+    (:func:`study_palette` of the summary). Every figure is always written (with a
     "no data" note when its table is empty) so pipeline outputs are predictable.
     """
+    summary = pd.read_parquet(tables["summary"])
+    palette = study_palette(summary)
     return [
-        plot_size_cdf(pd.read_parquet(tables["msg_size_cdf"]), figures["msg_size_cdf"]),
+        plot_size_cdf(pd.read_parquet(tables["msg_size_cdf"]), figures["msg_size_cdf"], palette),
         plot_step_time_vs_bw(
-            pd.read_parquet(tables["step_time_over_repeats"]), figures["step_time_vs_bw"]
+            pd.read_parquet(tables["step_time_over_repeats"]), figures["step_time_vs_bw"], palette
         ),
         plot_bytes_per_step(
             pd.read_parquet(tables["bytes_per_step_by_op"]), figures["bytes_per_step_by_op"]
@@ -58,12 +71,12 @@ def plot_study(tables: Mapping[str, Path], figures: Mapping[str, Path]) -> list[
         *plot_comm_matrices(
             tables["node_matrix"],
             tables["comm_matrix"],
-            pd.read_parquet(tables["summary"]),
+            summary,
             figures["comm_matrix_nodes"],
             figures["comm_matrix_ranks"],
         ),
-        plot_slowdown(pd.read_parquet(tables["slowdown"]), figures["slowdown"]),
-        plot_bursts(pd.read_parquet(tables["temporal_onoff"]), figures["bursts"]),
+        plot_slowdown(pd.read_parquet(tables["slowdown"]), figures["slowdown"], palette),
+        plot_bursts(pd.read_parquet(tables["temporal_onoff"]), figures["bursts"], palette),
     ]
 
 
@@ -77,38 +90,73 @@ def study_figure_paths(out_dir: Path) -> dict[str, Path]:
     return {name: Path(out_dir) / f"{name}.png" for name in STUDY_FIGURES}
 
 
-def _models(df: pd.DataFrame) -> list[str]:
-    return sorted(df["model"].astype(str).unique()) if "model" in df and not df.empty else [""]
+REPLAY_PANEL = "replayed traces"
 
 
-def _model_rows(df: pd.DataFrame, model: str) -> pd.DataFrame:
-    return df[df["model"].astype(str) == model] if model else df
+def _panels(df: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """The panels of a per-model figure: one per trained model (name order), then one for every
+    replayed trace together (their labels, ``replayed NAME``, tell them apart), each with its
+    rows and a ``label`` column (:func:`strategy_label`). A table without a model column is one
+    panel; an empty table none."""
+    if df.empty:
+        return []
+    df = df.assign(label=strategy_label(df).astype(str))
+    if "model" not in df:
+        return [("", df)]
+    # A table whose strategies are already labelled (cap_series) marks its replays in words.
+    replay = is_replay(df) | df["strategy"].astype(str).str.startswith("replayed ")
+    panels = [(str(m), rows) for m, rows in df[~replay].groupby("model", sort=True)]
+    if replay.any():
+        panels.append((REPLAY_PANEL, df[replay]))
+    return panels
+
+
+def _panel_title(what: str, model: str, panels: int) -> str:
+    return f"{what}{f' — {model}' if model and panels > 1 else ''}"
+
+
+def study_palette(summary: pd.DataFrame) -> dict[str, tuple]:
+    """The study's one colour per strategy (:func:`strategy_palette` over every strategy label
+    of the summary, replays as ``replayed NAME``), handed to every study figure."""
+    if summary.empty or "strategy" not in summary:
+        return {}
+    return strategy_palette(strategy_label(summary).astype(str))
+
+
+def _colour(palette: Mapping[str, tuple], label: str) -> tuple | str:
+    # A label the study's summary lacks (a figure drawn from a table alone) still gets one.
+    return palette.get(label) or strategy_palette([label])[label]
 
 
 @_styled
-def plot_size_cdf(cdf: pd.DataFrame, out_png: Path) -> Path:
-    """Message-size CDF per strategy (one panel per model) from
-    :func:`~commscope.metrics.study.measured_size_cdf`; see :func:`plot_study`."""
-    models = _models(cdf)
-    fig, axes = _new_figure(len(models))
-    palette = _palette(cdf["strategy"].astype(str)) if not cdf.empty else {}
-    for ax, model in zip(axes, models, strict=True):
-        rows = _model_rows(cdf, model)
-        if rows.empty:
-            _no_data(ax, "messages")
-            continue
-        for strategy, sub in rows.groupby("strategy", sort=True):
+def plot_size_cdf(
+    cdf: pd.DataFrame, out_png: Path, palette: Mapping[str, tuple] | None = None
+) -> Path:
+    """Message-size CDF per strategy (one panel per model, replays together, three to a row)
+    from :func:`~commscope.metrics.study.measured_size_cdf`; see :func:`plot_study`."""
+    panels = _panels(cdf)
+    if palette is None:
+        palette = strategy_palette(strategy_label(cdf).astype(str)) if not cdf.empty else {}
+    fig, axes = _new_grid(len(panels))
+    if not panels:
+        _no_data(axes[0], "messages")
+        return _save(fig, out_png)
+    handles: dict[str, object] = {}
+    for ax, (model, rows) in zip(axes, panels, strict=True):
+        for label, sub in rows.groupby("label", sort=True):
             # Start the staircase at 0 just left of the smallest size so the jump is visible.
             x = np.concatenate([[sub["bytes"].iloc[0]], sub["bytes"].to_numpy()])
             y = np.concatenate([[0.0], sub["cum_fraction"].to_numpy()])
-            ax.step(x, y, where="post", label=str(strategy), color=palette[str(strategy)])
+            (handles[str(label)],) = ax.step(
+                x, y, where="post", label=str(label), color=_colour(palette, str(label))
+            )
         ax.set_xscale("log")
         ax.xaxis.set_major_formatter(FuncFormatter(bytes_tick))
         ax.set_ylim(0, 1.02)
-        ax.set_xlabel("message size (payload per rank, log scale)")
+        ax.set_xlabel("message size (payload per rank, log)")
         ax.set_ylabel("fraction of messages ≤ size")
-        ax.set_title(f"message sizes{f' — {model}' if model else ''}")
-        ax.legend(title="strategy", fontsize="small")
+        ax.set_title(_panel_title("message sizes", model, len(panels)))
+    _legend_below(fig, handles, "strategy")
     return _save(fig, out_png)
 
 
@@ -136,36 +184,45 @@ def cap_series(step_times: pd.DataFrame) -> pd.DataFrame:
 
 
 @_styled
-def plot_step_time_vs_bw(step_times: pd.DataFrame, out_png: Path) -> Path:
-    """Step time vs bandwidth cap per strategy (one panel per model) from
-    :func:`~commscope.metrics.study.step_time_over_repeats`; see :func:`plot_study`."""
-    models = _models(step_times)
-    fig, axes = _new_figure(len(models))
-    if step_times.empty:
-        _no_data(axes[0], "cells")
-        return _save(fig, out_png)
-    agg = cap_series(step_times)
+def plot_step_time_vs_bw(
+    step_times: pd.DataFrame, out_png: Path, palette: Mapping[str, tuple] | None = None
+) -> Path:
+    """Step time vs bandwidth cap per strategy (one panel per model that swept the cap, replays
+    together, three to a row) from :func:`~commscope.metrics.study.step_time_over_repeats`;
+    see :func:`plot_study`."""
+    agg = cap_series(step_times) if not step_times.empty else step_times
+    if not agg.empty:
+        # Only series that sweep the cap (a model run at one cap has no curve to show), labelled
+        # by what still varies among them.
+        agg = agg[agg.groupby(["model", "label"])["bw"].transform("nunique") > 1]
+        series = [c for c in SERIES_AXES if c in agg and agg[c].nunique(dropna=False) > 1]
+        agg = agg.assign(label=agg.apply(_series_label, axis=1, varying=series))
     if agg.empty:
-        _no_data(axes[0], "cells that vary the cap")
+        fig, axes = _new_grid(1)
+        _no_data(axes[0], "cells that vary the cap" if not step_times.empty else "cells")
         return _save(fig, out_png)
+    if palette is None:
+        palette = strategy_palette(agg["strategy"].astype(str))
     cap_mbps = agg["bw_bps"] / 1e6
     finite = cap_mbps.dropna()
     # Uncapped cells get a position right of the largest cap (log axis: a factor, not a sum),
     # and their own tick label, instead of being dropped or drawn at a made-up rate.
     no_cap_x = float(finite.max() * 4) if not finite.empty else 1.0
-    agg["x"] = cap_mbps.fillna(no_cap_x)
-    palette = _palette(agg["strategy"].astype(str))
+    agg = agg.assign(x=cap_mbps.fillna(no_cap_x))
+    # The series label (strategy and what else varies) is the legend's; the panel's rows keep it.
+    panels = [(m, rows.assign(label=agg.loc[rows.index, "label"])) for m, rows in _panels(agg)]
+    fig, axes = _new_grid(len(panels), height=3.8)
     markers = ["o", "s", "^", "D", "v", "P", "X"]
-    for ax, model in zip(axes, models, strict=True):
-        rows = _model_rows(agg, model)
+    handles: dict[str, object] = {}
+    for ax, (model, rows) in zip(axes, panels, strict=True):
         for i, (label, sub) in enumerate(rows.groupby("label", sort=True)):
             sub = sub.sort_values("x")
-            ax.errorbar(
+            handles[str(label)] = ax.errorbar(
                 sub["x"],
                 sub["mean"] * 1e3,
                 yerr=sub["std"] * 1e3,
                 label=label,
-                color=palette[str(sub["strategy"].iloc[0])],
+                color=_colour(palette, str(sub["strategy"].iloc[0])),
                 marker=markers[i % len(markers)],
                 capsize=3,
                 linewidth=1.3,
@@ -181,34 +238,35 @@ def plot_step_time_vs_bw(step_times: pd.DataFrame, out_png: Path) -> Path:
         ax.set_xticks(ticks, labels)
         ax.xaxis.set_minor_formatter(FuncFormatter(lambda *_: ""))
         ax.set_ylim(bottom=0)
-        ax.set_xlabel("bandwidth cap (Mbit/s, log scale)")
-        ax.set_ylabel("step time (ms), mean ± sd over repeats")
-        ax.set_title(f"step time vs bandwidth{f' — {model}' if model else ''}")
-        ax.legend(title="strategy", fontsize="small")
+        ax.set_xlabel("bandwidth cap (Mbit/s, log)")
+        ax.set_ylabel("step time (ms)")
+        ax.set_title(_panel_title("step time vs cap", model, len(panels)))
+    _legend_below(fig, handles, "strategy")
     return _save(fig, out_png)
 
 
 @_styled
 def plot_bytes_per_step(data: pd.DataFrame, out_png: Path) -> Path:
-    """Bar chart of framework bytes per step by op and strategy from
+    """Bar chart of framework bytes per step by op and strategy (one panel per model, replays
+    together, three to a row; colours are ops, not strategies) from
     :func:`~commscope.metrics.study.bytes_per_step_by_op`; see :func:`plot_study`."""
     data = data[data["bytes_per_step"] > 0]
-    models = _models(data)
-    fig, axes = _new_figure(len(models))
-    palette = _palette(data["op"].astype(str)) if not data.empty else {}
-    for ax, model in zip(axes, models, strict=True):
-        rows = _model_rows(data, model)
-        if rows.empty:
-            _no_data(ax, "communication in measured steps")
-            continue
+    panels = _panels(data)
+    fig, axes = _new_grid(len(panels), width=4.6, height=3.8)
+    if not panels:
+        _no_data(axes[0], "communication in measured steps")
+        return _save(fig, out_png)
+    palette = _palette(data["op"].astype(str))
+    handles: dict[str, object] = {}
+    for ax, (model, rows) in zip(axes, panels, strict=True):
         rows = rows.assign(mb=rows["bytes_per_step"] / 1e6)
         sns.barplot(
             data=rows,
-            x="strategy",
+            x="label",
             y="mb",
             hue="op",
             hue_order=sorted(rows["op"].unique()),
-            order=sorted(rows["strategy"].unique()),
+            order=sorted(rows["label"].unique()),
             palette=palette,
             errorbar=None,
             ax=ax,
@@ -216,10 +274,17 @@ def plot_bytes_per_step(data: pd.DataFrame, out_png: Path) -> Path:
         # Strategies differ by orders of magnitude (DDP vs PP): a linear axis hides the small.
         if rows["mb"].max() / rows["mb"].min() > 100:
             ax.set_yscale("log")
-        ax.set_xlabel("strategy")
-        ax.set_ylabel("MB per step (all ranks, payload)")
-        ax.set_title(f"bytes per step by op{f' — {model}' if model else ''}")
-        ax.legend(title="op", fontsize="small")
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles[label] = handle
+        if ax.get_legend() is not None:
+            ax.get_legend().remove()
+        ax.tick_params(axis="x", labelrotation=30)
+        for tick in ax.get_xticklabels():
+            tick.set_horizontalalignment("right")
+        ax.set_xlabel("")
+        ax.set_ylabel("MB per step (all ranks)")
+        ax.set_title(_panel_title("bytes per step by op", model, len(panels)))
+    _legend_below(fig, handles, "op")
     return _save(fig, out_png)
 
 
@@ -265,13 +330,15 @@ def _slowdown_series(slowdown: pd.DataFrame, axis: str) -> pd.DataFrame:
 
 
 @_styled
-def plot_slowdown(slowdown: pd.DataFrame, out_png: Path) -> Path:
+def plot_slowdown(
+    slowdown: pd.DataFrame, out_png: Path, palette: Mapping[str, tuple] | None = None
+) -> Path:
     """Draw :func:`slowdown_figure` to ``out_png``; see :func:`plot_study`."""
-    return _save(slowdown_figure(slowdown), out_png)
+    return _save(slowdown_figure(slowdown, palette), out_png)
 
 
 @_styled
-def slowdown_figure(slowdown: pd.DataFrame) -> Figure:
+def slowdown_figure(slowdown: pd.DataFrame, palette: Mapping[str, tuple] | None = None) -> Figure:
     """Slowdown against the bandwidth cap, the one-way delay and the loss, three panels side by
     side, from :func:`~commscope.metrics.study.slowdown_table`.
 
@@ -298,7 +365,8 @@ def slowdown_figure(slowdown: pd.DataFrame) -> Figure:
     varying = [
         a for a in SETUP_AXES if a != "strategy" and not every.empty and every[a].nunique() > 1
     ]
-    palette = _palette(slowdown["strategy"].astype(str)) if not slowdown.empty else {}
+    if palette is None:
+        palette = strategy_palette(slowdown["strategy"].astype(str)) if not slowdown.empty else {}
     labels = sorted(set(every.apply(_setup_label, axis=1, varying=varying))) if len(every) else []
     markers = dict(zip(labels, itertools.cycle(["o", "s", "^", "D", "v", "P", "X"]), strict=False))
     held = {axis: _held_fixed(rows) for axis, rows in drawn.items() if not rows.empty}
@@ -331,7 +399,7 @@ def slowdown_figure(slowdown: pd.DataFrame) -> Figure:
                     (sub["slowdown_ci_high"] - mean).fillna(0.0),
                 ],
                 label=label,
-                color=palette[str(sub["strategy"].iloc[0])],
+                color=_colour(palette, str(sub["strategy"].iloc[0])),
                 marker=markers[str(label)],
                 capsize=3,
                 linewidth=1.3,
