@@ -1,12 +1,16 @@
-"""Capture overhead, measured in one run: `python benchmarks/overhead.py [--rounds 8]`.
+"""Capture overhead, measured in one run: `python benchmarks/overhead.py [--rounds 30]`.
 
 Two ranks (gloo over loopback) train the default study's gpt-tiny (DDP by default, ``--strategy
-tp`` for a workload made of DTensor functional collectives). Modes run interleaved in blocks of
-``--block`` steps, rotating every round, so drift (thermal, other load) hits every mode alike:
+tp`` for a workload made of DTensor functional collectives). The modes (``--modes``) run as
+paired blocks: every round runs one block of ``--block`` timed steps per mode, in a fresh random
+order each round (both ranks switch together, one untimed step after each switch), so drift and
+other load on the host hit every mode of a round alike and cancel in the round's ratios:
 
 - off:               no capture kernels registered at all (the true baseline)
 - installed:         kernels registered, recording disabled (what every op pays regardless)
 - capture:           op capture on (the torch.library kernels on every c10d op)
+- capture@FILE:      the same with another version of the capture module (``--compare FILE``,
+                     e.g. the previous commit's capture.py): before/after in one paired run
 - capture+sampler:   capture on and the real 1 kHz interface sampler running (a separate
                      process, as on every node of a study: the C sampler where it builds)
 - capture+pysampler: the same with the Python sampler loop (``--impl python``)
@@ -15,10 +19,13 @@ tp`` for a workload made of DTensor functional collectives). Modes run interleav
                      egress of ``lo`` at 100 us bins, drained by a process every 0.2 s)
 - profiler:          no capture, torch.profiler (CPU activities) recording instead
 
-Prints per mode the median step time; its ratio to `off` as the median over rounds of the
-block-median ratio (drift between rounds cancels) with its quartiles; then rank 0's median
-CPU time per step (all its threads; less disturbed by other load than wall time, blind to the
-sampler, which is another process). Target: capture(+sampler) <= 1.02.
+The measure is CPU time per step of both rank processes together (all their threads, so the
+completion callbacks and waiter threads count; blind to the sampler and the BPF reader, other
+processes). Per mode it prints the ratio to ``off``: per round the mode's block CPU over the
+``off`` block's, the geometric mean over rounds with its 95 % t interval (scipy.stats, on the
+log ratios); the same for rank 0's wall time per step; and the CPU it adds per recorded op (µs,
+95 % t interval on the per-round differences over the ops recorded per rank and step). Target:
+capture <= 1.01.
 
 ``--frames`` runs the whole benchmark in a private network namespace whose loopback carries
 MTU frames (1500 B, TSO/GSO off), as the experiment links of a study do: the packet rate, and
@@ -34,7 +41,11 @@ installed but disabled, and recording; the minimum over rounds, as CPU time of t
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
+import math
 import os
+import random
 import re
 import socket
 import statistics
@@ -43,6 +54,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import ModuleType
 
 import torch
 import torch.distributed as dist
@@ -124,78 +136,114 @@ class _BpfCost:
         self.steps += steps
 
 
+def _load_capture(path: Path) -> ModuleType:
+    """Another version of the capture module (a file), imported under its own name."""
+    spec = importlib.util.spec_from_file_location("capture_compare", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def _worker(
-    rank: int, port: int, strategy: str, rounds: int, block: int, obj: Path, queue: mp.Queue
+    rank: int,
+    port: int,
+    strategy: str,
+    modes: list[str],
+    rounds: int,
+    block: int,
+    obj: Path | None,
+    compare: Path | None,
+    nice: int,
+    queue: mp.Queue,
 ) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if nice:
+        os.nice(nice)  # before the process group: gloo's threads inherit it
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
     plan = ParallelPlan.from_dict(BUILTIN_STRATEGIES[strategy])
     trainer = Trainer(MODEL, plan, torch.device("cpu"), 0, StepLog())
-    times: dict[str, list[list[float]]] = {m: [] for m in MODES}
-    cpu: dict[str, list[float]] = {m: [] for m in MODES}
+    other = _load_capture(compare) if compare is not None else None
+    # Per block: (round, mode, CPU seconds per step, wall seconds per step, ops per step).
+    blocks: list[tuple[int, str, float, float, float]] = []
     step = 0
     for _ in range(3):  # warm-up: lazy init, bucket rebuild
         trainer.step(step)
         step += 1
     tmp = Path(tempfile.mkdtemp())
     bpf_cost = _BpfCost()
-    if rank == 0:
+    if rank == 0 and obj is not None:
         # The kernel times every BPF program run only while this is on (global; off again below).
         Path("/proc/sys/kernel/bpf_stats_enabled").write_text("1")
+    rng = random.Random(1234)  # the same order on both ranks
     for r in range(rounds):
-        for k in range(len(MODES)):
-            mode = MODES[(r + k) % len(MODES)]  # rotate the order every round
+        for mode in rng.sample(modes, len(modes)):
             sampler = None
             if rank == 0 and "sampler" in mode:
                 impl = "python" if mode.endswith("pysampler") else "auto"
-                sampler = _sampler(tmp / f"c{r}{k}.parquet", impl)
+                sampler = _sampler(tmp / f"c{r}{mode}.parquet", impl)
                 time.sleep(1.5)  # let it start and reach its sampling loop before timing
             elif rank == 0 and mode.endswith("bpf"):
-                sampler, prog_ids = _wire(obj, tmp / f"w{r}{k}.parquet")
+                assert obj is not None
+                sampler, prog_ids = _wire(obj, tmp / f"w{r}{mode}.parquet")
                 time.sleep(0.5)  # past its start-up (imports) into the drain loop
                 bpf_before = bpf_cost.snapshot(sampler.pid, prog_ids)
-            dist.barrier()  # rank 1 waits until the probe runs
-            if mode == "off":
-                capture.uninstall()
-            else:
-                capture.install()
-            capture.enable(mode.startswith("capture"))
+            cap = other if mode.startswith("capture@") else capture
+            for module in (capture, other):
+                if module is not None:
+                    module.uninstall()
+            if mode != "off" and mode != "profiler":
+                cap.install()
+            cap.enable(mode.startswith("capture"))
             prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
             if mode == "profiler":
                 prof.__enter__()
-            block_times = []
+            dist.barrier()
+            trainer.step(step)  # untimed: the first step after a switch
+            step += 1
+            cpu = wall = 0.0
+            ops = 0
+            rows = cap._STATE.table.rows
             for _ in range(block):
                 dist.barrier()
+                n0 = len(rows)  # the ops of the timed steps only (not the barriers)
                 t0, c0 = time.perf_counter(), time.process_time()
                 trainer.step(step)
-                block_times.append(time.perf_counter() - t0)
-                cpu[mode].append(time.process_time() - c0)
+                wall += time.perf_counter() - t0
+                cpu += time.process_time() - c0
+                ops += len(rows) - n0
                 step += 1
-            times[mode].append(block_times)
+            ops_per_step = ops / block if mode.startswith("capture") else 0.0
+            blocks.append((r, mode, cpu / block, wall / block, ops_per_step))
             if mode == "profiler":
                 prof.__exit__(None, None, None)
-            capture.finish()
-            capture.reset()
+            cap.finish()
+            cap.reset()
             if rank == 0 and mode.endswith("bpf"):
                 bpf_cost.add(bpf_before, bpf_cost.snapshot(sampler.pid, prog_ids), block)
             if sampler is not None:
                 sampler.terminate()
                 sampler.wait()
-    if rank == 0:
+    if rank == 0 and obj is not None:
         Path("/proc/sys/kernel/bpf_stats_enabled").write_text("0")
-        queue.put((times, cpu, bpf_cost))
+    queue.put((rank, blocks, bpf_cost))
     capture.finish()
     dist.destroy_process_group()
 
 
-def _per_op(rounds: int, n: int = 500) -> None:
+def _per_op(rounds: int, compare: Path | None, n: int = 200) -> None:
+    """CPU per op, paired: every round runs ``n`` ops in each mode back to back (a few ms
+    each, random order), so load on the host changes little within a round; per mode the mean
+    over rounds of its difference to ``none``, with a 95 % t interval."""
     import torch.distributed._functional_collectives as funcol
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=0, world_size=1)
     x = torch.ones(4)
+    group_name = dist.group.WORLD.group_name
 
     def c10d() -> None:
         dist.all_reduce(x)
@@ -203,30 +251,51 @@ def _per_op(rounds: int, n: int = 500) -> None:
     def functional() -> None:
         funcol.wait_tensor(torch.ops._c10d_functional.all_reduce(x, "sum", group_name))
 
-    group_name = dist.group.WORLD.group_name
-    print(f"{'op':<11} {'no kernels':>11} {'installed':>10} {'recording':>10}  (us CPU/op)")
-    for name, fn in (("c10d", c10d), ("functional", functional)):
-        best = {}
-        for mode in ("none", "installed", "recording"):
-            if mode == "none":
-                capture.uninstall()
-            else:
-                capture.install()
-            runs = []
-            for r in range(rounds + 1):  # round 0 warms up
-                capture.enable(mode == "recording")
+    other = _load_capture(compare) if compare is not None else None
+    modes: list[tuple[str, ModuleType | None, bool]] = [
+        ("none", None, False),
+        ("installed", capture, False),
+        ("recording", capture, True),
+    ]
+    if other is not None:
+        modes.append((f"recording@{compare.name}", other, True))
+    rng = random.Random(1234)
+    print(
+        f"us of CPU per op: mean over {rounds} rounds of {n} ops (95 % CI); load average ", end=""
+    )
+    print(f"{os.getloadavg()[0]:.1f}")
+    for name, fn in (("c10d all-reduce", c10d), ("functional all-reduce + wait", functional)):
+        cost: dict[str, list[float]] = {m: [] for m, _, _ in modes}
+        for r in range(rounds + 1):  # round 0 warms up
+            for mode, module, on in rng.sample(modes, len(modes)):
+                for m in (capture, other):
+                    if m is not None:
+                        m.uninstall()
+                if module is not None:
+                    module.install()
+                    module.enable(on)
+                for _ in range(10):
+                    fn()
                 t0 = time.process_time_ns()
                 for _ in range(n):
                     fn()
                 if r > 0:
-                    runs.append((time.process_time_ns() - t0) / n / 1e3)
-                capture.finish()
-                capture.reset()
-            best[mode] = min(runs)
-        print(
-            f"{name:<11} {best['none']:>11.1f} {best['installed']:>10.1f} "
-            f"{best['recording']:>10.1f}"
-        )
+                    cost[mode].append((time.process_time_ns() - t0) / n / 1e3)
+                if module is not None:
+                    module.finish()
+                    module.reset()
+        print(f"{name}:")
+        for mode, _, _ in modes:
+            mean, low, high = _interval(cost[mode])
+            line = f"  {mode:<28} {mean:7.1f} ({low:.1f}-{high:.1f})"
+            if mode != "none":
+                diff = [c - b for c, b in zip(cost[mode], cost["none"], strict=True)]
+                mean, low, high = _interval(diff)
+                line += f"   over none {mean:+7.1f} ({low:+.1f} to {high:+.1f})"
+            print(line)
+    for m in (capture, other):
+        if m is not None:
+            m.uninstall()
     dist.destroy_process_group()
 
 
@@ -245,59 +314,130 @@ def _rerun_with_frames() -> None:
         subprocess.run(["ip", "netns", "del", BENCH_NETNS], capture_output=True)
 
 
+def _interval(values: list[float]) -> tuple[float, float, float]:
+    """Mean of ``values`` and its 95 % t interval (scipy.stats)."""
+    from scipy import stats
+
+    if len(values) < 2:
+        return values[0], float("nan"), float("nan")
+    ci = stats.ttest_1samp(values, 0.0).confidence_interval(0.95)
+    return statistics.fmean(values), float(ci.low), float(ci.high)
+
+
+def _ratio(mode_values: list[float], off_values: list[float]) -> str:
+    """Geometric mean of the paired ratios with its 95 % interval, as "1.004 (0.995-1.013)"."""
+    mean, low, high = _interval(
+        [math.log(m / o) for m, o in zip(mode_values, off_values, strict=True)]
+    )
+    return f"{math.exp(mean):.3f} ({math.exp(low):.3f}-{math.exp(high):.3f})"
+
+
+def report(blocks: list[tuple[int, int, str, float, float, float]], modes: list[str]) -> None:
+    """Print per mode the paired CPU and wall ratios to ``off`` and the CPU added per op.
+
+    ``blocks``: (rank, round, mode, CPU s/step, wall s/step, ops/step) for every block.
+    """
+    by: dict[tuple[str, int], dict[int, tuple[float, float, float]]] = {}
+    for rank, r, mode, cpu, wall, ops in blocks:
+        by.setdefault((mode, r), {})[rank] = (cpu, wall, ops)
+    rounds = sorted({r for _, r, *_ in blocks})
+
+    def cpu(mode: str) -> list[float]:  # both ranks' CPU per step, per round
+        return [sum(v[0] for v in by[mode, r].values()) for r in rounds]
+
+    def wall(mode: str) -> list[float]:  # rank 0's wall time per step, per round
+        return [by[mode, r][0][1] for r in rounds]
+
+    off_cpu, off_wall = cpu("off"), wall("off")
+    print(
+        f"{'mode':<20} {'CPU ms/step':>11}  {'CPU ratio (95 % CI)':<22} "
+        f"{'wall ratio (95 % CI)':<22} {'ops/step':>8}  {'us CPU per op (95 % CI)'}"
+    )
+    for mode in modes:
+        c = cpu(mode)
+        line = f"{mode:<20} {statistics.fmean(c) * 1e3:>11.2f}  "
+        if mode == "off":
+            print(line + f"{'1':<22} {'1':<22}")
+            continue
+        line += f"{_ratio(c, off_cpu):<22} {_ratio(wall(mode), off_wall):<22} "
+        ops = statistics.fmean(v[2] for r in rounds for v in by[mode, r].values())
+        if ops:
+            # Both ranks' extra CPU per step over the ops both recorded per step.
+            per_op = [(m - o) / (2 * ops) * 1e6 for m, o in zip(c, off_cpu, strict=True)]
+            mean, low, high = _interval(per_op)
+            line += f"{ops:>8.1f}  {mean:.1f} ({low:.1f}-{high:.1f})"
+        print(line)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--block", type=int, default=5, help="steps per mode per round")
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--block", type=int, default=3, help="timed steps per mode per round")
     parser.add_argument("--strategy", choices=("ddp", "tp"), default="ddp")
+    parser.add_argument(
+        "--modes",
+        default="off,installed,capture",
+        help=f"comma-separated, of {','.join(MODES)} (off is always run)",
+    )
+    parser.add_argument(
+        "--compare", type=Path, help="another capture.py: adds the mode capture@FILE"
+    )
+    parser.add_argument(
+        "--nice",
+        type=int,
+        default=0,
+        help="niceness of the ranks (e.g. -15: other load on a shared host preempts them less)",
+    )
+    parser.add_argument("--dump", type=Path, help="write every block's numbers there (JSON)")
     parser.add_argument("--per-op", action="store_true", help="per-op cost instead")
     parser.add_argument("--frames", action="store_true", help="in a netns, lo with MTU frames")
     args = parser.parse_args()
     if args.per_op:
-        _per_op(args.rounds)
+        _per_op(args.rounds, args.compare)
         return
     if args.frames:
         _rerun_with_frames()
         return
-    obj = build_object(BIN_NS, ring_slots(BIN_NS), 2, default_cache_dir())
+    modes = ["off"] + [m for m in args.modes.split(",") if m and m != "off"]
+    unknown = set(modes) - set(MODES)
+    if unknown:
+        parser.error(f"unknown modes {sorted(unknown)}")
+    if args.compare is not None:
+        modes.append(f"capture@{args.compare.name}")
+    obj = None
+    if any(m.endswith("bpf") for m in modes):
+        obj = build_object(BIN_NS, ring_slots(BIN_NS), 2, default_cache_dir())
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
-    procs = [
-        ctx.Process(
-            target=_worker, args=(r, port, args.strategy, args.rounds, args.block, obj, queue)
-        )
-        for r in range(2)
-    ]
+    worker_args = (
+        args.strategy,
+        modes,
+        args.rounds,
+        args.block,
+        obj,
+        args.compare,
+        args.nice,
+        queue,
+    )
+    procs = [ctx.Process(target=_worker, args=(r, port, *worker_args)) for r in range(2)]
     for p in procs:
         p.start()
-    times, cpu, bpf_cost = queue.get(timeout=3600)
+    results = [queue.get(timeout=3600) for _ in procs]
     for p in procs:
         p.join(timeout=60)
-    flat = {m: [t for b in blocks for t in b] for m, blocks in times.items()}
-    cpu_base = statistics.median(cpu["off"])
-    print(f"{args.strategy}, {args.rounds} rounds x {args.block} steps per mode")
+    blocks = [(rank, *b) for rank, rank_blocks, _ in results for b in rank_blocks]
+    bpf_cost = next(cost for rank, _, cost in results if rank == 0)
+    if args.dump is not None:
+        keys = ("rank", "round", "mode", "cpu_s_per_step", "wall_s_per_step", "ops_per_step")
+        args.dump.write_text(json.dumps([dict(zip(keys, b, strict=True)) for b in blocks]))
     print(
-        f"{'mode':<18} {'steps':>5} {'median ms':>10} {'ratio':>6} {'(quartiles)':>13}"
-        f" {'CPU ms':>7} {'CPU ratio':>9}"
+        f"{args.strategy}, {args.rounds} rounds x {args.block} steps per mode (paired blocks, "
+        f"random order per round), load average {os.getloadavg()[0]:.1f}"
     )
-    for mode in MODES:
-        # Per round, the mode's block median over the off block's median: drift between rounds
-        # cancels; the median over rounds is the ratio reported, the quartiles its spread.
-        per_round = [
-            statistics.median(b) / statistics.median(o)
-            for b, o in zip(times[mode], times["off"], strict=True)
-        ]
-        ratio = statistics.median(per_round)
-        q = statistics.quantiles(per_round, n=4) if len(per_round) > 1 else [ratio] * 3
-        cpu_med = statistics.median(cpu[mode])
-        print(
-            f"{mode:<18} {len(flat[mode]):>5} {statistics.median(flat[mode]) * 1e3:>10.2f} "
-            f"{ratio:>6.3f} {q[0]:>6.3f}-{q[2]:.3f} {cpu_med * 1e3:>7.2f} "
-            f"{cpu_med / cpu_base:>9.3f}"
-        )
+    report(blocks, modes)
     if bpf_cost.steps:
-        step = statistics.median(flat["off"])
+        step = statistics.fmean(w for rank, _, m, _, w, _ in blocks if rank == 0 and m == "off")
         per_step_prog = bpf_cost.prog_ns / 1e9 / bpf_cost.steps
         per_step_reader = bpf_cost.reader_s / bpf_cost.steps
         print(
