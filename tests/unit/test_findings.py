@@ -223,7 +223,7 @@ def test_burstiness_over_timescales_names_the_burstiest_at_each() -> None:
     assert burst.text == (
         "Burstiness over timescales (peak/mean of a node's transmitted payload per bin, the "
         "burstier node; m on 2 nodes, 1 rank each, unshaped): 100 µs: ddp 40.0x, pp 20.0x; "
-        "1 ms: pp 9.0x, ddp 5.0x. the burstiest strategy changes with the timescale (ddp at "
+        "1 ms: pp 9.0x, ddp 5.0x. The burstiest strategy changes with the timescale (ddp at "
         "100 µs, pp at 1 ms); at 100 µs, 1 ms the lead is not established (one run each)."
     )
 
@@ -371,3 +371,24 @@ def test_replay_findings_say_fidelity_and_compare_sensitivity() -> None:
     )
     assert texts[2].startswith("The replayed trace dlrm takes 3.00x as long under a one-way")
     assert texts[2].endswith("ddp (gpt-tiny) 1.20x.")
+
+
+def test_only_the_host_limited_cells_of_a_findings_setup_are_counted() -> None:
+    rows = [
+        _summary_row("dp-tp", 2, 0.5, 10e6) | {"cell": "a", "host_limited": False},
+        _summary_row("dp-tp-across", 2, 0.75, 25e6) | {"cell": "b", "host_limited": False},
+        # Host-limited, but on 4 nodes: not a side of the 2-node comparison.
+        _summary_row("dp-tp-across", 4, 9.0, 25e6) | {"cell": "c", "host_limited": True},
+    ]
+    (placed,) = placement_findings(StudyResults.of(summary=pd.DataFrame(rows)))
+    assert "host-limited" not in placed.text
+
+
+def test_a_failed_cell_note_keeps_the_findings_tags() -> None:
+    from commscope.report.findings import Finding, lost_sides
+
+    f = Finding("ddp is slow.", SENSITIVITY, question="sensitivity", source="measured")
+    cell = "strategy~ddp/model~m/nodes~2/ranks_per_node~1/bw~none/delay~0ms/loss~0pct/repeat~0"
+    (noted,) = lost_sides([f], [{"cell": cell}], ["ddp"])
+    assert "[Computed without 1 failed cell" in noted.text
+    assert (noted.question, noted.source) == ("sensitivity", "measured")

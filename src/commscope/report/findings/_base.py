@@ -103,6 +103,24 @@ def kept(results: Any, name: str) -> tuple[pd.DataFrame, int]:
     return table[~out], int(table.loc[out, "cell"].nunique())
 
 
+def lost_in(results: Any, unshaped: bool = False, **match: Any) -> int:
+    """How many host-limited cells a finding lost: those of the summary in its setup (each
+    ``match`` column equal to its value, or in it for a set/list/tuple; only the unshaped ones
+    with ``unshaped``; replays named as ``replayed NAME``)."""
+    limited = host_limited_cells(results)
+    if not limited:
+        return 0
+    summary = results.summary
+    rows = named(summary[summary["cell"].astype(str).isin(limited)])
+    if unshaped:
+        rows = unshaped_rows(rows)
+    for col, value in match.items():
+        if col in rows:
+            values = value if isinstance(value, (set, frozenset, list, tuple)) else {value}
+            rows = rows[rows[col].isin(values)]
+    return int(rows["cell"].nunique())
+
+
 def left_out(n: int) -> str:
     """`` (N host-limited cells left out)`` when a finding lost cells to the monitor, else ''."""
     return f" ({n} host-limited cell{'' if n == 1 else 's'} left out)" if n else ""

@@ -18,6 +18,7 @@ from commscope.report.findings._base import (
     host_limited_cells,
     kept,
     left_out,
+    lost_in,
 )
 from commscope.report.results import StudyResults
 from commscope.spec.link import SHAPING
@@ -69,7 +70,14 @@ def replay_findings(results: StudyResults) -> list[Finding]:
     each replayed trace's step slows under the study's tightest cap and largest delay next to
     the training strategies' at the same setting."""
     comparison, timing = results.comparison, results.timing
-    slowdown, dropped = kept(results, "slowdown")
+    slowdown, _ = kept(results, "slowdown")
+    # A host-limited replay's step time is the host's: its timing and slowdown are left out.
+    limited = host_limited_cells(results)
+    dropped = 0
+    if limited and "cell" in timing and "strategy" in timing:
+        out_cells = timing["cell"].astype(str).isin(limited) & is_replay(timing)
+        dropped = int(timing.loc[out_cells, "cell"].nunique())
+        timing = timing[~out_cells]
     out = []
     if "strategy" in comparison and "exact" in comparison:
         rep = comparison[is_replay(comparison)]
@@ -90,9 +98,9 @@ def replay_findings(results: StudyResults) -> list[Finding]:
                 parts = ", ".join(f"{m} {r:.2f}x" for m, r in ratio.sort_index().items())
                 text += (
                     f"; on their source's own link a replayed step took {ratio.min():.2f}-"
-                    f"{ratio.max():.2f}x the source's ({parts}; one run each, beside the "
-                    "study's other jobs)"
+                    f"{ratio.max():.2f}x the source's ({parts}; one run each)"
                 )
+            text += left_out(dropped)
             out.append(Finding(text + ".", REPLAY, question="checks", source="replayed"))
     if slowdown.empty or "strategy" not in slowdown:
         return out
@@ -141,8 +149,7 @@ def replay_findings(results: StudyResults) -> list[Finding]:
                 text += "; our own workloads at the same setting and cluster: " + ", ".join(
                     f"{s} ({m}) {v:.2f}x" for (s, m), v in per.items()
                 )
-            if dropped:
-                text += left_out(dropped)
+            text += left_out(lost_in(results, strategy=f"replayed {name}"))
             out.append(Finding(text + ".", SENSITIVITY, question="sensitivity", source="replayed"))
     return out
 

@@ -18,6 +18,7 @@ from commscope.report.findings._base import (
     comparison_group,
     kept,
     left_out,
+    lost_in,
     named,
     ordering,
     setup_words,
@@ -29,7 +30,7 @@ from commscope.units import fmt_ms
 
 
 def _sensitivity_at(
-    slowdown: pd.DataFrame, varied: str, column: str, pick: str, dropped: int
+    slowdown: pd.DataFrame, varied: str, column: str, pick: str, results: StudyResults
 ) -> list[Finding]:
     rows = slowdown[(slowdown["varied"] == varied) & slowdown["slowdown_mean"].notna()]
     # Replayed traces are compared with the strategies in replay_findings, at equal settings.
@@ -83,7 +84,7 @@ def _sensitivity_at(
             f"Most sensitive to {noun}{setup}: {hi['strategy']}, whose step takes "
             f"{_times(hi)} as long under {setting} as unshaped; "
             f"{lo['strategy']} {_times(lo)}, the least of {len(at)} strategies{caveat}"
-            f"{left_out(dropped)}.",
+            f"{left_out(lost_in(results, **keys))}.",
             SENSITIVITY,
             question="sensitivity",
         )
@@ -111,13 +112,13 @@ def _times(row: Any) -> str:
 def sensitivity_findings(results: StudyResults) -> list[Finding]:
     """The strategy that slows down most (and least) at the tightest cap, the largest delay and
     the largest loss of the study, in one setup (the one with the most strategies there)."""
-    slowdown, dropped = kept(results, "slowdown")
+    slowdown, _ = kept(results, "slowdown")
     if slowdown.empty:
         return []
     return [
-        *_sensitivity_at(slowdown, "bw", SHAPING["bw"], "min", dropped),
-        *_sensitivity_at(slowdown, "delay", SHAPING["delay"], "max", dropped),
-        *_sensitivity_at(slowdown, "loss", SHAPING["loss"], "max", dropped),
+        *_sensitivity_at(slowdown, "bw", SHAPING["bw"], "min", results),
+        *_sensitivity_at(slowdown, "delay", SHAPING["delay"], "max", results),
+        *_sensitivity_at(slowdown, "loss", SHAPING["loss"], "max", results),
     ]
 
 
@@ -148,13 +149,13 @@ def link_findings(results: StudyResults) -> list[Finding]:
     1.1x the unshaped one, interpolated in 1 / cap between the measured caps that bracket it
     (else the side of the caps it lies on). Crossover: which strategy has the shortest step at
     each cap, where that changes, with the step's interval over runs."""
-    summary, dropped = kept(results, "summary")
+    summary, _ = kept(results, "summary")
     summary = named(summary)
     group = comparison_group(summary)
     if group.empty:
         return []
     first = group.iloc[0]
-    note = left_out(dropped)
+    note = left_out(lost_in(results, **{c: first[c] for c in ("model", "nodes", "ranks_per_node")}))
     setup = (summary["model"] == first["model"]) & (summary["nodes"] == first["nodes"])
     setup &= summary["ranks_per_node"] == first["ranks_per_node"]
     setup &= ~impaired(summary)
@@ -242,7 +243,7 @@ def _cap_words(cap: float) -> str:
 def congestion_findings(results: StudyResults) -> list[Finding]:
     """Cells that differ only in TCP congestion control: each one's step against the same
     setting under the other control(s), mean over repeats."""
-    summary, dropped = kept(results, "summary")
+    summary, _ = kept(results, "summary")
     summary = named(summary)
     keys = ["strategy", "model", "nodes", "ranks_per_node", "bw", "delay", "jitter", "loss"]
     if summary.empty or "cc" not in summary or any(k not in summary for k in keys):
@@ -265,7 +266,7 @@ def congestion_findings(results: StudyResults) -> list[Finding]:
                 f"Congestion control{link}: {row['strategy']}'s step takes {listed} "
                 f"({slow}'s {by_cc.iloc[-1].mean / by_cc.iloc[0].mean:.2f}x {fast}'s; "
                 f"{setup_words(row)}){ordering(by_cc.iloc[-1], by_cc.iloc[0])}"
-                f"{left_out(dropped)}.",
+                f"{left_out(lost_in(results, **row))}.",
                 SENSITIVITY,
                 question="sensitivity",
             )

@@ -20,6 +20,7 @@ from commscope.report.findings._base import (
     comparison_group,
     kept,
     left_out,
+    lost_in,
     named,
     ordering,
     setup_words,
@@ -53,7 +54,10 @@ def volume_findings(results: StudyResults) -> list[Finding]:
     group = comparison_group(named(summary))
     if group.empty:
         return []
-    setup = setup_words(group.iloc[0])
+    first = group.iloc[0]
+    setup = setup_words(first)
+    # The cells this comparison lost (its setup's unshaped host-limited cells).
+    dropped = lost_in(results, True, **{c: first[c] for c in ("model", "nodes", "ranks_per_node")})
     note = left_out(dropped)
     out = []
     ext = _extremes(group, "internode_bytes_per_step")
@@ -149,7 +153,7 @@ def _burstiness(results: StudyResults, summary: pd.DataFrame, dropped: int) -> l
             "Burstiness over timescales (peak/mean of a node's transmitted payload per bin, "
             f"the burstier node; {setup}, unshaped): "
             + "; ".join(parts)
-            + f". {verdict}"
+            + f". {verdict[0].upper()}{verdict[1:]}"
             + left_out(dropped)
             + ".",
             TEMPORAL,
@@ -228,7 +232,8 @@ def placement_findings(results: StudyResults) -> list[Finding]:
                 f"nodes per step against {fmt_bytes(inter_in)} (counted), and its step takes "
                 f"{fmt_ms(sb.mean)} ({sb.interval_in(fmt_ms)}) against {fmt_ms(sa.mean)} "
                 f"({sa.interval_in(fmt_ms)}), "
-                f"{sb.mean / sa.mean:.2f}x{ordering(sb, sa)}{left_out(dropped)}.",
+                f"{sb.mean / sa.mean:.2f}x{ordering(sb, sa)}"
+                f"{left_out(lost_in(results, **row, strategy={name, across}))}.",
                 STRATEGIES,
                 question="placement and scale",
             )
@@ -281,10 +286,12 @@ def scale_findings(results: StudyResults) -> list[Finding]:
                 )
                 verdict = f"; the order of the first two is not established ({why})"
         rpn_words = f"{rpn} rank{'' if rpn == 1 else 's'} per node"
+        lost = lost_in(results, True, model=model, ranks_per_node=rpn, nodes={n0, n1})
         out.append(
             Finding(
                 f"From {n0} to {n1} nodes ({model}, {rpn_words}, unshaped), the step grows by: "
-                f"{listed}{verdict}{left_out(dropped)}.",
+                f"{listed}{verdict}"
+                f"{left_out(lost)}.",
                 RUN,
                 question="placement and scale",
             )
@@ -298,15 +305,23 @@ def structure_findings(results: StudyResults) -> list[Finding]:
     pipeline bubble vs (p-1)/(p-1+m), in the comparison group's setup. The critical path, the
     overlap and the bubble compare strategies: replays are in the temporal list only (they
     have findings of their own)."""
-    summary, dropped = kept(results, "summary")
-    out = _onoff(results, summary, dropped)
-    sync, dropped_sync = kept(results, "sync_summary")
-    sync = named(without_replays(sync))
+    summary, _ = kept(results, "summary")
     cells = comparison_cells(named(summary))
+    dropped = 0
+    if not cells.empty:
+        first = cells.iloc[0]
+        dropped = lost_in(
+            results, True, **{c: first[c] for c in ("model", "nodes", "ranks_per_node")}
+        )
+    out = _onoff(results, summary, dropped)
+    sync, _ = kept(results, "sync_summary")
+    sync = named(without_replays(sync))
+    pp_cells = sync[sync["bubble_measured_fwd_bwd"].notna()] if "cell" in sync else sync.iloc[:0]
+    dropped_sync = lost_in(results, True, strategy=set(pp_cells.get("strategy", [])))
     if sync.empty or cells.empty:
         return out
     setup = setup_words(cells.iloc[0])
-    note = left_out(max(dropped, dropped_sync))
+    note = left_out(dropped)
     mine = sync[sync["cell"].isin(set(cells["cell"]))] if "cell" in sync else sync.iloc[:0]
     if "critical_comm_share" in mine:
         spreads = _by_strategy(mine, "critical_comm_share")
