@@ -17,21 +17,19 @@ import pandas as pd
 import pytest
 
 from commscope.metrics._common import shared_results
+from commscope.metrics.cadence import OP_CADENCE_COLUMNS, op_cadence
 from commscope.metrics.counters import traffic_shape
+from commscope.metrics.periodicity import PERIODICITY_COLUMNS, periodicity
 from commscope.metrics.temporal import (
     BURST_BIN_MS,
     BURST_COLUMNS,
     DISPERSION_COLUMNS,
     ONOFF_COLUMNS,
-    OP_CADENCE_COLUMNS,
-    PERIODICITY_COLUMNS,
     TEMPORAL_COLUMNS,
     TEMPORAL_TABLES,
     bursts_by_timescale,
     dispersion_by_width,
     onoff_periods,
-    op_cadence,
-    periodicity,
     temporal_tables,
 )
 

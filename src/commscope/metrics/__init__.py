@@ -38,8 +38,9 @@ for the whole metric API:
   bytes from the interface counters; :mod:`.framework` framework vs wire per node;
   :mod:`.matrix` the rank and node communication matrices; :mod:`.window` and
   :mod:`.crosscheck` the cross-validation; :mod:`.sockets` TCP's own statistics;
-  :mod:`.summary` the one-row cell summary; :mod:`.temporal` on/off periods, dispersion,
-  periodicity and op cadence; :mod:`.sync` synchronization points, exposed communication,
+  :mod:`.summary` the one-row cell summary; :mod:`.temporal` on/off periods, dispersion and
+  bursts of the wire (and all temporal tables), :mod:`.periodicity` its periodicity,
+  :mod:`.cadence` the op cadence; :mod:`.sync` synchronization points, exposed communication,
   the critical path and the pipeline bubble;
 * :mod:`.io` the files-in, files-out functions the Snakemake scripts call; :mod:`.imported`
   the op-level metrics of traces recorded elsewhere (``imports:``);
@@ -54,6 +55,7 @@ for the whole metric API:
 from __future__ import annotations
 
 from commscope.cell.load import CellTraces, load_cell, load_cell_files
+from commscope.metrics.cadence import OP_CADENCE_COLUMNS, op_cadence
 from commscope.metrics.counter_series import RESOLUTION_SLACK
 from commscope.metrics.counters import (
     DEFAULT_BIN_MS,
@@ -90,6 +92,7 @@ from commscope.metrics.matrix import (
     node_matrix,
     node_traffic_split,
 )
+from commscope.metrics.periodicity import PERIODICITY_COLUMNS, periodicity
 from commscope.metrics.sockets import SOCKET_COLUMNS, retransmitted_bytes, socket_stats
 from commscope.metrics.steps import STEP_TIME_COLUMNS, step_times, training_window, zoom_window
 from commscope.metrics.summary import SUMMARY_BIN_MS, SUMMARY_COLUMNS, cell_summary
@@ -112,14 +115,10 @@ from commscope.metrics.sync import (
 from commscope.metrics.temporal import (
     DISPERSION_COLUMNS,
     ONOFF_COLUMNS,
-    OP_CADENCE_COLUMNS,
-    PERIODICITY_COLUMNS,
     TEMPORAL_COLUMNS,
     TEMPORAL_TABLES,
     dispersion_by_width,
     onoff_periods,
-    op_cadence,
-    periodicity,
     temporal_tables,
 )
 from commscope.metrics.volume import (

@@ -1,21 +1,18 @@
 """Temporal structure of one cell's traffic (issue 13, item 1; definitions in docs/temporal.md).
 
-From the wire (the cell's counters, cleaned as :mod:`commscope.metrics.counters` cleans them)
-and the ops, per node and direction or per rank:
+From the wire (the cell's counters, cleaned as :mod:`commscope.metrics.counters` cleans them),
+per node and direction:
 
 * :func:`onoff_periods`: on/off periods at the link in bins of 100 µs, bursts (maximal runs of
   "on" bins), their durations, sizes, gaps and cadence, and the bursty/streaming class;
 * :func:`dispersion_by_width`: mean, peak/mean and index of dispersion (variance / mean of the
   bytes per bin) at 0.1, 1, 10 and 100 ms;
-* :func:`periodicity`: the dominant period and the iteration period (the autocorrelation's
-  peak near the measured median step time) of the binned bytes, and the correlation of
-  consecutive steps' bytes;
-* :func:`op_cadence`: the inter-arrival of op issues per rank and the step-to-step similarity
-  of its op sequence;
 * :func:`bursts_by_timescale`: peak/mean, the share of payload in bursts and the on/off period
   distributions of the payload bytes at 0.1, 1, 10 and 100 ms (docs/analysis.md).
 
-:func:`temporal_tables` returns the five tables by name. Every function takes one cell's
+The wire's periodicity (:func:`~commscope.metrics.periodicity.periodicity`) and the ops'
+cadence (:func:`~commscope.metrics.cadence.op_cadence`) live in their own modules;
+:func:`temporal_tables` returns all five tables by name. Every function takes one cell's
 tables; the wire tables cover the training window (the measured steps,
 :func:`~commscope.metrics.steps.training_window`), the op table the measured steps.
 Inside :func:`~commscope.metrics._common.shared_results` the cleaned counter series and the
@@ -30,11 +27,20 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from commscope.contracts import GROUP_KIND_COLUMN, with_params
 from commscope.contracts import TEMPORAL_TABLES as TEMPORAL_TABLES  # this module's, re-exported
-from commscope.metrics._common import _param_cols
+from commscope.metrics._temporal_common import (
+    _DIRECTIONS,
+    _binned_bytes,
+    _cov,
+    _finish,
+    _params,
+    _resolved_width,
+    _stats,
+)
+from commscope.metrics.cadence import OP_CADENCE_COLUMNS, op_cadence
 from commscope.metrics.counter_series import CounterSeries, counter_series
 from commscope.metrics.counters import DEFAULT_BIN_MS, bin_width_ns, shape_stats
+from commscope.metrics.periodicity import PERIODICITY_COLUMNS, periodicity
 from commscope.metrics.steps import training_window
 from commscope.units import NS_PER_MS, NS_PER_S
 
@@ -62,17 +68,6 @@ BURST_BIN_MS: tuple[float, ...] = (0.1, 1.0, 10.0, 100.0)
 # all its bytes in them (its on bins carry 1/d x the mean).
 BURST_OVER_MEAN = 2.0
 
-# Periodicity: the autocorrelation and the per-step byte series use 1 ms bins (a 1 % resolution
-# on a 100 ms step; 100 µs would make the FFT 10x longer for nothing the period needs).
-PERIOD_BIN_MS = 1.0
-# Step-to-step correlation of the bytes: 10 ms bins, so a burst that moves by a few ms from one
-# step to the next (thread scheduling, the 5 ms GIL switch interval that delays op stamps) still
-# falls in the same bin; at 1 ms such steps read as unrelated (docs/temporal.md).
-STEP_CORR_BIN_MS = 10.0
-# The iteration period is searched between these multiples of the median step time: a step's
-# duration varies by far less, and the range holds no multiple of the step.
-ITERATION_SEARCH = (0.5, 1.5)
-
 # Bursty vs streaming: a direction streams when its link is on at least half of the 100 µs bins
 # and its 10 ms bins vary little: coefficient of variation <= 0.5, i.e. index of dispersion
 # <= 0.25 x the mean bytes per bin (an on/off source of duty d has CoV sqrt((1-d)/d): 0.5 is
@@ -80,10 +75,6 @@ ITERATION_SEARCH = (0.5, 1.5)
 STREAMING_MIN_ON_FRACTION = 0.5
 STREAMING_MAX_COV = 0.5
 CLASS_BIN_MS = 10.0
-
-# Bins computed per piece, so the temporaries stay small beside a long run's series.
-_CHUNK = 1 << 20
-_DIRECTIONS = ("tx", "rx")
 
 ONOFF_COLUMNS = [
     "node",
@@ -124,38 +115,6 @@ DISPERSION_COLUMNS = [
     "cov",
     "resolved",
 ]
-
-PERIODICITY_COLUMNS = [
-    "node",
-    "iface",
-    "direction",
-    "bin_ms",
-    "n_bins",
-    "acf_period_ms",
-    "acf_peak",
-    "step_ms_median",
-    "iteration_period_ms",
-    "iteration_acf",
-    "period_over_step",
-    "step_bin_ms",
-    "n_step_pairs",
-    "step_corr_median",
-    "step_corr_min",
-]
-
-OP_CADENCE_COLUMNS = [
-    "rank",
-    "n_steps",
-    "n_ops",
-    "ops_per_step_median",
-    "issue_interval_ms_median",
-    "issue_interval_ms_mean",
-    "issue_interval_cov",
-    "seq_distinct",
-    "seq_len_modal",
-    "seq_modal_share",
-]
-
 BURST_COLUMNS = [
     "node",
     "iface",
@@ -187,58 +146,8 @@ TEMPORAL_COLUMNS: dict[str, list[str]] = dict(
 
 
 # --------------------------------------------------------------------------------------------
-# Shared helpers
+# Payload bytes
 # --------------------------------------------------------------------------------------------
-
-
-def _params(params: Mapping[str, Any] | None, *frames: pd.DataFrame) -> dict[str, Any]:
-    """``params`` when given, else the parameter columns of the first non-empty frame."""
-    if params is not None:
-        return dict(params)
-    for df in frames:
-        if not df.empty and _param_cols(df):
-            return {c: df[c].iloc[0] for c in _param_cols(df)}
-    return {}
-
-
-def _finish(
-    params: dict[str, Any], records: list[dict[str, Any]], columns: list[str]
-) -> pd.DataFrame:
-    """The records as a frame led by the cell parameters; the documented columns when empty."""
-    if not records:
-        return pd.DataFrame(columns=[*params, *columns])
-    return with_params(params, pd.DataFrame(records, columns=columns))
-
-
-def _measured(step_table: pd.DataFrame) -> pd.DataFrame:
-    """The measured (non warm-up) steps of :func:`~commscope.metrics.steps.step_times`, or all
-    of them when every step is a warm-up step (as :func:`training_window` does)."""
-    if step_table.empty:
-        return step_table
-    measured = step_table[~step_table["warmup"].astype(bool)]
-    return step_table if measured.empty else measured
-
-
-def _binned_bytes(
-    series: CounterSeries, col: str, bin_ns: int, k_first: int, k_last: int
-) -> np.ndarray:
-    """Bytes of ``col`` in each bin ``[k*bin, (k+1)*bin)`` for k from ``k_first`` to
-    ``k_last`` (exclusive): the cumulative counter interpolated at the edges and differenced,
-    like :meth:`CounterSeries.rates` but in bytes, exact for an in-kernel series (edges
-    relative to the first sample are whole numbers below 2**53, exact in float64)."""
-    n = k_last - k_first
-    out = np.empty(n, dtype="float64")
-    t_rel = (series.t_ns - series.t_ns[0]).astype("float64")
-    cum = series.cum[col]
-    first = k_first * bin_ns - int(series.t_ns[0])
-    for a in range(0, n, _CHUNK):
-        b = min(a + _CHUNK, n)
-        edges = np.arange(a, b + 1, dtype="float64")
-        edges *= bin_ns
-        edges += first
-        at = np.interp(edges, t_rel, cum)
-        np.subtract(at[1:], at[:-1], out=out[a:b])
-    return out
 
 
 def _has_packets(series: CounterSeries, direction: str) -> bool:
@@ -264,32 +173,6 @@ def _payload_bytes(
     binned -= HEADER_BYTES * packets
     np.maximum(binned, 0.0, out=binned)
     return binned, True
-
-
-def _resolved_width(series: CounterSeries, bin_ms: float) -> tuple[float, int] | None:
-    """``(bin_ms, bin_ns)``: ``bin_ms`` when the series resolves it, else the finest coarser
-    width of :data:`DEFAULT_BIN_MS` it resolves (a 1 kHz sampler: 1 ms); None if none."""
-    for width in sorted({float(bin_ms), *(b for b in DEFAULT_BIN_MS if b > bin_ms)}):
-        ns = bin_width_ns(width)
-        if series.resolved(ns):
-            return width, ns
-    return None
-
-
-def _stats(values: np.ndarray) -> tuple[float, float, float]:
-    """(median, p90, max) of ``values`` (numpy's linear interpolation); NaN when empty."""
-    if len(values) == 0:
-        return (float("nan"),) * 3
-    median, p90 = np.percentile(values, [50, 90])
-    return float(median), float(p90), float(values.max())
-
-
-def _cov(values: np.ndarray) -> float:
-    """Population standard deviation / mean; NaN when empty or the mean is 0."""
-    if len(values) == 0:
-        return float("nan")
-    mean = float(values.mean())
-    return float(values.std(ddof=0)) / mean if mean > 0 else float("nan")
 
 
 # --------------------------------------------------------------------------------------------
@@ -578,311 +461,6 @@ def dispersion_by_width(
 
 
 # --------------------------------------------------------------------------------------------
-# Periodicity
-# --------------------------------------------------------------------------------------------
-
-
-def _autocorrelation(x: np.ndarray) -> np.ndarray:
-    """The biased autocorrelation of ``x`` (mean removed, divided by n at every lag, so
-    r(0) = 1), lags 0..n-1, by FFT; zeros when ``x`` is constant."""
-    n = len(x)
-    centred = x - x.mean()
-    size = 1 << int(2 * n - 1).bit_length()
-    spectrum = np.fft.rfft(centred, size)
-    acov = np.fft.irfft(spectrum.real**2 + spectrum.imag**2, size)[:n]
-    return acov / acov[0] if acov[0] > 0 else np.zeros(n)
-
-
-def _acf_peak(acf: np.ndarray, lo: int, hi: int) -> tuple[float, float]:
-    """``(lag in bins, acf there)`` of the highest autocorrelation at lags ``lo..hi``, the
-    lag refined by a parabola through the peak and its neighbours; NaN when the range is
-    empty or the peak is not positive."""
-    lo, hi = max(lo, 1), min(hi, len(acf) - 1)
-    if hi < lo:
-        return float("nan"), float("nan")
-    k = lo + int(np.argmax(acf[lo : hi + 1]))
-    peak = float(acf[k])
-    if peak <= 0:
-        return float("nan"), float("nan")
-    shift = 0.0
-    if k < len(acf) - 1:
-        left, right = float(acf[k - 1]), float(acf[k + 1])
-        curve = left - 2 * peak + right
-        if curve < 0:
-            shift = 0.5 * (left - right) / curve
-    return k + shift, peak
-
-
-def _acf_period(acf: np.ndarray) -> tuple[float, float]:
-    """``(period in bins, acf there)``: the dominant period, the highest autocorrelation at a
-    lag between its first non-positive value and half the series (two periods at least);
-    NaN where the acf never dips. The biased estimate falls with the lag, so a fundamental
-    beats its multiples."""
-    half = len(acf) // 2
-    dips = np.flatnonzero(acf[1 : half + 1] <= 0)
-    if len(dips) == 0:
-        return float("nan"), float("nan")
-    return _acf_peak(acf, int(dips[0]) + 1, half)
-
-
-def _iteration_period(acf: np.ndarray, step_bins: float) -> tuple[float, float]:
-    """``(period in bins, acf there)``: the highest autocorrelation at a lag within
-    :data:`ITERATION_SEARCH` of the median step (``step_bins``, in bins) and at most half
-    the series: the iteration period even where a shorter one (ops inside a step) dominates."""
-    if not np.isfinite(step_bins) or step_bins <= 0:
-        return float("nan"), float("nan")
-    low, high = ITERATION_SEARCH
-    lo, hi = int(np.ceil(low * step_bins)), int(np.floor(high * step_bins))
-    return _acf_peak(acf, lo, min(hi, len(acf) // 2))
-
-
-def _step_correlations(
-    binned: np.ndarray, k_first: int, bin_ns: int, steps: pd.DataFrame
-) -> np.ndarray:
-    """Pearson correlation of the bytes per bin of consecutive measured steps, each step's
-    series starting at the bin holding its start and as long as the shortest step (whole
-    bins); NaN for a pair where either series is constant."""
-    starts = steps["t_start_ns"].to_numpy(dtype="int64") // bin_ns - k_first
-    durations = steps["t_end_ns"].to_numpy(dtype="int64") - steps["t_start_ns"].to_numpy(
-        dtype="int64"
-    )
-    length = int(durations.min() // bin_ns) if len(durations) else 0
-    inside = (starts >= 0) & (starts + length <= len(binned))
-    starts = starts[inside]
-    if length < 2 or len(starts) < 2:
-        return np.empty(0)
-    matrix = binned[starts[:, None] + np.arange(length)]
-    matrix = matrix - matrix.mean(axis=1, keepdims=True)
-    norms = np.sqrt((matrix * matrix).sum(axis=1))
-    products = (matrix[:-1] * matrix[1:]).sum(axis=1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return products / (norms[:-1] * norms[1:])
-
-
-def periodicity(
-    counters: pd.DataFrame,
-    step_table: pd.DataFrame,
-    bin_ms: float = PERIOD_BIN_MS,
-    step_bin_ms: float = STEP_CORR_BIN_MS,
-    params: Mapping[str, Any] | None = None,
-) -> pd.DataFrame:
-    """The iteration period of each node's traffic and how alike its steps are.
-
-    The bytes per bin of ``bin_ms`` (1 ms; a coarser width where the source does not resolve
-    it) inside the training window give the biased autocorrelation r(k) (:func:`_autocorrelation`).
-    ``acf_period_ms`` is the dominant period: the lag of its highest value between its first
-    non-positive value and half the window (:func:`_acf_period`, parabola-refined),
-    ``acf_peak`` r there; it can be shorter than a step where ops inside a step repeat (a ring's
-    chunks, a pipeline's micro-batches). ``iteration_period_ms`` is the lag of the highest r
-    within 0.5-1.5x ``step_ms_median`` (the median duration of the measured steps;
-    :func:`_iteration_period`), ``iteration_acf`` r there, ``period_over_step`` =
-    ``iteration_period_ms / step_ms_median`` (1 when the traffic repeats with the steps). Step to
-    step similarity of the bytes: the Pearson correlation of the bytes per bin of
-    ``step_bin_ms`` (10 ms, or the finest coarser width the source resolves) of consecutive
-    measured steps, each from the bin of its start and as long as the shortest step
-    (:func:`_step_correlations`): ``step_corr_median`` and ``step_corr_min`` over the
-    ``n_step_pairs`` pairs (NaN for a pair with a constant series; none when the shortest step
-    holds fewer than two bins).
-
-    Columns: cell params, then :data:`PERIODICITY_COLUMNS`.
-    """
-    out_params = _params(params, counters, step_table)
-    if counters.empty or step_table.empty:
-        return _finish(out_params, [], PERIODICITY_COLUMNS)
-    window = training_window(step_table)
-    steps = _measured(step_table).sort_values("t_start_ns", kind="stable")
-    durations_ms = (steps["t_end_ns"] - steps["t_start_ns"]).to_numpy(dtype="float64") / NS_PER_MS
-    step_ms = float(np.median(durations_ms)) if len(durations_ms) else float("nan")
-    records = []
-    for node, iface, series in counter_series(counters):
-        width = _resolved_width(series, bin_ms)
-        k = None if width is None else series.bin_range(0, width[1], *window)
-        if width is None or k is None:
-            continue
-        width_ms, width_ns = width
-        step_width = _resolved_width(series, step_bin_ms) or width
-        step_k = series.bin_range(0, step_width[1], *window)
-        for direction in _DIRECTIONS:
-            col = f"{direction}_bytes"
-            binned = _binned_bytes(series, col, width_ns, *k)
-            acf = _autocorrelation(binned)
-            period_bins, peak = _acf_period(acf)
-            iteration_bins, iteration_acf = _iteration_period(acf, step_ms / width_ms)
-            iteration_ms = iteration_bins * width_ms
-            corr = np.empty(0)
-            if step_k is not None:
-                per_step = _binned_bytes(series, col, step_width[1], *step_k)
-                corr = _step_correlations(per_step, step_k[0], step_width[1], steps)
-            finite = corr[np.isfinite(corr)]
-            records.append(
-                {
-                    "node": node,
-                    "iface": iface,
-                    "direction": direction,
-                    "bin_ms": width_ms,
-                    "n_bins": len(binned),
-                    "acf_period_ms": period_bins * width_ms,
-                    "acf_peak": peak,
-                    "step_ms_median": step_ms,
-                    "iteration_period_ms": iteration_ms,
-                    "iteration_acf": iteration_acf,
-                    "period_over_step": iteration_ms / step_ms if step_ms > 0 else float("nan"),
-                    "step_bin_ms": step_width[0],
-                    "n_step_pairs": len(corr),
-                    "step_corr_median": float(np.median(finite)) if len(finite) else float("nan"),
-                    "step_corr_min": float(finite.min()) if len(finite) else float("nan"),
-                }
-            )
-    return _finish(out_params, records, PERIODICITY_COLUMNS)
-
-
-# --------------------------------------------------------------------------------------------
-# Cadence and step-to-step similarity of the ops
-# --------------------------------------------------------------------------------------------
-
-
-def _codes(column: pd.Series) -> np.ndarray:
-    """Integer codes of ``column``'s values (nulls one code of their own); a column of lists
-    (``group_ranks`` as a parquet list) by their text."""
-    if column.dtype == object and column.notna().any():
-        first = column.dropna().iloc[0]
-        if not isinstance(first, str):
-            column = column.map(lambda v: None if v is None else ",".join(str(int(r)) for r in v))
-    return pd.factorize(column, use_na_sentinel=False)[0].astype("uint64")
-
-
-def _mix(x: np.ndarray) -> np.ndarray:
-    """SplitMix64's finalizer on uint64 (wrapping): nearby inputs give unrelated hashes."""
-    x = x.copy()
-    x ^= x >> np.uint64(30)
-    x *= np.uint64(0xBF58476D1CE4E5B9)
-    x ^= x >> np.uint64(27)
-    x *= np.uint64(0x94D049BB133111EB)
-    x ^= x >> np.uint64(31)
-    return x
-
-
-def _op_identity(ops: pd.DataFrame) -> np.ndarray:
-    """A 64-bit hash of each op's (op, bytes, group): ``group_kind`` when recorded and
-    ``group_ranks``, else the process-group name."""
-    group = "group_ranks" if "group_ranks" in ops.columns else "group"
-    sizes = ops["bytes"].to_numpy(dtype="int64", na_value=-1).astype("uint64")
-    parts = [_codes(ops["op"]), sizes]
-    if group in ops.columns:
-        parts.append(_codes(ops[group]))
-    if GROUP_KIND_COLUMN in ops.columns:
-        parts.append(_codes(ops[GROUP_KIND_COLUMN]))
-    h = np.zeros(len(ops), dtype="uint64")
-    with np.errstate(over="ignore"):
-        for i, part in enumerate(parts):
-            h = _mix(h ^ _mix(part + np.uint64(i + 1)))
-    return h
-
-
-def _sorted_by(*keys: np.ndarray) -> np.ndarray | None:
-    """The permutation sorting rows by ``keys`` (first the primary key), or None when they
-    are sorted already (the usual case; a sort of 10**7 rows costs seconds)."""
-    different = np.zeros(len(keys[0]) - 1, dtype=bool) if len(keys[0]) else np.zeros(0, bool)
-    for key in keys:
-        step = np.sign(np.diff(key))
-        # Rows still tied on the earlier keys compare on this one.
-        if bool(np.any(step[~different] < 0)):
-            return np.lexsort(keys[::-1])
-        different |= step != 0
-    return None
-
-
-def _sequence_hashes(
-    rank: np.ndarray, step: np.ndarray, identity: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """``(rank, step, length, hash)`` per (rank, step) run of the ops (sorted by rank, step and
-    issue order): the number of its ops and a 64-bit hash of the sequence of their identities,
-    the wrapping sum of each identity mixed with its position (order matters; two different
-    sequences collide with probability ~2**-64)."""
-    n = len(rank)
-    new = np.ones(n, dtype=bool)
-    new[1:] = (rank[1:] != rank[:-1]) | (step[1:] != step[:-1])
-    starts = np.flatnonzero(new)
-    lengths = np.diff(np.append(starts, n))
-    position = (np.arange(n) - np.repeat(starts, lengths)).astype("uint64")
-    with np.errstate(over="ignore"):
-        hashed = _mix(identity ^ _mix(position + np.uint64(0x9E3779B97F4A7C15)))
-        sums = np.add.reduceat(hashed, starts) if n else hashed
-    return rank[starts], step[starts], lengths, sums
-
-
-def op_cadence(
-    ops: pd.DataFrame,
-    step_table: pd.DataFrame,
-    params: Mapping[str, Any] | None = None,
-) -> pd.DataFrame:
-    """Cadence of op issues and step-to-step similarity of the op sequence, per rank, over the
-    measured steps.
-
-    ``issue_interval_ms_*``: the intervals between consecutive ``t_issue_ns`` of the rank's
-    ops of measured steps, in time order (ms; median, mean; ``issue_interval_cov`` =
-    population standard deviation / mean). ``ops_per_step_median``: ops per measured step.
-    The op sequence of a step is the list of (op, bytes, group) of the rank's ops in issue
-    order (ties by ``seq``), group being ``group_kind`` when recorded and ``group_ranks``; the
-    modal sequence is the most frequent over the measured steps (a step without ops has the
-    empty one): ``seq_modal_share`` = steps whose sequence equals it / ``n_steps``,
-    ``seq_distinct`` the number of different sequences, ``seq_len_modal`` its length. Ops
-    without ``t_issue_ns`` are left out of both.
-
-    Columns: cell params, then :data:`OP_CADENCE_COLUMNS`.
-    """
-    out_params = _params(params, ops, step_table)
-    if ops.empty or step_table.empty:
-        return _finish(out_params, [], OP_CADENCE_COLUMNS)
-    measured_steps = np.unique(_measured(step_table)["step"].to_numpy(dtype="int64"))
-    n_steps = len(measured_steps)
-    all_ranks = np.unique(ops["rank"].to_numpy(dtype="int64"))
-    # An op without an issue time (an imported trace's) has no place in a sequence or cadence.
-    issued = ops["t_issue_ns"].notna().to_numpy()
-    keep = issued & np.isin(ops["step"].to_numpy(dtype="int64"), measured_steps)
-    rank = ops["rank"].to_numpy(dtype="int64")[keep]
-    step = ops["step"].to_numpy(dtype="int64")[keep]
-    issue = ops["t_issue_ns"].to_numpy(dtype="int64", na_value=0)[keep]
-    seq = ops["seq"].to_numpy(dtype="int64")[keep] if "seq" in ops.columns else np.zeros_like(rank)
-    identity = _op_identity(ops)[keep]
-    order = _sorted_by(rank, step, issue, seq)
-    if order is not None:
-        rank, step, issue, identity = rank[order], step[order], issue[order], identity[order]
-    seq_rank, _, seq_length, seq_hash = _sequence_hashes(rank, step, identity)
-    # The intervals in time order per rank (steps overlapping in time would not be).
-    order = _sorted_by(rank, issue)
-    if order is not None:
-        rank, issue = rank[order], issue[order]
-    same_rank = rank[1:] == rank[:-1]
-    gaps_ms = np.diff(issue)[same_rank].astype("float64") / NS_PER_MS
-    gap_rank = rank[1:][same_rank]
-    records = []
-    for r in all_ranks:
-        gaps = gaps_ms[gap_rank == r]
-        mine = seq_rank == r
-        # Steps where the rank issued nothing have the empty sequence (hash 0, length 0).
-        empty_steps = max(n_steps - int(mine.sum()), 0)
-        lengths = np.concatenate([seq_length[mine], np.zeros(empty_steps, dtype="int64")])
-        hashes = np.concatenate([seq_hash[mine], np.zeros(empty_steps, dtype="uint64")])
-        counts = pd.DataFrame({"hash": hashes, "length": lengths}).value_counts(sort=True)
-        records.append(
-            {
-                "rank": int(r),
-                "n_steps": n_steps,
-                "n_ops": int(seq_length[mine].sum()),
-                "ops_per_step_median": float(np.median(lengths)) if n_steps else float("nan"),
-                "issue_interval_ms_median": _stats(gaps)[0],
-                "issue_interval_ms_mean": float(gaps.mean()) if len(gaps) else float("nan"),
-                "issue_interval_cov": _cov(gaps),
-                "seq_distinct": len(counts),
-                "seq_len_modal": int(counts.index[0][1]) if len(counts) else 0,
-                "seq_modal_share": float(counts.iloc[0]) / n_steps if n_steps else float("nan"),
-            }
-        )
-    return _finish(out_params, records, OP_CADENCE_COLUMNS)
-
-
-# --------------------------------------------------------------------------------------------
 # All of them
 # --------------------------------------------------------------------------------------------
 
@@ -925,14 +503,9 @@ __all__ = [
     "FRAME_PAYLOAD_BYTES",
     "FRAME_WIRE_BYTES",
     "HEADER_BYTES",
-    "ITERATION_SEARCH",
     "ONOFF_COLUMNS",
     "ON_BIN_MS",
     "ON_THRESHOLD",
-    "OP_CADENCE_COLUMNS",
-    "PERIOD_BIN_MS",
-    "PERIODICITY_COLUMNS",
-    "STEP_CORR_BIN_MS",
     "STREAMING_MAX_COV",
     "STREAMING_MIN_ON_FRACTION",
     "TEMPORAL_COLUMNS",
@@ -940,7 +513,5 @@ __all__ = [
     "bursts_by_timescale",
     "dispersion_by_width",
     "onoff_periods",
-    "op_cadence",
-    "periodicity",
     "temporal_tables",
 ]
