@@ -262,8 +262,9 @@ def test_render_report_is_self_contained(study: dict, tmp_path: Path) -> None:
 
     assert html.startswith("<!DOCTYPE html>")
     assert html.count('<img src="data:image/png;base64,') == len(study_figs) + len(cell_figs)
-    # Folded: the per-cell table and each cell's figure.
+    # Folded: each cell's figure and the config; the per-cell tables in sections of their own.
     assert html.count("<details>") == len(cell_figs) + 1
+    assert '<details class="section" id="run">' in html
     for cell in cell_figs:
         assert f"<summary>{cell}</summary>" in html
     # The summary numbers, formatted for humans (ddp row, then fsdp row).
@@ -284,12 +285,17 @@ def test_render_report_is_self_contained(study: dict, tmp_path: Path) -> None:
     assert not re.search(r"(src|href)=\"(?!data:|#)", html)  # links inside the page only
     # Findings first, computed from the tables (ddp and fsdp unshaped and at 10 Mbit/s), each
     # linking to a section of the page.
-    findings_list = re.search(r'<ol class="findings">(.*?)</ol>', html, re.S).group(1)
+    # (One list per research question and source.)
+    findings_list = "".join(re.findall(r'<ol class="findings">(.*?)</ol>', html, re.S))
     assert "Most sensitive to bandwidth" in findings_list
     assert "sends the most bytes across nodes per step" in findings_list
     for target in re.findall(r'href="#([a-z0-9-]+)"', html):
         assert f'id="{target}"' in html, target
     assert html.index('id="findings"') < html.index('id="run"')
+    # The abstract opens the page; the figures come before any per-cell table.
+    assert html.index('id="abstract"') < html.index('id="findings"')
+    assert html.index('id="figures"') < html.index('id="detail"') < html.index('id="run"')
+    assert "cells ran on 2 nodes" in html
     assert "<link" not in text and "<script" not in text
 
 

@@ -25,8 +25,10 @@ import yaml
 
 import commscope
 from commscope.report.findings import Finding, failed_cell_words, study_findings
+from commscope.report.findings._base import QUESTIONS, SOURCES
 from commscope.report.results import StudyResults
 from commscope.report.sections import FIXED, SECTIONS, Section, overview, sensitivity
+from commscope.report.sections.abstract import abstract_sentences
 
 DEFAULT_TITLE = "commscope: what parallelism strategies do to the network"
 # The study figure shown in the sensitivity section rather than among the other figures
@@ -37,7 +39,33 @@ _VERSION_PACKAGES = ("torch", "snakemake", "pandas", "numpy", "pyarrow", "matplo
 
 
 # The ids of the template's own sections (report.html.j2).
-FIXED_SECTIONS = ("findings", *(s.anchor for s in FIXED), "figures", "config", "software")
+FIXED_SECTIONS = (
+    "abstract",
+    "findings",
+    *(s.anchor for s in FIXED),
+    "figures",
+    "detail",
+    "config",
+    "software",
+)
+
+# How the findings list heads each source of numbers (findings._base.SOURCES), and each
+# research question (QUESTIONS).
+SOURCE_HEADINGS = {
+    "measured": "Measured on the emulated cluster",
+    "replayed": "Replayed traces (communication without compute: compared only with replays "
+    "and their sources)",
+    "predicted": "Predicted by the analytic model",
+    "check": "Checks of the tool itself",
+}
+QUESTION_HEADINGS = {
+    "volume": "How much the strategies send",
+    "temporal structure": "How the traffic is shaped in time",
+    "synchronisation": "How the ranks synchronise",
+    "sensitivity": "How sensitive the step is to the link",
+    "placement and scale": "Placement and scale",
+    "checks": "Checks",
+}
 
 
 def software_versions() -> dict[str, str]:
@@ -123,9 +151,40 @@ def _extra_tables(results: StudyResults, sections: Sequence[Section]) -> list[di
                 "intro": section.intro_for(results),
                 "header": header,
                 "rows": rows,
+                "place": section.place,
+                "points": section.points_for(results),
             }
         )
     return shown
+
+
+def finding_groups(findings: Sequence[Finding], anchors: set[str]) -> list[dict[str, Any]]:
+    """The findings by research question (:data:`QUESTIONS` order), and within a question by
+    where their numbers come from (:data:`SOURCES` order: measured, replayed, predicted,
+    checks), so that each is read beside its like. A finding links to its section only when
+    the page has it (a stage may be off)."""
+    groups = []
+    for question in QUESTIONS:
+        mine = [f for f in findings if f.question == question]
+        if not mine:
+            continue
+        sources = [
+            {
+                "source": source,
+                "heading": SOURCE_HEADINGS[source],
+                "items": [
+                    {"text": f.text, "anchor": f.anchor if f.anchor in anchors else None}
+                    for f in mine
+                    if f.source == source
+                ],
+            }
+            for source in SOURCES
+            if any(f.source == source for f in mine)
+        ]
+        groups.append(
+            {"question": question, "heading": QUESTION_HEADINGS[question], "sources": sources}
+        )
+    return groups
 
 
 def _frame_rows(frame: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
@@ -186,17 +245,22 @@ def render_report(
     ``config`` is the study's config, ``template`` the Jinja2 template file
     (``report/templates/report.html.j2``; it may include others next to it), ``captions`` the
     figure captions (``report/captions.yaml``, keyed by figure file stem).
-    It opens with the cells that failed after their attempts, when any, then the findings
-    (:func:`commscope.report.findings.study_findings` of ``results`` unless given: sentences
-    computed from the study, each linking to its section) and a table of contents.
-    Sections: what was run (one row per cell, with its link engine; folded), a summary per
-    strategy, the sensitivity to the link (the study figure ``slowdown.png`` appears there),
-    ``sections`` (:data:`commscope.report.sections.SECTIONS`, each one the study has), the
-    study figures with captions saying how to read them, per-cell throughput figures
-    (collapsible), the full config as YAML, and the software versions. Images are embedded as
+    The page reads as an argument, then as a reference: an abstract computed from the summary
+    and the config (:func:`~commscope.report.sections.abstract.abstract_sentences`), the cells
+    that failed after their attempts (when any), a table of contents, the findings
+    (:func:`commscope.report.findings.study_findings` of ``results`` unless given) grouped by
+    research question and, within one, by source (:func:`finding_groups`), the ``lead``
+    sections (implications, limitations), the sensitivity to the link (with the study figure
+    ``slowdown.png``), the other study figures with captions saying how to read them, the
+    summary per strategy and the ``main`` sections; then, folded, the per-cell detail (what was
+    run, the ``detail`` sections, per-cell throughput figures), the config as YAML and the
+    software versions. ``sections``: :data:`commscope.report.sections.SECTIONS`, each one the
+    study has, at its :attr:`~commscope.report.sections.Section.place`. Images are embedded as
     base64 data URIs and the CSS is inline, so the file references nothing outside itself.
     """
     template = Path(template)
+    if not results.config:
+        results.config = dict(config)
     if not template.is_file():
         raise FileNotFoundError(f"report template {template.name} not found in {template.parent}")
     caption_map = _load_captions(Path(captions) if captions is not None else None)
@@ -236,10 +300,9 @@ def render_report(
         ],
         cell_figure_caption=caption_map.get("cell_throughput", {}).get("caption", ""),
         extra_tables=extra,
-        # A finding links to its section only when the page has it (a stage may be off).
-        findings=[
-            {"text": f.text, "anchor": f.anchor if f.anchor in anchors else None} for f in findings
-        ],
+        abstract=abstract_sentences(results),
+        finding_groups=finding_groups(findings, anchors),
+        n_findings=len(findings),
         config_yaml=_config_yaml(config),
         versions=software_versions(),
     )

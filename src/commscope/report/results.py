@@ -65,11 +65,18 @@ class StudyResults:
     ``tables`` holds frames already in memory by name (a test, a notebook), used instead of
     reading. Per-cell files come from the cells' statuses (``status``: what each cell that ran
     made, by product name), so the report reads exactly the cells that ran, in cell order.
+    ``config``: the study's config (the abstract and the limitations read its cluster, models
+    and run settings); :func:`~commscope.report.render.render_report` fills it when empty.
     """
 
     def __init__(
-        self, paths: Inputs | None = None, *, tables: Mapping[str, pd.DataFrame] | None = None
+        self,
+        paths: Inputs | None = None,
+        *,
+        tables: Mapping[str, pd.DataFrame] | None = None,
+        config: Mapping[str, Any] | None = None,
     ) -> None:
+        self.config: dict[str, Any] = dict(config or {})
         self._paths: dict[str, Path | list[Path]] = {
             name: Path(p) if isinstance(p, str | PathLike) else [Path(x) for x in p]
             for name, p in (paths or {}).items()

@@ -4,15 +4,19 @@ Each module defines its :class:`~commscope.report.sections._base.Section` (title
 its table built from :class:`~commscope.report.results.StudyResults`); its anchor is derived
 from its title, so findings link to it by importing it. The template lays out the first three
 itself (:data:`FIXED`: what was run, the summary per strategy, the sensitivity to the link);
-:data:`SECTIONS` follow them in this order. A new section is a module here and one line below.
+:data:`SECTIONS` are shown in this order within their place (:attr:`Section.place`: ``lead``
+after the findings, ``main`` after the figures, ``detail`` folded at the end). A new section
+is a module here and one line below.
 """
 
 from commscope.report.sections import (
     bench,
     crosscheck,
     export,
+    implications,
     imports,
     learning,
+    limitations,
     overview,
     predictions,
     replay,
@@ -26,6 +30,8 @@ from commscope.report.sections._base import Section, anchor, setting_label
 FIXED: tuple[Section, ...] = (overview.RUN, overview.STRATEGIES, sensitivity.SECTION)
 
 SECTIONS: tuple[Section, ...] = (
+    implications.SECTION,
+    limitations.SECTION,
     wire.SECTION,
     structure.SYNC,
     structure.TEMPORAL,

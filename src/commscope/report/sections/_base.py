@@ -41,13 +41,19 @@ class Section:
     from the results where it says where the numbers came from) and ``build``, its table from
     the study's results (shown as is). ``shown`` leaves the section out when its stage is off.
     ``fixed_anchor`` is only for the sections the template lays out itself (``run``,
-    ``strategies``, ``sensitivity``): every other anchor is derived from the title."""
+    ``strategies``, ``sensitivity``): every other anchor is derived from the title. ``place``:
+    where the page shows it: ``lead`` (right after the findings: what the study implies and
+    what it cannot say), ``main`` (after the figures) or ``detail`` (one row per cell: folded,
+    at the end, so that per-cell tables never stand between the reader and the figures).
+    ``points``: sentences computed from the results, shown as a list under the intro."""
 
     title: str
     intro: str | Callable[[StudyResults], str]
     build: Callable[[StudyResults], pd.DataFrame]
     shown: Callable[[StudyResults], bool] = always
     fixed_anchor: str = ""
+    place: str = "main"
+    points: Callable[[StudyResults], list[str]] | None = None
 
     @property
     def anchor(self) -> str:
@@ -62,6 +68,10 @@ class Section:
         """Title, intro and table frame, as :func:`commscope.report.render.render_report` shows
         them."""
         return {"title": self.title, "intro": self.intro_for(results), "frame": self.build(results)}
+
+    def points_for(self, results: StudyResults) -> list[str]:
+        """The section's computed sentences (none without :attr:`points`)."""
+        return self.points(results) if self.points is not None else []
 
 
 def setting_label(row: dict[str, Any]) -> str:

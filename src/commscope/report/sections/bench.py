@@ -107,10 +107,12 @@ UTILIZATION = Section(
     _BENCH_UTILIZATION_INTRO,
     microbench_utilization,
     declared("microbench_summary", "microbench_fit"),
+    place="detail",
 )
 FITS = Section(
     "Collective microbenchmarks: alpha-beta fits",
     _BENCH_FIT_INTRO,
     microbench_fits,
     declared("microbench_summary", "microbench_fit"),
+    place="detail",
 )

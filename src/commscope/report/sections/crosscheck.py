@@ -52,4 +52,6 @@ def crosscheck_strategies(results: StudyResults) -> pd.DataFrame:
 PER_STRATEGY = Section(
     "Wire vs recorded ops, per strategy", _CROSSCHECK_STRATEGY_INTRO, crosscheck_strategies
 )
-PER_CELL = Section("Wire vs recorded ops, per cell", _CROSSCHECK_CELL_INTRO, crosscheck_cells)
+PER_CELL = Section(
+    "Wire vs recorded ops, per cell", _CROSSCHECK_CELL_INTRO, crosscheck_cells, place="detail"
+)

@@ -60,4 +60,5 @@ SECTION = Section(
     _EXPORT_INTRO,
     export_section,
     lambda results: bool(results.cell_products("export_chakra")),
+    place="detail",
 )

@@ -66,8 +66,11 @@ TRAFFIC = Section(
     "Predicted vs measured traffic",
     _COMPARE_INTRO,
     lambda results: training(results.comparison),
+    place="detail",
 )
-STEP_TIME = Section("Predicted vs measured step time", _TIMING_INTRO, timing_section)
+STEP_TIME = Section(
+    "Predicted vs measured step time", _TIMING_INTRO, timing_section, place="detail"
+)
 SCENARIOS = Section(
     "Beyond the cluster: predicted traffic of large GPT jobs",
     _PREDICTIONS_INTRO,

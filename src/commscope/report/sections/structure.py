@@ -80,10 +80,12 @@ SYNC = Section(
     _SYNC_INTRO,
     lambda results: sync_section(results.table("sync_summary")),
     declared("sync_summary"),
+    place="detail",
 )
 TEMPORAL = Section(
     "Temporal structure on the wire",
     _TEMPORAL_INTRO,
     lambda results: temporal_section(results.table("temporal_onoff")),
     declared("temporal_onoff"),
+    place="detail",
 )

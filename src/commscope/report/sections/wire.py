@@ -80,4 +80,6 @@ def wire_intro(results: StudyResults) -> str:
     return base + text
 
 
-SECTION = Section("The wire at four time scales", wire_intro, wire_cells, declared("summary"))
+SECTION = Section(
+    "The wire at four time scales", wire_intro, wire_cells, declared("summary"), place="detail"
+)

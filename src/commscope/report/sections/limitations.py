@@ -1,0 +1,154 @@
+"""Limitations: what this study's numbers cannot say, computed from its cells. The host-limited
+cells (the fidelity monitor's verdict in the summary, :mod:`commscope.metrics.fidelity`: by
+what, how far over the bound), the cells the monitor did not watch, and what the emulation
+cannot represent (CPU ranks instead of GPUs, one switch, the host's cores against the ranks,
+the link engine's own error, as the summary records them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from commscope.contracts import is_replay
+from commscope.metrics.fidelity import DELAYER_WAIT_BOUND, RANK_WAIT_BOUND, STEAL_BOUND
+from commscope.report.results import StudyResults
+from commscope.report.sections._base import Section, setting_label
+from commscope.report.sections.implications import host_limited_mask
+from commscope.units import fmt_count, fmt_share, fmt_us, is_missing
+
+# limited_by's words -> (summary column, bound, what waited)
+_LIMITS: dict[str, tuple[str, float, str]] = {
+    "ranks": ("ranks_wait_share", RANK_WAIT_BOUND, "rank threads waited for a core"),
+    "delayer": ("delayer_wait_share", DELAYER_WAIT_BOUND, "the packet delayer waited for a core"),
+    "steal": ("steal_share", STEAL_BOUND, "the hypervisor took the CPU"),
+}
+
+
+def _cell_words(row: dict[str, Any]) -> str:
+    rpn = int(row["ranks_per_node"])
+    what = (
+        f"replayed {row['model']}"
+        if is_replay(str(row["strategy"]))
+        else f"{row['strategy']}, {row['model']}"
+    )
+    repeat = f", repeat {int(row['repeat']) + 1}" if "repeat" in row else ""
+    return f"{what}, {int(row['nodes'])}×{rpn}, {setting_label(row)}{repeat}"
+
+
+def _over(row: dict[str, Any]) -> str:
+    """How far over which bound: ``"rank threads waited for a core 23 % of their runnable time
+    (bound 10 %)"``."""
+    parts = []
+    for key in str(row.get("limited_by") or "").split(","):
+        if key in _LIMITS:
+            column, bound, words = _LIMITS[key]
+            parts.append(f"{words} {fmt_share(row.get(column))} (bound {fmt_share(bound)})")
+    return "; ".join(parts) or "over a bound"
+
+
+def limited_cells(results: StudyResults) -> pd.DataFrame:
+    """The host-limited cells, one row each: the cell, what limited it and by how far, and the
+    runnable rank threads against the host's CPUs."""
+    summary = results.summary
+    if summary.empty:
+        return pd.DataFrame()
+    rows = summary[host_limited_mask(summary)]
+    return pd.DataFrame(
+        [
+            {
+                "cell": _cell_words(r),
+                "limited by": _over(r),
+                "runnable rank threads / host CPUs": (
+                    f"{fmt_count(r.get('runnable_rank_threads'))} / {fmt_count(r.get('host_cpus'))}"
+                ),
+            }
+            for r in rows.to_dict("records")
+        ],
+        columns=["cell", "limited by", "runnable rank threads / host CPUs"],
+    )
+
+
+def limitation_sentences(results: StudyResults, config: dict[str, Any] | None = None) -> list[str]:
+    """The limitations in sentences, each from the study's cells (and the config's cluster)."""
+    summary = results.summary
+    if summary.empty:
+        return []
+    n = len(summary)
+    sentences = []
+    if "monitored" not in summary:
+        sentences.append(
+            "No cell of this study carries the fidelity monitor's verdict (its results predate "
+            "the monitor): whether the host, not the network, set any step time is unknown."
+        )
+    else:
+        limited = host_limited_mask(summary)
+        watched = summary["monitored"].fillna(False).astype(bool)
+        over = summary.get("oversubscribed", pd.Series(False, index=summary.index))
+        over = over.fillna(False).astype(bool)
+        sentences.append(
+            f"The fidelity monitor watched {int(watched.sum())} of {n} cells; "
+            f"{int(limited.sum())} were host-limited (listed below: a rank thread waited for "
+            f"a core more than {fmt_share(RANK_WAIT_BOUND)} of its runnable time, the packet "
+            f"delayer more than {fmt_share(DELAYER_WAIT_BOUND)}, or steal above "
+            f"{fmt_share(STEAL_BOUND)}) and no implication rests on them"
+            + (
+                f"; {int(over.sum())} had more runnable rank threads than the host has CPUs"
+                if over.any()
+                else ""
+            )
+            + "."
+        )
+        if (~watched).any():
+            missing = summary[~watched]
+            listed = "; ".join(_cell_words(r) for r in missing.head(6).to_dict("records"))
+            more = f" and {len(missing) - 6} more" if len(missing) > 6 else ""
+            sentences.append(
+                f"{len(missing)} cell{'' if len(missing) == 1 else 's'} recorded no host "
+                f"statistics, so {'its' if len(missing) == 1 else 'their'} fidelity is unknown: "
+                f"{listed}{more}."
+            )
+    training = summary[~is_replay(summary)]
+    if len(training):
+        sentences.append(
+            "Every rank trains on the host's CPU, not on a GPU: compute is orders of magnitude "
+            "slower than on an accelerator, so communication is a smaller share of a step than "
+            "it would be on a GPU cluster with the same link, and a slowdown here understates "
+            "one there; the bytes, message sizes and the order of the ops do not depend on it."
+        )
+    cluster = (config or {}).get("cluster", {})
+    if cluster.get("backend", "netns") == "netns":
+        ranks = int(summary["world_size"].max()) if "world_size" in summary else 0
+        cpus = summary["host_cpus"].max() if "host_cpus" in summary else float("nan")
+        host = f"a host with {fmt_count(cpus)} CPUs" if not is_missing(cpus) else "one host"
+        sentences.append(
+            "The nodes are network namespaces on one host, each joined by one virtual Ethernet "
+            "pair to one software switch: one flat hop between every pair of nodes, no "
+            "oversubscribed tiers, no switch buffers or ECN, no contention from other jobs. "
+            f"Up to {ranks} ranks shared {host}. The unshaped link is a veth at memory-copy "
+            "speed, not a network a cluster would have: slowdowns are relative to it."
+        )
+    if "link_engine" in summary:
+        late = summary["delay_late_us_p99"].dropna() if "delay_late_us_p99" in summary else []
+        if len(late):
+            sentences.append(
+                "Delay and jitter come from a user-space delayer whose packets left up to "
+                f"{fmt_us(late.max())} late (99th percentile, worst cell): settings finer than "
+                "that are not represented."
+            )
+    return sentences
+
+
+_INTRO = (
+    "What this study's numbers cannot say: the cells where the host rather than the network "
+    "set the step time (the fidelity monitor's verdict, per cell; the table lists them), and "
+    "what the emulation does not represent."
+)
+
+SECTION = Section(
+    "Limitations",
+    _INTRO,
+    limited_cells,
+    place="lead",
+    points=lambda results: limitation_sentences(results, results.config),
+)
