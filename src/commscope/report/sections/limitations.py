@@ -15,14 +15,31 @@ from commscope.metrics.fidelity import DELAYER_WAIT_BOUND, RANK_WAIT_BOUND, STEA
 from commscope.report.results import StudyResults
 from commscope.report.sections._base import Section, setting_label
 from commscope.report.sections.implications import host_limited_mask
-from commscope.units import fmt_count, fmt_share, fmt_us, is_missing
+from commscope.units import fmt_count, fmt_us, is_missing
 
 # limited_by's words -> (summary column, bound, what waited)
 _LIMITS: dict[str, tuple[str, float, str]] = {
-    "ranks": ("ranks_wait_share", RANK_WAIT_BOUND, "rank threads waited for a core"),
-    "delayer": ("delayer_wait_share", DELAYER_WAIT_BOUND, "the packet delayer waited for a core"),
-    "steal": ("steal_share", STEAL_BOUND, "the hypervisor took the CPU"),
+    "ranks": (
+        "ranks_wait_share",
+        RANK_WAIT_BOUND,
+        "rank threads waited for a core {} of their runnable time",
+    ),
+    "delayer": (
+        "delayer_wait_share",
+        DELAYER_WAIT_BOUND,
+        "the packet delayer waited for a core {} of its runnable time",
+    ),
+    "steal": ("steal_share", STEAL_BOUND, "the hypervisor took {} of the CPU time"),
 }
+
+
+def _pct(share: Any) -> str:
+    """A share as a percentage a reader compares with a bound: ``0.234`` -> ``"23 %"``,
+    ``0.045`` -> ``"4.5 %"``."""
+    if is_missing(share):
+        return "n/a"
+    value = 100 * float(share)
+    return f"{value:.0f} %" if value >= 10 else f"{value:.1g} %" if value < 1 else f"{value:.1f} %"
 
 
 def _cell_words(row: dict[str, Any]) -> str:
@@ -43,7 +60,7 @@ def _over(row: dict[str, Any]) -> str:
     for key in str(row.get("limited_by") or "").split(","):
         if key in _LIMITS:
             column, bound, words = _LIMITS[key]
-            parts.append(f"{words} {fmt_share(row.get(column))} (bound {fmt_share(bound)})")
+            parts.append(f"{words.format(_pct(row.get(column)))} (bound {_pct(bound)})")
     return "; ".join(parts) or "over a bound"
 
 
@@ -88,10 +105,11 @@ def limitation_sentences(results: StudyResults, config: dict[str, Any] | None = 
         over = over.fillna(False).astype(bool)
         sentences.append(
             f"The fidelity monitor watched {int(watched.sum())} of {n} cells; "
-            f"{int(limited.sum())} were host-limited (listed below: a rank thread waited for "
-            f"a core more than {fmt_share(RANK_WAIT_BOUND)} of its runnable time, the packet "
-            f"delayer more than {fmt_share(DELAYER_WAIT_BOUND)}, or steal above "
-            f"{fmt_share(STEAL_BOUND)}) and no implication rests on them"
+            f"{int(limited.sum())} {'was' if limited.sum() == 1 else 'were'} host-limited "
+            "(listed below: rank threads waited for "
+            f"a core more than {_pct(RANK_WAIT_BOUND)} of their runnable time, the packet "
+            f"delayer more than {_pct(DELAYER_WAIT_BOUND)}, or steal above "
+            f"{_pct(STEAL_BOUND)}) and no implication rests on them"
             + (
                 f"; {int(over.sum())} had more runnable rank threads than the host has CPUs"
                 if over.any()

@@ -1,0 +1,93 @@
+"""The report's lead: the abstract, the implications (a winner only where the repeats'
+intervals separate; host-limited cells and replays never ranked) and the limitations (which
+cells are host-limited, by what, how far over the bound)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from commscope.report.results import StudyResults
+from commscope.report.sections import implications, limitations
+from commscope.report.sections.abstract import abstract_sentences
+
+
+def _cell(strategy: str, bw: float | None, step: float, repeat: int = 0, **extra) -> dict:
+    return {
+        "strategy": strategy, "model": "gpt-tiny", "nodes": 2, "ranks_per_node": 1,
+        "cc": "cubic", "steps": 6, "repeat": repeat, "world_size": 2, "measured_steps": 4,
+        "bw": "none" if bw is None else f"{bw:g}mbit", "delay": "0ms", "jitter": "0ms",
+        "loss": "0pct", "bw_bps": None if bw is None else bw * 1e6, "delay_ms": 0.0,
+        "jitter_ms": 0.0, "loss_pct": 0.0, "step_time_mean_s": step,
+        "monitored": True, "host_limited": False, "limited_by": "", "ranks_wait_share": 0.02,
+        "delayer_wait_share": 0.0, "steal_share": 0.0, "runnable_rank_threads": 1.5,
+        "host_cpus": 2.0, "oversubscribed": False, **extra,
+    }  # fmt: skip
+
+
+def _summary() -> pd.DataFrame:
+    rows = [
+        # Unshaped: ddp clearly faster than pp over three repeats each.
+        *(_cell("ddp", None, s, i) for i, s in enumerate([0.100, 0.101, 0.099])),
+        *(_cell("pp", None, s, i) for i, s in enumerate([0.150, 0.152, 0.149])),
+        # At 20 Mbit/s: overlapping repeats, no winner.
+        *(_cell("ddp", 20, s, i) for i, s in enumerate([0.30, 0.50])),
+        *(_cell("pp", 20, s, i) for i, s in enumerate([0.35, 0.45])),
+        # At 50 Mbit/s pp would win, but its cell is host-limited: not ranked.
+        _cell("ddp", 50, 0.2),
+        _cell(
+            "pp", 50, 0.1, host_limited=True, limited_by="ranks", ranks_wait_share=0.23,
+            runnable_rank_threads=3.1, oversubscribed=True,
+        ),
+        # A replay is never ranked with training.
+        {**_cell("replay", None, 0.01), "model": "ddp-replayed"},
+    ]  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_a_winner_only_where_the_intervals_separate() -> None:
+    table = implications.winners(_summary())
+    unshaped = table[table["bw_bps"].isna()].iloc[0]
+    assert unshaped["fastest"] == "ddp" and bool(unshaped["established"])
+    assert round(unshaped["margin"], 2) == 1.5
+    capped = table[table["bw_bps"] == 20e6].iloc[0]
+    assert not capped["established"]
+    # 50 Mbit/s: pp's only cell is host-limited, so one strategy is left: nothing to rank.
+    assert (table["bw_bps"] == 50e6).sum() == 0
+    assert "replay" not in set(table["fastest"]) | set(table["next"])
+    text = " ".join(implications.implication_sentences(StudyResults.of(summary=_summary())))
+    assert "fastest is ddp on the unshaped link (1.50× faster than pp)" in text
+    assert "not established" in text
+
+
+def test_limitations_name_the_host_limited_cells() -> None:
+    results = StudyResults.of(summary=_summary())
+    table = limitations.limited_cells(results)
+    assert len(table) == 1
+    row = table.iloc[0]
+    assert row["cell"].startswith("pp, gpt-tiny, 2×1, cap 50 Mbit/s")
+    assert "23 %" in row["limited by"] and "bound 10 %" in row["limited by"]
+    text = " ".join(limitations.limitation_sentences(results, {"cluster": {"backend": "netns"}}))
+    assert "watched 13 of 13 cells; 1 was host-limited" in text
+    assert "1 had more runnable rank threads than the host has CPUs" in text
+    assert "on a GPU" in text and "one software switch" in text
+
+
+def test_limitations_without_the_monitor_say_so() -> None:
+    old = _summary().drop(columns=["monitored", "host_limited", "limited_by"])
+    text = " ".join(limitations.limitation_sentences(StudyResults.of(summary=old)))
+    assert "predate the monitor" in text
+
+
+def test_abstract_from_the_cells_and_config() -> None:
+    results = StudyResults(
+        tables={"summary": _summary()},
+        config={"models": {"gpt-tiny": {"layers": 4, "hidden": 128}}, "run": {"warmup_steps": 2}},
+    )
+    text = " ".join(abstract_sentences(results))
+    assert "2 CPUs" in text and "network namespace" in text
+    assert "gpt-tiny (a 4-layer transformer, hidden 128)" in text
+    assert "strategies: ddp and pp" in text
+    assert "13 cells ran on 2 nodes with 1 rank each" in text
+    assert "bandwidth caps of 20, 50 Mbit/s" in text
+    assert "measured 4 steps after 2 warm-up steps" in text
+    assert "1 cell replayed recorded traces" in text
