@@ -39,7 +39,8 @@ def _pct(share: Any) -> str:
     if is_missing(share):
         return "n/a"
     value = 100 * float(share)
-    return f"{value:.0f} %" if value >= 10 else f"{value:.1g} %" if value < 1 else f"{value:.1f} %"
+    text = f"{value:.0f}" if value >= 10 else f"{value:.1f}" if value >= 1 else f"{value:.1g}"
+    return f"{text.removesuffix('.0')} %"
 
 
 def _cell_words(row: dict[str, Any]) -> str:
@@ -49,8 +50,24 @@ def _cell_words(row: dict[str, Any]) -> str:
         if is_replay(str(row["strategy"]))
         else f"{row['strategy']}, {row['model']}"
     )
-    repeat = f", repeat {int(row['repeat']) + 1}" if "repeat" in row else ""
+    # The run's number only where the cell's setting ran more than once (repeat counts from 0).
+    repeat = f", run {int(row['repeat']) + 1}" if row.get("repeated") else ""
     return f"{what}, {int(row['nodes'])}×{rpn}, {setting_label(row)}{repeat}"
+
+
+def _with_repeated(summary: pd.DataFrame) -> pd.DataFrame:
+    """``summary`` with ``repeated``: whether the cell's setting (:data:`_SETTING`) ran more
+    than once."""
+    setting = [c for c in _SETTING if c in summary]
+    if "repeat" not in summary or not setting:
+        return summary.assign(repeated=False)
+    runs = summary.groupby(setting, dropna=False)["repeat"].transform("nunique")
+    return summary.assign(repeated=runs > 1)
+
+
+# What makes two cells the same setting: the sweep's axes but the repeat.
+_SETTING = ("strategy", "model", "nodes", "ranks_per_node", "bw", "delay", "jitter", "loss", "cc",
+            "steps")  # fmt: skip
 
 
 def _over(row: dict[str, Any]) -> str:
@@ -70,7 +87,7 @@ def limited_cells(results: StudyResults) -> pd.DataFrame:
     summary = results.summary
     if summary.empty:
         return pd.DataFrame()
-    rows = summary[host_limited_mask(summary)]
+    rows = _with_repeated(summary)[host_limited_mask(summary)]
     return pd.DataFrame(
         [
             {
@@ -118,7 +135,7 @@ def limitation_sentences(results: StudyResults, config: dict[str, Any] | None = 
             + "."
         )
         if (~watched).any():
-            missing = summary[~watched]
+            missing = _with_repeated(summary)[~watched]
             listed = "; ".join(_cell_words(r) for r in missing.head(6).to_dict("records"))
             more = f" and {len(missing) - 6} more" if len(missing) > 6 else ""
             sentences.append(
