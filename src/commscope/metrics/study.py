@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from commscope.collectives.ring import bench_wire_bytes
 from commscope.contracts import is_replay
@@ -155,40 +156,12 @@ def bytes_per_step_by_op(op_volume: pd.DataFrame, step_table: pd.DataFrame) -> p
     return out[cols]
 
 
-def _t_central(t: float, df: int) -> float:
-    """P(|T| < t) for Student's t with ``df`` (a positive integer) degrees of freedom: the
-    finite series of Abramowitz & Stegun 26.7.3 (odd df) and 26.7.4 (even df)."""
-    theta = math.atan(t / math.sqrt(df))
-    c2 = math.cos(theta) ** 2
-    if df % 2:
-        # 2/pi (theta + sin cos (1 + 2/3 cos^2 + 2*4/(3*5) cos^4 + ... up to cos^(df-3)))
-        term = total = 1.0
-        for k in range(3, df - 1, 2):
-            term *= (k - 1) / k * c2
-            total += term
-        series = math.sin(theta) * math.cos(theta) * total if df > 1 else 0.0
-        return 2 / math.pi * (theta + series)
-    # sin (1 + 1/2 cos^2 + 1*3/(2*4) cos^4 + ... up to cos^(df-2))
-    term = total = 1.0
-    for k in range(2, df - 1, 2):
-        term *= (k - 1) / k * c2
-        total += term
-    return math.sin(theta) * total
-
-
 def t_quantile(df: int, level: float = CI_LEVEL) -> float:
     """The two-sided Student's t critical value: the t with P(|T| < t) = ``level`` at ``df``
-    degrees of freedom (df 1: 12.71, 4: 2.78, 30: 2.04 at 95 %), by bisection on
-    :func:`_t_central` (no SciPy in the analysis environment)."""
+    degrees of freedom (df 1: 12.71, 4: 2.78, 30: 2.04 at 95 %), from SciPy."""
     if df < 1 or not 0 < level < 1:
         raise ValueError(f"t_quantile needs df >= 1 and 0 < level < 1, got df={df}, {level=}")
-    lo, hi = 0.0, 1.0
-    while _t_central(hi, df) < level:
-        hi *= 2
-    for _ in range(100):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if _t_central(mid, df) < level else (lo, mid)
-    return (lo + hi) / 2
+    return float(stats.t.ppf((1 + level) / 2, df))
 
 
 def link_number_columns(table: pd.DataFrame) -> pd.DataFrame:
