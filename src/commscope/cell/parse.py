@@ -45,8 +45,6 @@ _TIME_COLUMNS = {
     "ops": ("t_issue_ns", "t_end_ns", WAIT_START_COLUMN, WAIT_END_COLUMN),
     "steps": ("t_start_ns", "t_end_ns"),
     "counters": ("t_ns",),
-    "sockets": ("t_ns",),
-    "host": ("t_ns",),
     "wire": ("t_ns", "t_start_ns", "t_end_ns"),
 }
 
@@ -130,6 +128,23 @@ def _per_node(raw_dir: Path, name: str, node_index: dict[str, int]) -> list[pd.D
         frame.insert(0, "node", node_index[path.parent.name])
         frames.append(frame)
     return frames
+
+
+def _sampled(
+    raw_dir: Path,
+    name: str,
+    columns: list[str],
+    node_index: dict[str, int],
+    clock: dict[str, Any] | None,
+) -> pd.DataFrame:
+    """Every node's samples of a periodic node program (``name``: its file, ``columns``: its
+    own columns, after ``node``) in one table on the orchestrator's clock; empty with those
+    columns when no node wrote one (a run from before that program)."""
+    frames = _per_node(raw_dir, name, node_index)
+    table = (
+        pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["node", *columns])
+    )
+    return to_orchestrator_clock(table, ("t_ns",), clock)
 
 
 def _clock(run_meta: dict[str, Any], node_index: dict[str, int]) -> dict[str, Any] | None:
@@ -217,20 +232,8 @@ def _node_tables(
             f"neither {NODE_WIRE_FILE} nor {NODE_COUNTERS_FILE} under {raw_dir}: "
             "did the wire accounting or the sampler run?"
         )
-    sockets = _per_node(raw_dir, NODE_SOCKETS_FILE, node_index)
-    sockets_df = (
-        pd.concat(sockets, ignore_index=True)
-        if sockets
-        else pd.DataFrame(columns=["node", *SOCKET_SAMPLE_COLUMNS])
-    )
-    sockets_df = to_orchestrator_clock(sockets_df, _TIME_COLUMNS["sockets"], clock)
-    host = _per_node(raw_dir, NODE_HOST_FILE, node_index)
-    host_df = (
-        pd.concat(host, ignore_index=True)
-        if host
-        else pd.DataFrame(columns=["node", *HOST_SAMPLE_COLUMNS])
-    )
-    host_df = to_orchestrator_clock(host_df, _TIME_COLUMNS["host"], clock)
+    sockets_df = _sampled(raw_dir, NODE_SOCKETS_FILE, SOCKET_SAMPLE_COLUMNS, node_index, clock)
+    host_df = _sampled(raw_dir, NODE_HOST_FILE, HOST_SAMPLE_COLUMNS, node_index, clock)
     return {
         "ops": ops.sort_values(["rank", "t_issue_ns"]),
         "steps": steps.sort_values(["rank", "t_start_ns"]),

@@ -25,14 +25,12 @@ statistics (:mod:`commscope.node.sockstats`).
 
 from __future__ import annotations
 
-import argparse
 import os
-import signal
 import sys
 import time
-from pathlib import Path
 
 from commscope.contracts import HOST_SAMPLE_COLUMNS, HOSTSTAT_READY
+from commscope.node.periodic import sampler_parser, stop_on_signals, write_table
 
 # What a process's command line says it is: a rank (forked by the warm launcher's server, or a
 # module of the workload started by torchrun) or the NFQUEUE delayer; anything else is not
@@ -180,30 +178,16 @@ def sample(hz: float, max_seconds: float, stop: list[bool]) -> list[tuple]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hz", type=float, default=2.0)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--max-seconds", type=float, default=3600.0)
-    # The orchestrator's run tag: it only marks the command line so the run can be found/killed.
-    parser.add_argument("--tag", default="")
+    parser = sampler_parser(__doc__.splitlines()[0], hz=2.0)
     # Taken for the orchestrator's uniform command line (PeriodicSampler): the node's address.
     parser.add_argument("--node", default="")
     args = parser.parse_args()
-    stop = [False]
-
-    def on_signal(_sig: int, _frame: object) -> None:
-        stop[0] = True
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = stop_on_signals()
     import pandas as pd  # now, not at SIGTERM: the cell waits for the output
 
     print(f"{HOSTSTAT_READY} at {args.hz} Hz", file=sys.stderr, flush=True)
     rows = sample(args.hz, args.max_seconds, stop)
-    frame = pd.DataFrame(rows, columns=HOST_SAMPLE_COLUMNS).astype("int64")
-    tmp = args.out.with_suffix(".tmp")
-    frame.to_parquet(tmp, index=False)
-    tmp.rename(args.out)  # atomic: the orchestrator waits for this name
+    write_table(pd.DataFrame(rows, columns=HOST_SAMPLE_COLUMNS).astype("int64"), args.out)
 
 
 if __name__ == "__main__":

@@ -13,18 +13,16 @@ counter sampler, rows are kept in memory and written when SIGTERM/SIGINT arrives
 
 from __future__ import annotations
 
-import argparse
 import ipaddress
-import signal
 import socket
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from commscope.contracts import SOCKET_SAMPLE_COLUMNS, SOCKSTATS_READY
+from commscope.node.periodic import sampler_parser, stop_on_signals, write_table
 
 # Columns and the tcp_info field they come from; units as the kernel reports them.
 TCP_INFO_FIELDS: dict[str, str] = {
@@ -103,29 +101,15 @@ def sample(addr: str, hz: float, max_seconds: float, stop: list[bool]) -> pd.Dat
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = sampler_parser(__doc__.splitlines()[0], hz=10.0)
     parser.add_argument("--addr", required=True, help="the node's experiment address")
-    parser.add_argument("--hz", type=float, default=10.0)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--max-seconds", type=float, default=3600.0)
-    # The orchestrator's run tag: it only marks the command line so the run can be found/killed.
-    parser.add_argument("--tag", default="")
     args = parser.parse_args()
-    stop = [False]
-
-    def on_signal(_sig: int, _frame: object) -> None:
-        stop[0] = True
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = stop_on_signals()
     import pyarrow.parquet  # noqa: F401  now, not at SIGTERM: the cell waits for the output
 
     # The orchestrator starts training once it reads this line (experiment.probes).
     print(f"{SOCKSTATS_READY} {args.addr} at {args.hz} Hz", file=sys.stderr, flush=True)
-    frame = sample(args.addr, args.hz, args.max_seconds, stop)
-    tmp = args.out.with_suffix(".tmp")
-    frame.to_parquet(tmp, index=False)
-    tmp.rename(args.out)  # atomic: the orchestrator waits for this name
+    write_table(sample(args.addr, args.hz, args.max_seconds, stop), args.out)
 
 
 if __name__ == "__main__":
