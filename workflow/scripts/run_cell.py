@@ -5,8 +5,7 @@ run_replay_cell.py."""
 
 from pathlib import Path
 
-from commscope.experiment.attempts import run_attempts
-from commscope.experiment.cell import provision_and_run
+from commscope.experiment.attempts import measure_cell
 from commscope.experiment.launch import training_workload
 from commscope.logs import log_to
 from commscope.spec.settings import CellSettings, ClusterSettings, RunSettings
@@ -14,23 +13,13 @@ from commscope.spec.settings import CellSettings, ClusterSettings, RunSettings
 with log_to(snakemake.log[0]):
     cell = CellSettings.from_mapping(snakemake.params.cell)
     run = RunSettings.from_mapping(snakemake.params.run)
-    cluster = ClusterSettings.from_mapping(snakemake.params.cluster)
-    out_dir = Path(snakemake.output[0])
-    workload = training_workload(
-        cell, dict(snakemake.params.model), dict(snakemake.params.strategy), run
-    )
-    run_attempts(
-        lambda progress: provision_and_run(
-            cluster_cfg=cluster,
-            cell=cell,
-            workload=workload,
-            run=run,
-            out_dir=out_dir,
-            progress=progress,
-        ),
-        cell=snakemake.params.cell_id,
-        out_dir=out_dir,
-        log_path=snakemake.log[0],
+    measure_cell(
+        ClusterSettings.from_mapping(snakemake.params.cluster),
+        cell,
+        training_workload(cell, dict(snakemake.params.model), dict(snakemake.params.strategy), run),
+        run,
+        cell_id=snakemake.params.cell_id,
+        out_dir=Path(snakemake.output[0]),
         attempts=int(snakemake.config["run"]["attempts"]),
-        nodes=[f"node{i}" for i in range(cell.nodes)],
+        log_path=snakemake.log[0],
     )

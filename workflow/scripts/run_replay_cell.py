@@ -4,8 +4,7 @@ measured cell that failed records that instead: there is nothing to replay."""
 
 from pathlib import Path
 
-from commscope.experiment.attempts import record_failure, run_attempts
-from commscope.experiment.cell import provision_and_run
+from commscope.experiment.attempts import measure_cell, record_failure
 from commscope.logs import log_to
 from commscope.replay.cell import replay_workload
 from commscope.spec.settings import CellSettings, ClusterSettings, RunSettings
@@ -13,27 +12,23 @@ from commscope.spec.settings import CellSettings, ClusterSettings, RunSettings
 with log_to(snakemake.log[0]):
     cell = CellSettings.from_mapping(snakemake.params.cell)
     run = RunSettings.from_mapping(snakemake.params.run)
-    cluster = ClusterSettings.from_mapping(snakemake.params.cluster)
     out_dir = Path(snakemake.output[0])
-    where = dict(cell=snakemake.params.cell_id, out_dir=out_dir, log_path=snakemake.log[0])
     if hasattr(snakemake.input, "source_failed"):
         record_failure(
-            **where,
+            cell=snakemake.params.cell_id,
+            out_dir=out_dir,
+            log_path=snakemake.log[0],
             phase="prepare",
             reason=f"its source cell failed (see {snakemake.input.source_failed})",
         )
     else:
-        workload = replay_workload(Path(snakemake.input.program), Path(snakemake.input.meta), run)
-        run_attempts(
-            lambda progress: provision_and_run(
-                cluster_cfg=cluster,
-                cell=cell,
-                workload=workload,
-                run=run,
-                out_dir=out_dir,
-                progress=progress,
-            ),
-            **where,
+        measure_cell(
+            ClusterSettings.from_mapping(snakemake.params.cluster),
+            cell,
+            replay_workload(Path(snakemake.input.program), Path(snakemake.input.meta), run),
+            run,
+            cell_id=snakemake.params.cell_id,
+            out_dir=out_dir,
             attempts=int(snakemake.config["run"]["attempts"]),
-            nodes=[f"node{i}" for i in range(cell.nodes)],
+            log_path=snakemake.log[0],
         )

@@ -27,8 +27,9 @@ from paramiko.ssh_exception import SSHException
 
 from commscope.cluster.shaping import ShapingCannotRun
 from commscope.contracts import CELL_FAILED_FILE
-from commscope.experiment.cell import CellCannotRun, CellTimedOut, Progress
+from commscope.experiment.cell import CellCannotRun, CellTimedOut, Progress, provision_and_run
 from commscope.node.native import BuildError
+from commscope.spec.settings import CellSettings, ClusterSettings, RunSettings, Workload
 
 log = logging.getLogger(__name__)
 
@@ -251,4 +252,35 @@ def write_failure(out_dir: Path, failure: CellFailure) -> None:
         failure.phase,
         f" on {failure.node}" if failure.node else "",
         failure.reason,
+    )
+
+
+def measure_cell(
+    cluster: ClusterSettings,
+    cell: CellSettings,
+    workload: Workload,
+    run: RunSettings,
+    *,
+    cell_id: str,
+    out_dir: Path,
+    attempts: int,
+    log_path: str = "",
+) -> CellFailure | None:
+    """Provision the cluster if needed and run one cell's ``workload`` on it into ``out_dir``
+    (:func:`~commscope.experiment.cell.provision_and_run`), with :func:`run_attempts`' retries
+    and failure record: what the rules run_cell and run_replay_cell do, training or replay."""
+    return run_attempts(
+        lambda progress: provision_and_run(
+            cluster_cfg=cluster,
+            cell=cell,
+            workload=workload,
+            run=run,
+            out_dir=out_dir,
+            progress=progress,
+        ),
+        cell=cell_id,
+        out_dir=out_dir,
+        log_path=log_path,
+        attempts=attempts,
+        nodes=[f"node{i}" for i in range(cell.nodes)],
     )
