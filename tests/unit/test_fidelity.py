@@ -14,16 +14,22 @@ S = 1_000_000_000
 
 
 def _samples(
-    node: int, seconds: int, *, wait_per_s: float, steal_per_s: float = 0.0, host: int = 77
+    node: int,
+    seconds: int,
+    *,
+    wait_per_s: float,
+    steal_per_s: float = 0.0,
+    host: int = 77,
+    idle_per_s: float = 0.02,
 ) -> pd.DataFrame:
     """Two CPUs sampled every 0.5 s; per second the ranks run 1.5 CPU-seconds and wait
-    ``wait_per_s`` CPU-seconds, the host is idle 0.2 CPU-seconds and steal takes
+    ``wait_per_s`` CPU-seconds, the host is idle ``idle_per_s`` CPU-seconds and steal takes
     ``steal_per_s``; the delayer runs 10 ms and waits 1 ms."""
     rows = []
     for i in range(2 * seconds + 1):
         t = i / 2
         steal = steal_per_s * t
-        idle = 0.2 * t
+        idle = idle_per_s * t
         total = 2.0 * t
         rows.append(
             (
@@ -41,7 +47,7 @@ def _samples(
 
 
 def test_shares_are_differences_over_the_window() -> None:
-    host = _samples(0, 10, wait_per_s=0.1)
+    host = _samples(0, 10, wait_per_s=0.1, idle_per_s=0.2)
     table = f.fidelity_table(host, (12 * S, 18 * S))
     (row,) = table.to_dict("records")
     assert row["window_s"] == 6.0  # samples at exactly 12 s and 18 s bracket the window
@@ -52,7 +58,12 @@ def test_shares_are_differences_over_the_window() -> None:
     assert math.isclose(row["host_idle_min"], 0.1)
     assert math.isclose(row["cpu_pressure_share"], 0.1)
     assert math.isclose(row["delayer_wait_share"], 0.001 / 0.011)
-    assert row["host_limited"] is True and row["limited_by"] == "delayer"
+    # Waits on a host with CPU to spare (10 % idle) are wake-up latency, not contention ...
+    assert row["host_limited"] is False and row["limited_by"] == ""
+    # ... on a saturated host (1 % idle) the delayer's 9 % wait is over its 5 % bound.
+    (busy,) = f.fidelity_table(_samples(0, 10, wait_per_s=0.1), (12 * S, 18 * S)).to_dict("records")
+    assert busy["host_busy_share"] >= f.HOST_BUSY_BOUND
+    assert busy["host_limited"] is True and busy["limited_by"] == "delayer"
 
 
 def test_a_node_over_the_rank_bound_makes_the_cell_host_limited() -> None:

@@ -55,3 +55,11 @@ def test_a_row_has_the_contract_columns(monkeypatch) -> None:
 def test_the_host_id_is_the_boot_ids_first_60_bits() -> None:
     assert hoststat.host_id("0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0\n") == 0x0F1E2D3C4B5A697
     assert hoststat.host_id("") == -1
+
+
+def test_a_class_keeps_what_its_exited_threads_ran() -> None:
+    times = hoststat.ClassTimes()
+    assert times.update({10: (100, 5), 11: (50, 1)}) == (150, 6, 2)
+    # Thread 11 exits: its last seen times stay in the sum, which never falls.
+    assert times.update({10: (300, 9)}) == (350, 10, 1)
+    assert times.update({}) == (350, 10, 0)  # the ranks are gone at the last sample

@@ -104,12 +104,10 @@ class ProcessTable:
         return out
 
 
-def thread_times(pids: list[int]) -> tuple[int, int, int]:
-    """(ran, waited, threads): CPU time in ns the threads of ``pids`` ran and waited on a run
-    queue (schedstat's first two fields), and how many threads there are now. Threads that
-    already exited are not counted: a window's difference is taken over the same processes'
-    live threads, which for ranks (their threads live as long as they do) is what ran."""
-    ran = waited = threads = 0
+def thread_times(pids: list[int]) -> dict[int, tuple[int, int]]:
+    """Per live thread of ``pids`` (by tid): the CPU time in ns it ran and waited on a run
+    queue (schedstat's first two fields)."""
+    times: dict[int, tuple[int, int]] = {}
     for pid in pids:
         try:
             tids = os.listdir(f"/proc/{pid}/task")
@@ -121,10 +119,30 @@ def thread_times(pids: list[int]) -> tuple[int, int, int]:
                     run_ns, wait_ns, _ = f.read().split()
             except (OSError, ValueError):
                 continue
-            ran += int(run_ns)
-            waited += int(wait_ns)
-            threads += 1
-    return ran, waited, threads
+            times[int(tid)] = (int(run_ns), int(wait_ns))
+    return times
+
+
+class ClassTimes:
+    """One class's cumulative run and wait time over every thread it ever had: a thread that
+    exits keeps adding what it was last seen with, so the sum never falls when ranks end
+    (without this a window ending after the ranks exited came out negative). What an exited
+    thread did after its last sample (at most one period) is not counted."""
+
+    def __init__(self) -> None:
+        self.last: dict[int, tuple[int, int]] = {}
+        self.retired_run = self.retired_wait = 0
+
+    def update(self, now: dict[int, tuple[int, int]]) -> tuple[int, int, int]:
+        """(ran, waited, live threads) after this sample's per-thread times ``now``."""
+        for tid, (run_ns, wait_ns) in self.last.items():
+            if tid not in now:
+                self.retired_run += run_ns
+                self.retired_wait += wait_ns
+        self.last = now
+        ran = self.retired_run + sum(r for r, _ in now.values())
+        waited = self.retired_wait + sum(w for _, w in now.values())
+        return ran, waited, len(now)
 
 
 def read(path: str) -> str:
@@ -145,13 +163,17 @@ def host_id(boot_id: str) -> int:
         return -1
 
 
-def one_sample(table: ProcessTable, tick_ns: int, boot: int = -1) -> tuple:
-    """One row of HOST_SAMPLE_COLUMNS, now (``boot``: :func:`host_id`)."""
+def one_sample(
+    table: ProcessTable, tick_ns: int, boot: int = -1, kept: dict[str, ClassTimes] | None = None
+) -> tuple:
+    """One row of HOST_SAMPLE_COLUMNS, now (``boot``: :func:`host_id`; ``kept``: each class's
+    :class:`ClassTimes`, carried from sample to sample)."""
     t_ns = time.time_ns()
     busy, idle, steal, total = host_cpu(read("/proc/stat"), tick_ns)
     pressure = cpu_pressure_us(read("/proc/pressure/cpu"))
     classes = table.tracked()
-    per_class = [v for c in CLASSES for v in thread_times(classes[c])]
+    kept = kept if kept is not None else {c: ClassTimes() for c in CLASSES}
+    per_class = [v for c in CLASSES for v in kept[c].update(thread_times(classes[c]))]
     return (t_ns, boot, os.cpu_count() or 1, busy, idle, steal, total, pressure, *per_class)
 
 
@@ -160,12 +182,13 @@ def sample(hz: float, max_seconds: float, stop: list[bool]) -> list[tuple]:
     tick_ns = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
     table = ProcessTable()
     boot = host_id(read("/proc/sys/kernel/random/boot_id"))
+    kept = {c: ClassTimes() for c in CLASSES}
     period_ns = int(1e9 / hz)
     rows: list[tuple] = []
     t0 = time.time_ns()
     end, deadline = t0 + int(max_seconds * 1e9), t0
     while not stop[0]:
-        rows.append(one_sample(table, tick_ns, boot))
+        rows.append(one_sample(table, tick_ns, boot, kept))
         now = time.time_ns()
         if now >= end:
             return rows
@@ -173,7 +196,7 @@ def sample(hz: float, max_seconds: float, stop: list[bool]) -> list[tuple]:
         # A signal ends the sleep early (PEP 475 retries it, so sleep in short slices).
         while not stop[0] and time.time_ns() < deadline:
             time.sleep(min(0.05, max(0.0, (deadline - time.time_ns()) / 1e9)))
-    rows.append(one_sample(table, tick_ns, boot))  # the window's end, at the stop
+    rows.append(one_sample(table, tick_ns, boot, kept))  # the window's end, at the stop
     return rows
 
 
