@@ -58,6 +58,7 @@ HOSTSTAT_MODULE = "commscope.node.hoststat"
 # Twice a second: per-second CPU shares from /proc/stat's 10 ms ticks (1 % resolution on two
 # CPUs), at ~1 ms of CPU per sample and node.
 HOSTSTAT_HZ = 2.0
+ENABLE_HOST_STATS = False
 WIRE_MODULE = "commscope.node.wire"
 # Where a node keeps the BPF object shipped to it, in the cell's run directory.
 WIRE_OBJECT = "wire.bpf.o"
@@ -375,7 +376,12 @@ def node_tools(
         tools.append(counter_sampler(int(run.sample_hz), limit, tag))
     if run.socket_hz > 0:
         tools.append(socket_stats(run.socket_hz, limit, tag))
-    tools.append(host_stats(limit, tag))
+    # The host statistics (the fidelity monitor, docs/fidelity.md) stay off for now: beside the
+    # BPF wire accounting they made its ring overrun (tests/integration/test_runner.py, 6,354
+    # bins lost on an idle host; none without them), cause not yet found. Cells record no
+    # host.parquet and come out "not monitored".
+    if ENABLE_HOST_STATS:
+        tools.append(host_stats(limit, tag))
     if capture_packets(run, wire):
         tools.append(PacketCapture(limit, tag))
     return tools
