@@ -50,7 +50,9 @@ def lost_sides(
             else:
                 setup = None
             in_setup = bool(setup) and setup in f.text
-            if _names(f.text, strategy) or in_setup or (compares and not names_a_setup):
+            # A check of the tool runs over every cell that ran: each failed cell is missing.
+            over_all = f.source == "check"
+            if _names(f.text, strategy) or in_setup or over_all or (compares and not names_a_setup):
                 lacking.append(failed_cell_words(rec["cell"]))
         if lacking:
             text = (
