@@ -14,6 +14,7 @@ import statistics
 import subprocess
 
 import pytest
+from scipy.stats import binom
 
 from commscope.cluster import impair, shaping
 from commscope.cluster.hosts import Host
@@ -43,6 +44,8 @@ RTT_TOLERANCE_MS = 0.2
 # waits for (the delayer's timer, ping's receive); each wake costs 0.02-0.1 ms on this VM even
 # with no vCPU halted (awake_cpus). Only ever added: the engine never releases early.
 WAKE_ALLOWANCE_MS = 0.15
+# The kernel's loss draws are random: a rate check fails this often by chance alone.
+BINOMIAL_ALPHA = 1e-4
 
 
 def _ping(src: Host, dst: Host, count: int, interval: float = 0.02) -> tuple[float, list[float]]:
@@ -159,8 +162,11 @@ def test_tcp_connect_rtt(hosts: list[Host]) -> None:
 
 def test_loss_rate_within_the_binomial_interval(hosts: list[Host], record_property) -> None:
     """5 % loss on each receiver: every echo crosses two losses, so (1 - 0.95^2) of the pings
-    go unanswered, and each node's own drop counter holds p of what it saw; both within the
-    binomial 99 % interval."""
+    go unanswered, and each node's own drop counter holds p of what it saw. The draws are the
+    kernel's (nft ``numgen random``, not seedable), so the rates are checked against binomial
+    intervals at 1 - 1e-4: at 99 % the three checks of one run failed ~3 % of runs by chance
+    alone (a CI run saw 231 lost echoes against 195 ± 34). What is exact is checked exactly:
+    every lost echo is one packet a loss rule dropped, so no packet goes missing elsewhere."""
     node0, node1 = hosts
     p, count = 0.05, 2000
     with shaped(hosts, LinkShape.parse("none", loss="5%")) as link:
@@ -169,20 +175,25 @@ def test_loss_rate_within_the_binomial_interval(hosts: list[Host], record_proper
         ).stdout
     received = int(re.search(r"(\d+) received", out).group(1))  # type: ignore[union-attr]
     q = 1 - (1 - p) ** 2
-    z99 = 2.576
     lost = count - received
-    half = z99 * math.sqrt(count * q * (1 - q))
-    print(f"{link['engine']}: {lost}/{count} echoes lost, expected {count * q:.0f} ± {half:.0f}")
+    low, high = binom.interval(1 - BINOMIAL_ALPHA, count, q)
+    print(f"{link['engine']}: {lost}/{count} echoes lost, expected in [{low:.0f}, {high:.0f}]")
     record_property("echo_loss", lost / count)
-    assert abs(lost - count * q) <= half
+    assert low <= lost <= high
     if link["engine"] == "nfqueue":
-        for name in ("node0", "node1"):
-            loss = link["nodes"][name]["loss"]
+        counters = [link["nodes"][name]["loss"] for name in ("node0", "node1")]
+        for name, loss in zip(("node0", "node1"), counters, strict=True):
             n = loss["seen"]
-            half_n = z99 * math.sqrt(n * p * (1 - p))
+            low_n, high_n = binom.interval(1 - BINOMIAL_ALPHA, n, p)
             print(f"{name}: dropped {loss['dropped']} of {n} (rate {loss['rate']:.4f})")
-            assert n >= count * (1 - p) - half_n
-            assert abs(loss["dropped"] - n * p) <= half_n
+            assert low_n <= loss["dropped"] <= high_n
+        # node1 saw the requests, node0 the replies; what else crossed the link (ARP is not
+        # IP, so little) may have been dropped too, but no echo was lost without a drop.
+        echoes_seen = count + received
+        others = sum(c["seen"] for c in counters) - echoes_seen
+        dropped = sum(c["dropped"] for c in counters)
+        assert others >= 0
+        assert lost <= dropped <= lost + others
     _clean(hosts)
 
 
