@@ -128,9 +128,13 @@ def test_bpf_totals_equal_the_interface_counters_to_the_byte(
         }
         totals = meta["totals"]
         print(f"node{i} {bw}: bpf {totals}, /proc/net/dev {delta}")
-        # What arrived, after every shaper: equal to the byte and the frame.
-        assert totals["ingress"]["bytes"] == delta["rx_bytes"]
-        assert totals["ingress"]["packets"] == delta["rx_packets"]
+        # What arrived, after every shaper: equal to the byte and the frame, but for a packet
+        # (an ARP probe) crossing in the instant between the attach or detach and the counters'
+        # read, which the outer bracket holds.
+        outer = meta["counters_outer"]
+        for field in ("bytes", "packets"):
+            wide = outer["after_detach"][f"rx_{field}"] - outer["before_attach"][f"rx_{field}"]
+            assert delta[f"rx_{field}"] <= totals["ingress"][field] <= wide
         # What left: TCP's GSO packets counted as the frames they become. Egress is counted
         # before the tbf (which may drop what it cannot queue) and before the veth (which drops
         # a frame the peer's backlog has no room for, unshaped at Gbit/s on 2 cores).

@@ -58,7 +58,7 @@ HOSTSTAT_MODULE = "commscope.node.hoststat"
 # Twice a second: per-second CPU shares from /proc/stat's 10 ms ticks (1 % resolution on two
 # CPUs), at ~1 ms of CPU per sample and node.
 HOSTSTAT_HZ = 2.0
-ENABLE_HOST_STATS = False
+ENABLE_HOST_STATS = True
 WIRE_MODULE = "commscope.node.wire"
 # Where a node keeps the BPF object shipped to it, in the cell's run directory.
 WIRE_OBJECT = "wire.bpf.o"

@@ -402,7 +402,19 @@ def run(
 ) -> dict[str, Any]:
     """Attach, drain until ``stop[0]`` or ``max_seconds``, detach, write ``out`` and
     ``meta_out``; returns the metadata."""
-    # Before attaching: the first packets counted fall in this bin or a later one.
+    # Import the writer's libraries now, not after SIGTERM (the cell waits for the output,
+    # ~0.4 s, benchmarks/cell.py), and before attaching: from the attach on, the ring must be
+    # drained at least once a lap, and on two cores busy with the other tools' own imports this
+    # import alone once took more than the lap (RING_SECONDS), so the first drain counted
+    # thousands of overrun bins.
+    import pandas  # noqa: F401
+    import pyarrow.parquet  # noqa: F401
+
+    # Before attaching: the first packets counted fall in this bin or a later one. The
+    # counters are read on both sides of the attach and of the detach: a packet (an ARP
+    # probe) can cross between the attach and the first read, so the totals lie between the
+    # counters read while attached and those of the outer bracket, and equal them when quiet.
+    counters_before = iface_counters(iface)
     now_bin = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // bin_ns
     created, prog_ids = attach(iface, obj)
     fds: list[int] = []
@@ -421,11 +433,6 @@ def run(
         # The orchestrator starts training once it reads this line.
         print(f"attached to {iface} (prog ids {prog_ids})", file=sys.stderr, flush=True)
         t_start = time.time_ns()
-        # Import the writer's libraries now, while the cell warms up, not after SIGTERM: the
-        # cell waits for the output (~0.4 s, benchmarks/cell.py).
-        import pandas  # noqa: F401
-        import pyarrow.parquet  # noqa: F401
-
         deadline = time.monotonic() + max_seconds
         while not stop[0] and time.monotonic() < deadline:
             time.sleep(poll_s)
@@ -444,6 +451,7 @@ def run(
         for fd in fds:
             os.close(fd)
         detach(iface, created)
+    counters_after = iface_counters(iface)
     meta = {
         "source": "bpf",
         "iface": iface,
@@ -455,6 +463,7 @@ def run(
         "t_end_ns": time.time_ns(),
         "counters_start": counters_start,
         "counters_end": counters_end,
+        "counters_outer": {"before_attach": counters_before, "after_detach": counters_after},
         "overruns": {r.hook: r.overruns for r in rings},
         "created_clsact": created,
     }
