@@ -10,22 +10,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from commscope.bench.analysis import cap_bytes_per_s, delay_scaled, link_alpha_beta
 from commscope.cell.timeline import step_blocked_ns
 from commscope.collectives.traffic import DEFAULT_BACKEND
-from commscope.contracts import SWEEP_AXES
+from commscope.contracts import P2P_OPS, SWEEP_AXES
 from commscope.metrics import step_times
 from commscope.predict.compare import compare_measured
 from commscope.predict.ops import predict_ops
-from commscope.predict.timing import effective_bandwidth, predict_step_time
+from commscope.predict.timing import (
+    effective_bandwidth,
+    last_arrival_ns,
+    op_times,
+    predict_step_time,
+)
 from commscope.spec.link import UNSHAPED
 from commscope.spec.settings import CellSettings
 
 TIMING_COLUMNS = [
     "cell", *SWEEP_AXES, "bandwidth_source", "intranode_source", "compute_source",
-    "compute_flops_per_s", "critical_rank", "predicted_step_s", "predicted_compute_s",
+    "compute_flops_per_s", "op_overhead_s", "critical_rank", "predicted_step_s",
+    "predicted_compute_s",
     "predicted_comm_s", "predicted_bubble_s", "predicted_comm_ratio", "predicted_bubble_ratio",
     "bubble_ratio_analytical", "predicted_tp_s", "predicted_pp_s", "predicted_dp_s",
     "predicted_ep_s", "predicted_emb_s", "measured_step_s", "measured_steps",
@@ -198,22 +205,25 @@ def predict_timing(
     setting for ops inside a node (ranks of one node talk over loopback, at least as fast as an
     unshaped veth; the cell's own link when no unshaped fit exists). Without fits: the cell's
     own effective bandwidth from its trace (:func:`effective_bandwidth`, alpha 0), else the cap.
-    Compute: the achieved FLOP rate of this run, the predicted FLOPs of all ranks over their
+    Compute: the achieved FLOP rate of each rank in this run, its predicted FLOPs over its
     measured compute time, step time not blocked in communication (:func:`rank_step_split`;
-    medians over steady steps), so the time error measures the communication and bubble model,
-    not a guessed rate. Measured step: median over steady steps of first rank in to last rank out.
+    medians over steady steps; :func:`rank_compute_rates`), so the time error measures the
+    communication and bubble model, not a guessed rate; ranks that synchronise run at the
+    slowest one's pace, so a rank slowed by a shared core sets the step (``compute_flops_per_s``
+    reports the slowest rate). Per collective, the host's fixed cost the trace shows beyond the
+    alpha-beta time (:func:`collective_overhead_s`, column ``op_overhead_s``). A P2P message
+    counts once, at its receiver (``p2p_once`` of :func:`predict_step_time`). Measured step:
+    median over steady steps of first rank in to last rank out.
     """
     backend = backend or DEFAULT_BACKEND
     links = cell_links(ops, cell, fits, backend)
     split = rank_step_split(ops, steps, warmup_steps)
     per_rank = split.groupby("rank")[["compute_s", "comm_s", "step_s"]].median()
-    flops = pred.attrs["predict"]["flops"]
-    total_flops = sum(flops.values())
-    compute_time = float(per_rank["compute_s"].clip(lower=0).sum())
-    rate = total_flops / compute_time if compute_time > 0 else math.inf
+    rates = rank_compute_rates(pred.attrs["predict"]["flops"], per_rank["compute_s"])
+    overhead = collective_overhead_s(ops, cell, links, warmup_steps, backend)
     t = predict_step_time(
         pred,
-        rate,
+        rates,
         0.0,
         links.beta_internode,
         links.beta_intranode,
@@ -221,12 +231,15 @@ def predict_timing(
         links.ab_internode,
         links.ab_intranode,
         backend,
+        op_overhead_s=overhead,
+        p2p_once=True,
     )
     row = dict(
         bandwidth_source=links.bandwidth_source,
         intranode_source=links.intranode_source,
-        compute_source="trace: step time not blocked in communication",
-        compute_flops_per_s=rate,
+        compute_source="trace: each rank's step time not blocked in communication",
+        compute_flops_per_s=min(rates.values()) if rates else math.inf,
+        op_overhead_s=overhead,
         critical_rank=t["critical_rank"],
         predicted_step_s=t["step_time_s"],
         predicted_compute_s=t["compute_s"],
@@ -239,6 +252,77 @@ def predict_timing(
         **measured_step(steps, warmup_steps, per_rank, t["step_time_s"]),
     )
     return pd.DataFrame([row])
+
+
+def rank_compute_rates(flops: dict[int, float], compute_s: pd.Series) -> dict[int, float]:
+    """Each rank's achieved FLOP rate: its predicted FLOPs over its measured compute seconds
+    (``compute_s`` by rank, :func:`rank_step_split`'s medians). A rank without measured compute
+    (none recorded, or none left after its blocked time) takes the rate of all ranks together,
+    the predicted FLOPs of all over their compute; infinite when nothing was measured."""
+    measured = compute_s.clip(lower=0)
+    total = float(measured.sum())
+    pooled = sum(flops.values()) / total if total > 0 else math.inf
+    out = {}
+    for rank, f in flops.items():
+        c = float(measured.get(rank, 0.0))
+        out[rank] = f / c if c > 0 and f > 0 else pooled
+    return out
+
+
+def collective_overhead_s(
+    ops: pd.DataFrame,
+    cell: CellSettings,
+    links: CellLinks,
+    warmup_steps: int,
+    backend: str = DEFAULT_BACKEND,
+) -> float:
+    """The fixed cost per collective on this cell's host beyond its alpha-beta time (s, >= 0).
+
+    For each synchronous collective of a steady step (its wait starts at its issue), the
+    duration on the rank that issued it last (from then on no rank waits for another's compute)
+    minus the op's alpha-beta time under ``links`` (:func:`~commscope.predict.timing.op_times`);
+    the median over them. On a host whose cores the ranks share, the peer's communication thread
+    must be scheduled beside the compute of other ranks: milliseconds per op that a
+    microbenchmark on an otherwise idle host does not see. Asynchronous ops (DDP's bucket
+    all-reduces under the backward) are left out: their duration includes compute they overlap.
+    0 without a synchronous collective. Measured from the ops' records, not from the step."""
+    steady = ops[(ops["step"] >= warmup_steps) & ops["t_end_ns"].notna()]
+    steady = steady[~steady["op"].isin(P2P_OPS)]
+    if "t_wait_start_ns" in steady.columns:
+        steady = steady[~_overlapped(steady)]
+    if steady.empty or "seq" not in steady.columns:
+        return 0.0
+    last = steady[steady["t_issue_ns"] == last_arrival_ns(steady)]
+    last = last.drop_duplicates(["group_ranks", "seq", "step"])
+    table = last[["op", "bytes", "group_ranks", "group_size", "rank", "peer"]].assign(traffic="")
+    table.attrs["predict"] = {"ranks_per_node": cell.ranks_per_node, "backend": backend}
+    ab = op_times(
+        table,
+        0.0,
+        links.beta_internode,
+        links.beta_intranode,
+        None,
+        links.ab_internode,
+        links.ab_intranode,
+        backend,
+    )
+    dur = (last["t_end_ns"].astype("float64") - last["t_issue_ns"].astype("float64")) / 1e9
+    return max(0.0, float((dur - ab).median()))
+
+
+def _overlapped(ops: pd.DataFrame) -> pd.Series:
+    """Whether each op was left running while its rank went on: the rank issued another op
+    before it started waiting for this one (DDP's earlier buckets under the backward)."""
+    out = pd.Series(False, index=ops.index)
+    for _, rank_ops in ops.groupby("rank"):
+        issues = rank_ops["t_issue_ns"].sort_values().to_numpy()
+        waits = rank_ops["t_wait_start_ns"].astype("float64").fillna(-1).to_numpy()
+        own = rank_ops["t_issue_ns"].to_numpy()
+        # the next issue on the rank after this op's own, compared with this op's wait
+        nxt = issues.searchsorted(own, side="right")
+        later = np.where(nxt < len(issues), issues[np.minimum(nxt, len(issues) - 1)], np.inf)
+        out.loc[rank_ops.index] = waits > later
+    return out
 
 
 def median_step_s(steps: pd.DataFrame, warmup_steps: int) -> float:

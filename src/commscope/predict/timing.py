@@ -43,6 +43,7 @@ scalar of its locality.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -86,10 +87,16 @@ def op_times(
     ab_internode: AlphaBetaByOp | None = None,
     ab_intranode: AlphaBetaByOp | None = None,
     backend: str | None = None,
+    op_overhead_s: float = 0.0,
 ) -> pd.Series:
     """Seconds each predicted op takes on its rank under the alpha-beta model of ``backend``'s
     algorithms (per-op ``ab_*`` fits where given, see the module docstring). ``backend``
-    defaults to ``pred.attrs["predict"]["backend"]``, else NCCL's rings."""
+    defaults to ``pred.attrs["predict"]["backend"]``, else NCCL's rings.
+
+    ``op_overhead_s`` is a fixed cost added to every collective (not to send and recv): what a
+    collective costs on a busy host beyond its wire time (the peer's threads being scheduled,
+    the framework's per-call work), which a microbenchmark on an idle host does not see; 0 keeps
+    the pure alpha-beta model."""
     rpn = int(pred.attrs["predict"]["ranks_per_node"])
     backend = _backend(pred, backend)
     keys = ["op", "bytes", "group_ranks", "group_size", "rank", "peer", "traffic"]
@@ -106,7 +113,8 @@ def op_times(
         if beta_by_traffic and traffic in beta_by_traffic:
             beta = beta_by_traffic[traffic]
         steps = latency_steps(op, int(n), backend)
-        times[key] = steps * alpha + wire_bytes(op, nbytes, int(n), backend) / beta
+        fixed = 0.0 if op in P2P_OPS else op_overhead_s
+        times[key] = steps * alpha + wire_bytes(op, nbytes, int(n), backend) / beta + fixed
     return pd.Series(
         [times[k] for k in pred[keys].itertuples(index=False, name=None)], index=pred.index
     )
@@ -123,7 +131,7 @@ def bubble_fraction(pp: int, microbatches: int, stages_per_rank: int = 1) -> flo
 
 def predict_step_time(
     pred: pd.DataFrame,
-    compute_flops_per_s: float,
+    compute_flops_per_s: float | Mapping[int, float],
     alpha_s: float,
     beta_Bps_internode: float,
     beta_Bps_intranode: float,
@@ -131,14 +139,24 @@ def predict_step_time(
     ab_internode: AlphaBetaByOp | None = None,
     ab_intranode: AlphaBetaByOp | None = None,
     backend: str | None = None,
+    op_overhead_s: float = 0.0,
+    p2p_once: bool = False,
 ) -> dict[str, Any]:
     """Step time, communication ratio and bubble ratio of a :func:`predict_ops` result.
 
     ``ab_internode`` / ``ab_intranode``: per-op (alpha per ring step, beta) fits that take
     precedence over the scalar ``alpha_s`` and betas (see :func:`op_times`); ``backend`` picks
-    the algorithms (gloo's differ from NCCL's rings, :mod:`commscope.collectives.ring`).
+    the algorithms (gloo's differ from NCCL's rings, :mod:`commscope.collectives.ring`);
+    ``op_overhead_s`` a fixed cost per collective (:func:`op_times`).
 
-    ``compute_flops_per_s`` is the achieved rate (seed 002: mu x peak, mu = 0.3-0.4).
+    ``compute_flops_per_s`` is the achieved rate (seed 002: mu x peak, mu = 0.3-0.4), one for
+    all ranks or one per rank (a rank missing from the mapping takes the slowest given): ranks
+    that synchronise every step run at the pace of the slowest, so a host where one rank
+    computes slower than another (a shared core) is timed by that rank's rate, not the mean.
+
+    ``p2p_once``: a P2P message costs its transfer once on the pipeline's path, at the
+    receiver (the sender's post returns, or waits for the receiver, whose schedule the bubble
+    already counts); False counts both a rank's sends and its receives, as seed 002's Eq. 3.
     Returns ``step_time_s`` (slowest rank), ``critical_rank``, ``compute_s``, ``comm_s`` and
     ``comm_by_traffic_s`` (that rank's op times), ``bubble_s``, ``comm_ratio`` (comm / step),
     ``bubble_ratio`` (bubble / step), ``bubble_ratio_analytical`` (:func:`bubble_fraction`)
@@ -159,14 +177,17 @@ def predict_step_time(
             ab_internode,
             ab_intranode,
             backend,
+            op_overhead_s,
         )
     )
+    if p2p_once:
+        df = df[df["op"] != "send"]
     comm = df.pivot_table(index="rank", columns="traffic", values="time_s", aggfunc="sum")
     ranks = sorted(meta["flops"])
     comm = comm.reindex(index=ranks, columns=["tp", "pp", "dp", "ep", "emb"], fill_value=0.0)
     comm = comm.fillna(0.0)
     per_rank = comm.add_prefix("t_").reset_index()
-    per_rank["t_comp"] = [meta["flops"][r] / compute_flops_per_s for r in ranks]
+    per_rank["t_comp"] = [meta["flops"][r] / rate for r, rate in _rates(compute_flops_per_s, ranks)]
     per_rank["t_comm"] = comm.sum(axis=1).to_numpy()
     if pipelined:
         in_pipeline = per_rank["t_comp"] + per_rank["t_tp"] + per_rank["t_pp"] + per_rank["t_ep"]
@@ -190,6 +211,14 @@ def predict_step_time(
     }
 
 
+def _rates(rate: float | Mapping[int, float], ranks: list[int]) -> list[tuple[int, float]]:
+    """Each rank's compute rate: the scalar, or the rank's own, else the slowest given."""
+    if not isinstance(rate, Mapping):
+        return [(r, float(rate)) for r in ranks]
+    slowest = min(rate.values()) if rate else float("inf")
+    return [(r, float(rate.get(r, slowest))) for r in ranks]
+
+
 def effective_bandwidth(
     ops: pd.DataFrame,
     ranks_per_node: int,
@@ -203,14 +232,17 @@ def effective_bandwidth(
     cluster actually achieved (seed 002's C values), not the link's nominal rate.
 
     P2P ops are left out unless ``include_p2p``: a recv's (and gloo's polled send's) duration
-    includes waiting for the peer's compute, which seed 002 counts as bubble, not transfer."""
+    includes waiting for the peer's compute, which seed 002 counts as bubble, not transfer. A
+    collective's duration runs from the last member's issue (:func:`last_arrival_ns`): before
+    it, the first ranks wait for the others' compute, not for the wire."""
     done = ops[ops["t_end_ns"].notna() & (ops["bytes"] >= min_bytes) & (ops["step"] >= 0)]
     if not include_p2p:
         done = done[~done["op"].isin(P2P_OPS)]
     out = {"internode": float("nan"), "intranode": float("nan")}
     if done.empty:
         return out
-    dur = (done["t_end_ns"].astype("float64") - done["t_issue_ns"].astype("float64")) / 1e9
+    start = last_arrival_ns(done).astype("float64")
+    dur = (done["t_end_ns"].astype("float64") - start) / 1e9
     wire = [
         wire_bytes(o, b, int(n), backend)
         for o, b, n in zip(done["op"], done["bytes"], done["group_size"], strict=True)
@@ -226,3 +258,16 @@ def effective_bandwidth(
         if len(sel):
             out[key] = float(sel.median())
     return out
+
+
+def last_arrival_ns(ops: pd.DataFrame) -> pd.Series:
+    """Per recorded op, when the last member of its collective issued it (ns): the latest
+    ``t_issue_ns`` among the rows of one instance (same ``group_ranks``, ``seq`` and ``step``;
+    a collective's ranks number their calls on a group alike), or the op's own issue where the
+    table has no ``seq`` or the op is a send or recv (a pair, not a collective)."""
+    own = ops["t_issue_ns"]
+    if "seq" not in ops.columns or "group_ranks" not in ops.columns:
+        return own
+    coll = ~ops["op"].isin(P2P_OPS)
+    last = ops[coll].groupby(["group_ranks", "seq", "step"])["t_issue_ns"].transform("max")
+    return own.where(~coll, last.reindex(ops.index))

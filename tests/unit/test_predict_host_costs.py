@@ -1,0 +1,103 @@
+"""The step-time model's host terms: per-rank compute rates, the per-collective fixed cost
+measured from the trace, a P2P message counted once, and durations from the last arrival."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from commscope.predict.cell import CellLinks, collective_overhead_s, rank_compute_rates
+from commscope.predict.ops import predict_ops
+from commscope.predict.timing import (
+    effective_bandwidth,
+    last_arrival_ns,
+    op_times,
+    predict_step_time,
+    wire_bytes,
+)
+from commscope.spec.settings import CellSettings
+
+TINY = {"layers": 2, "hidden": 64, "heads": 2, "seq": 32, "vocab": 256, "batch": 4}
+MS = 1_000_000  # ns
+
+
+def _cell() -> CellSettings:
+    return CellSettings.from_mapping(
+        dict(strategy="tp", model="tiny", nodes=2, ranks_per_node=1, bw="none", delay="0ms",
+             jitter="0ms", loss="0pct", cc="cubic", steps=4, repeat=0)
+    )  # fmt: skip
+
+
+def _op(rank: int, seq: int, issue_ms: float, end_ms: float, wait_ms: float | None = None,
+        op: str = "allreduce", nbytes: int = 1_000_000, step: int = 2) -> dict:  # fmt: skip
+    wait = issue_ms if wait_ms is None else wait_ms
+    return dict(rank=rank, op=op, bytes=nbytes, group_ranks="0,1", group_size=2, peer=-1,
+                seq=seq, step=step, t_issue_ns=int(issue_ms * MS), t_end_ns=int(end_ms * MS),
+                t_wait_start_ns=int(wait * MS))  # fmt: skip
+
+
+def _ops(rows: list[dict]) -> pd.DataFrame:
+    return pd.DataFrame(rows).astype({"t_end_ns": "Int64", "t_wait_start_ns": "Int64"})
+
+
+def test_rank_compute_rates_are_each_ranks_own() -> None:
+    rates = rank_compute_rates({0: 4e9, 1: 4e9, 2: 0.0}, pd.Series({0: 1.0, 1: 2.0, 2: 0.5}))
+    assert rates[0] == 4e9 and rates[1] == 2e9
+    assert rates[2] == pytest.approx(8e9 / 3.5)  # no FLOPs of its own: the pooled rate
+    pred = predict_ops(TINY, {"dp": -1}, 2, 1)
+    flops = pred.attrs["predict"]["flops"]
+    fast = predict_step_time(pred, 1e9, 0.0, math.inf, math.inf)
+    slow = predict_step_time(pred, {0: 1e9, 1: 0.5e9}, 0.0, math.inf, math.inf)
+    # ranks that synchronise run at the slowest one's pace
+    assert slow["critical_rank"] == 1
+    assert slow["compute_s"] == pytest.approx(flops[1] / 0.5e9) == 2 * fast["compute_s"]
+
+
+def test_op_overhead_is_added_to_collectives_only() -> None:
+    pp = predict_ops(TINY, {"pp": -1, "microbatches": 2}, 2, 1)
+    pred = pd.concat([pp, predict_ops(TINY, {"dp": -1}, 2, 1)], ignore_index=True)
+    pred.attrs = pp.attrs
+    base = op_times(pred, 0.0, 1e9, 1e9)
+    more = op_times(pred, 0.0, 1e9, 1e9, op_overhead_s=0.01)
+    p2p = pred["op"].isin(["send", "recv"])
+    assert (more[p2p] == base[p2p]).all()
+    assert (more[~p2p] - base[~p2p]).to_numpy() == pytest.approx(0.01)
+
+
+def test_p2p_once_counts_a_message_at_its_receiver() -> None:
+    pp = predict_ops(TINY, {"pp": -1, "microbatches": 4}, 2, 1)
+    both = predict_step_time(pp, math.inf, 0.0, 1e6, 1e6)
+    once = predict_step_time(pp, math.inf, 0.0, 1e6, 1e6, p2p_once=True)
+    for t, ops in ((both, {"send", "recv"}), (once, {"recv"})):
+        sel = pp[pp["op"].isin(ops)]
+        per_rank = sel.groupby("rank")["bytes"].sum() / 1e6
+        assert t["comm_by_traffic_s"]["pp"] == pytest.approx(per_rank.max())
+
+
+def test_last_arrival_and_effective_bandwidth_from_it() -> None:
+    # rank 0 issues at 0 ms, rank 1 at 90 ms; both end at 100 ms: the wire took 10 ms
+    big = 2_000_000  # above effective_bandwidth's 1 MiB floor
+    ops = _ops([_op(0, 0, 0, 100, nbytes=big), _op(1, 0, 90, 100, nbytes=big)])
+    assert list(last_arrival_ns(ops)) == [90 * MS, 90 * MS]
+    bw = effective_bandwidth(ops, ranks_per_node=1)
+    assert bw["internode"] == pytest.approx(wire_bytes("allreduce", big, 2) / 0.010)
+
+
+def test_collective_overhead_from_the_last_arrivals_excess() -> None:
+    links = CellLinks("test", "test", 1e9, 1e9, {"allreduce": (0.0, 1e9)}, {})
+    ab = wire_bytes("allreduce", 1_000_000, 2, "gloo") / 1e9  # 1 ms
+    rows = []
+    for seq, excess in enumerate((4.0, 5.0, 6.0)):  # ms beyond the alpha-beta time
+        start = 10.0 * seq
+        end = start + 3 + ab * 1e3 + excess
+        rows += [_op(0, seq, start, end), _op(1, seq, start + 3, end)]
+    # an op left running under compute (another op issued before its wait) does not count
+    rows += [_op(0, 9, 40, 200, wait_ms=150), _op(1, 9, 40, 200, wait_ms=150)]
+    rows += [_op(0, 10, 45, 200), _op(1, 10, 45, 200)]
+    ops = _ops(rows)
+    got = collective_overhead_s(ops, _cell(), links, warmup_steps=2, backend="gloo")
+    # the median of 4, 5, 6 ms and op 10's 155 - 1 ms; op 9, overlapped, is left out
+    assert got == pytest.approx(0.0055)
+    assert collective_overhead_s(ops.iloc[:0], _cell(), links, 2, "gloo") == 0.0
