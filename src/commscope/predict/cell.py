@@ -278,18 +278,18 @@ def collective_overhead_s(
 ) -> float:
     """The fixed cost per collective on this cell's host beyond its alpha-beta time (s, >= 0).
 
-    For each synchronous collective of a steady step (its wait starts at its issue), the
+    For each collective of a steady step that ran alone on its rank (:func:`_concurrent`), the
     duration on the rank that issued it last (from then on no rank waits for another's compute)
     minus the op's alpha-beta time under ``links`` (:func:`~commscope.predict.timing.op_times`);
     the median over them. On a host whose cores the ranks share, the peer's communication thread
     must be scheduled beside the compute of other ranks: milliseconds per op that a
-    microbenchmark on an otherwise idle host does not see. Asynchronous ops (DDP's bucket
-    all-reduces under the backward) are left out: their duration includes compute they overlap.
+    microbenchmark on an otherwise idle host does not see. Ops in flight together (DDP's bucket
+    all-reduces, which gloo's two worker threads run at once, sharing the link, under the
+    backward) are left out: their durations include each other's transfer.
     0 without a synchronous collective. Measured from the ops' records, not from the step."""
     steady = ops[(ops["step"] >= warmup_steps) & ops["t_end_ns"].notna()]
     steady = steady[~steady["op"].isin(P2P_OPS)]
-    if "t_wait_start_ns" in steady.columns:
-        steady = steady[~_overlapped(steady)]
+    steady = steady[~_concurrent(steady)]
     if steady.empty or "seq" not in steady.columns:
         return 0.0
     last = steady[steady["t_issue_ns"] == last_arrival_ns(steady)]
@@ -310,18 +310,16 @@ def collective_overhead_s(
     return max(0.0, float((dur - ab).median()))
 
 
-def _overlapped(ops: pd.DataFrame) -> pd.Series:
-    """Whether each op was left running while its rank went on: the rank issued another op
-    before it started waiting for this one (DDP's earlier buckets under the backward)."""
+def _concurrent(ops: pd.DataFrame) -> pd.Series:
+    """Whether each op's span (issue to end) meets another op's span on the same rank."""
     out = pd.Series(False, index=ops.index)
     for _, rank_ops in ops.groupby("rank"):
-        issues = rank_ops["t_issue_ns"].sort_values().to_numpy()
-        waits = rank_ops["t_wait_start_ns"].astype("float64").fillna(-1).to_numpy()
-        own = rank_ops["t_issue_ns"].to_numpy()
-        # the next issue on the rank after this op's own, compared with this op's wait
-        nxt = issues.searchsorted(own, side="right")
-        later = np.where(nxt < len(issues), issues[np.minimum(nxt, len(issues) - 1)], np.inf)
-        out.loc[rank_ops.index] = waits > later
+        order = rank_ops.sort_values("t_issue_ns")
+        issue = order["t_issue_ns"].to_numpy("float64")
+        end = order["t_end_ns"].astype("float64").to_numpy()
+        ended_before = np.maximum.accumulate(np.concatenate([[-np.inf], end[:-1]]))
+        next_issue = np.concatenate([issue[1:], [np.inf]])
+        out.loc[order.index] = (issue < ended_before) | (end > next_issue)
     return out
 
 
