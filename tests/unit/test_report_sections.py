@@ -142,3 +142,24 @@ def test_structure_tables_name_what_tells_their_cells_apart() -> None:
         ]
     )  # fmt: skip
     assert list(temporal_section(onoff).columns[:8]) == [*_STRUCTURE_KEYS, "cc"]
+
+
+def test_findings_are_written_as_data_in_the_reports_order(tmp_path) -> None:
+    """findings.json: what a user quotes and two studies are compared by, one object per
+    finding with its question, source, sentence and section."""
+    import json
+
+    from commscope.report.findings import Finding
+    from commscope.report.render import write_findings
+
+    findings = [
+        Finding("fsdp sends the most bytes", "summary", "volume", "measured"),
+        Finding("the wire carried what the ranks recorded", "crosscheck", "checks", "check"),
+    ]
+    path = tmp_path / "findings.json"
+    write_findings(findings, path)
+    rows = json.loads(path.read_text())
+    assert rows == [
+        {"question": f.question, "source": f.source, "text": f.text, "anchor": f.anchor}
+        for f in findings
+    ]

@@ -45,7 +45,9 @@ rule report:
         template=str(Path(workflow.basedir) / "report" / "templates" / "report.html.j2"),
         captions=str(Path(workflow.basedir) / "report" / "captions.yaml"),
     output:
-        "results/report/index.html",
+        html="results/report/index.html",
+        # The findings as data (question, source, sentence, section): what a user quotes.
+        findings="results/report/findings.json",
     log:
         "results/logs/report.log",
     conda:

@@ -6,8 +6,9 @@ from commscope.report import StudyResults, render_report
 with log_to(snakemake.log[0]):
     render_report(
         StudyResults(dict(snakemake.input.items())),
-        snakemake.output[0],
+        snakemake.output.html,
         config=snakemake.params.config,
         template=snakemake.input.template,
         captions=snakemake.input.captions,
+        out_findings=snakemake.output.findings,
     )

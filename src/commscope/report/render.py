@@ -237,8 +237,10 @@ def render_report(
     sections: Sequence[Section] = SECTIONS,
     findings: Sequence[Finding] | None = None,
     title: str = DEFAULT_TITLE,
+    out_findings: str | PathLike[str] | None = None,
 ) -> None:
-    """Write the study report to ``out_html`` as one self-contained HTML file.
+    """Write the study report to ``out_html`` as one self-contained HTML file, and its findings
+    to ``out_findings`` when given (:func:`write_findings`).
 
     ``results`` holds the study's result files (:class:`~commscope.report.results.StudyResults`:
     the aggregated summary and slowdown, the study figures, the cells' statuses, ...);
@@ -309,3 +311,16 @@ def render_report(
     out_html = Path(out_html)
     out_html.parent.mkdir(parents=True, exist_ok=True)
     out_html.write_text(html, encoding="utf-8")
+    if out_findings is not None:
+        write_findings(findings, out_findings)
+
+
+def write_findings(findings: Sequence[Finding], path: str | PathLike[str]) -> None:
+    """The findings as a JSON list in the report's order, each with its ``question``,
+    ``source``, ``text`` and ``anchor`` (the report section behind it): what a user quotes, and
+    what two studies are compared by (benchmarks/compare_findings.py)."""
+    rows = [
+        {"question": f.question, "source": f.source, "text": f.text, "anchor": f.anchor}
+        for f in findings
+    ]
+    Path(path).write_text(json.dumps(rows, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
