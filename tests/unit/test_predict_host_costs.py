@@ -11,6 +11,7 @@ import pytest
 from commscope.predict.cell import CellLinks, collective_overhead_s, rank_compute_rates
 from commscope.predict.ops import predict_ops
 from commscope.predict.timing import (
+    ddp_exposed_s,
     effective_bandwidth,
     last_arrival_ns,
     op_times,
@@ -101,3 +102,20 @@ def test_collective_overhead_from_the_last_arrivals_excess() -> None:
     # the median of 4, 5 and 6 ms; ops 9 and 10, concurrent, are left out
     assert got == pytest.approx(0.005)
     assert collective_overhead_s(ops.iloc[:0], _cell(), links, 2, "gloo") == 0.0
+
+
+def test_ddp_buckets_hide_under_the_rest_of_the_backward() -> None:
+    buckets = pd.DataFrame({"seq": [0, 1], "bytes": [1, 3], "time_s": [0.2, 0.3]})
+    # backward 2/3 of 0.9 s = 0.6 s; after the first bucket (1/4 of the bytes) 0.45 s remain
+    assert ddp_exposed_s(buckets, 0.9) == pytest.approx(max(0.3, 0.5 - 0.45))
+    assert ddp_exposed_s(buckets, 0.0) == pytest.approx(0.5)  # nothing to hide under
+    pred = predict_ops(TINY, {"dp": -1, "bucket_cap_mb": 0.01}, 2, 1)
+    whole = predict_step_time(pred, 1e6, 0.0, 1e5, 1e5)
+    hidden = predict_step_time(pred, 1e6, 0.0, 1e5, 1e5, ddp_overlap=True)
+    assert whole["comm_by_traffic_s"]["dp"] == pytest.approx(whole["comm_s"])
+    assert hidden["comm_s"] < whole["comm_s"]
+    assert hidden["step_time_s"] == pytest.approx(hidden["compute_s"] + hidden["comm_s"])
+    fsdp = predict_ops(TINY, {"dp": -1, "dp_kind": "fsdp"}, 2, 1)
+    assert predict_step_time(fsdp, 1e6, 0.0, 1e5, 1e5, ddp_overlap=True)["comm_s"] == (
+        pytest.approx(predict_step_time(fsdp, 1e6, 0.0, 1e5, 1e5)["comm_s"])
+    )

@@ -233,6 +233,7 @@ def predict_timing(
         backend,
         op_overhead_s=overhead,
         p2p_once=True,
+        ddp_overlap=True,
     )
     row = dict(
         bandwidth_source=links.bandwidth_source,

@@ -141,6 +141,7 @@ def predict_step_time(
     backend: str | None = None,
     op_overhead_s: float = 0.0,
     p2p_once: bool = False,
+    ddp_overlap: bool = False,
 ) -> dict[str, Any]:
     """Step time, communication ratio and bubble ratio of a :func:`predict_ops` result.
 
@@ -157,6 +158,9 @@ def predict_step_time(
     ``p2p_once``: a P2P message costs its transfer once on the pipeline's path, at the
     receiver (the sender's post returns, or waits for the receiver, whose schedule the bubble
     already counts); False counts both a rank's sends and its receives, as seed 002's Eq. 3.
+
+    ``ddp_overlap``: DDP's bucket all-reduces run under the rest of the backward
+    (:func:`ddp_exposed_s`); False adds them whole, as PTD-P (the module docstring).
     Returns ``step_time_s`` (slowest rank), ``critical_rank``, ``compute_s``, ``comm_s`` and
     ``comm_by_traffic_s`` (that rank's op times), ``bubble_s``, ``comm_ratio`` (comm / step),
     ``bubble_ratio`` (bubble / step), ``bubble_ratio_analytical`` (:func:`bubble_fraction`)
@@ -189,6 +193,17 @@ def predict_step_time(
     per_rank = comm.add_prefix("t_").reset_index()
     per_rank["t_comp"] = [meta["flops"][r] / rate for r, rate in _rates(compute_flops_per_s, ranks)]
     per_rank["t_comm"] = comm.sum(axis=1).to_numpy()
+    if ddp_overlap and not pipelined and plan.get("dp_kind", "ddp") == "ddp":
+        buckets = df[(df["traffic"] == "dp") & (df["phase"] == "bwd")]
+        per_rank["t_dp"] = [
+            ddp_exposed_s(buckets[buckets["rank"] == r], comp)
+            if (buckets["rank"] == r).any()
+            else dp
+            for r, comp, dp in zip(ranks, per_rank["t_comp"], per_rank["t_dp"], strict=True)
+        ]
+        per_rank["t_comm"] = per_rank[[f"t_{t}" for t in ("tp", "pp", "dp", "ep", "emb")]].sum(
+            axis=1
+        )
     if pipelined:
         in_pipeline = per_rank["t_comp"] + per_rank["t_tp"] + per_rank["t_pp"] + per_rank["t_ep"]
         per_rank["t_bubble"] = (plan["pp"] - 1) / v * in_pipeline / m
@@ -209,6 +224,28 @@ def predict_step_time(
         "bubble_ratio_analytical": bubble_fraction(plan["pp"], m, v) if pipelined else 0.0,
         "per_rank": per_rank,
     }
+
+
+# Backward FLOPs are twice the forward's: the backward is 2/3 of a step's compute.
+BACKWARD_SHARE = 2 / 3
+
+
+def ddp_exposed_s(buckets: pd.DataFrame, compute_s: float) -> float:
+    """Seconds one rank waits for DDP's bucket all-reduces (``buckets``: its dp ops of the
+    backward with their ``time_s``, ``bytes`` and ``seq``) when they overlap the backward.
+
+    A bucket is all-reduced as soon as its gradients exist; gradients appear in proportion to
+    their bytes over the backward (``BACKWARD_SHARE`` of ``compute_s``), so once the first
+    bucket is issued, the rest of the backward (its share 1 - first / all bytes) can hide the
+    transfers. The last bucket is issued when the backward ends and is never hidden:
+    ``max(t_last, sum(t) - hidden window)``."""
+    ordered = buckets.sort_values("seq")
+    total = float(ordered["time_s"].sum())
+    if ordered.empty or total <= 0:
+        return total
+    nbytes = ordered["bytes"].astype("float64")
+    window = BACKWARD_SHARE * compute_s * (1 - float(nbytes.iloc[0]) / float(nbytes.sum()))
+    return max(float(ordered["time_s"].iloc[-1]), total - window)
 
 
 def _rates(rate: float | Mapping[int, float], ranks: list[int]) -> list[tuple[int, float]]:
