@@ -60,6 +60,12 @@ FIDELITY_COLUMNS: list[str] = [
     "runnable_ranks",
     "ranks_wait_share",
     "delayer_wait_share",
+    # The node's egress port, where the cell has a cap (SHAPER_COLUMNS, below).
+    "shaped_rate_bps",
+    "backlogged_s",
+    "achieved_over_cap",
+    "gap_share",
+    "over_share",
     "host_limited",
     "limited_by",
 ]
@@ -135,18 +141,34 @@ def node_fidelity(samples: pd.DataFrame, window: tuple[int, int]) -> dict[str, o
     return row
 
 
-def fidelity_table(host: pd.DataFrame, window: tuple[int, int] | None) -> pd.DataFrame:
+def fidelity_table(
+    host: pd.DataFrame, window: tuple[int, int] | None, shaper: pd.DataFrame | None = None
+) -> pd.DataFrame:
     """Per node, the fidelity over ``window`` of ``host`` (``host.parquet`` with a ``node``
-    column, on the window's clock). Empty (with the columns) without samples or window."""
-    empty = pd.DataFrame(columns=FIDELITY_COLUMNS)
-    if window is None or host.empty or "node" not in host:
-        return empty
-    rows = []
-    for node, samples in host.groupby("node", sort=True):
-        row = node_fidelity(samples, window)
-        if row is not None:
-            rows.append({"node": int(node), **row})
-    return pd.DataFrame(rows, columns=FIDELITY_COLUMNS) if rows else empty
+    column, on the window's clock) and of its shaped egress port (``shaper``, rows of
+    :func:`shaper_table` over the same window; none where the cell has no cap or no wire
+    bins). A node with only one of the two has NaN in the other's columns; a node whose port
+    is outside the shaper's bounds (:func:`shaper_limited`) is host-limited by ``shaper``.
+    Empty (with the columns) without either."""
+    rows: dict[int, dict[str, object]] = {}
+    if window is not None and not host.empty and "node" in host:
+        for node, samples in host.groupby("node", sort=True):
+            row = node_fidelity(samples, window)
+            if row is not None:
+                rows[int(node)] = row
+    if shaper is not None:
+        for port in shaper.to_dict("records"):
+            node = int(port.pop("node"))
+            row = rows.setdefault(node, {"host_limited": False, "limited_by": ""})
+            row.update(port)
+            if shaper_limited(port):
+                row["host_limited"] = True
+                row["limited_by"] = ",".join(filter(None, [str(row["limited_by"]), "shaper"]))
+    if not rows:
+        return pd.DataFrame(columns=FIDELITY_COLUMNS)
+    table = pd.DataFrame([{"node": n, **rows[n]} for n in sorted(rows)], columns=FIDELITY_COLUMNS)
+    # A node without host samples has no host id or CPU count.
+    return table.astype({"host_id": "Int64", "cpus": "Int64"})
 
 
 # The summary's fidelity columns (one row per cell, :func:`cell_verdict`).
@@ -160,6 +182,10 @@ FIDELITY_SUMMARY_COLUMNS: list[str] = [
     "runnable_rank_threads",
     "host_cpus",
     "oversubscribed",
+    "shaper_checked",
+    "achieved_over_cap",
+    "shaper_gap_share",
+    "shaper_over_share",
 ]
 
 
@@ -168,27 +194,207 @@ def cell_verdict(table: pd.DataFrame) -> dict[str, object]:
     any node is, and by what; the worst node's shares; and ``oversubscribed``: more rank
     threads were runnable on average than the host had CPUs. Nodes with one ``host_id`` share
     one host (the netns cluster): their runnable threads add up against its CPUs; nodes on
-    hosts of their own are each held against their own."""
+    hosts of their own are each held against their own. ``monitored``: some node has host
+    samples; ``shaper_checked``: some node's port was backlogged long enough to be judged,
+    with the worst port's ``achieved_over_cap`` (farthest from 1), ``shaper_gap_share`` and
+    ``shaper_over_share``."""
     nan = float("nan")
+    row: dict[str, object] = {
+        "monitored": False, "host_limited": False, "limited_by": "",
+        "ranks_wait_share": nan, "delayer_wait_share": nan, "steal_share": nan,
+        "runnable_rank_threads": nan, "host_cpus": nan, "oversubscribed": False,
+        "shaper_checked": False, "achieved_over_cap": nan, "shaper_gap_share": nan,
+        "shaper_over_share": nan,
+    }  # fmt: skip
     if table.empty:
-        return {
-            "monitored": False, "host_limited": False, "limited_by": "",
-            "ranks_wait_share": nan, "delayer_wait_share": nan, "steal_share": nan,
-            "runnable_rank_threads": nan, "host_cpus": nan, "oversubscribed": False,
-        }  # fmt: skip
-    by = sorted({k for v in table["limited_by"] for k in str(v).split(",") if k})
-    per_host = table.groupby("host_id").agg(
-        runnable=("runnable_ranks", "sum"), cpus=("cpus", "max")
+        return row
+    row["host_limited"] = bool(table["host_limited"].any())
+    row["limited_by"] = ",".join(
+        sorted({k for v in table["limited_by"] for k in str(v).split(",") if k})
     )
-    worst = per_host.assign(load=per_host["runnable"] / per_host["cpus"])["load"].idxmax()
-    return {
-        "monitored": True,
-        "host_limited": bool(table["host_limited"].any()),
-        "limited_by": ",".join(by),
-        "ranks_wait_share": float(table["ranks_wait_share"].max()),
-        "delayer_wait_share": float(table["delayer_wait_share"].max()),
-        "steal_share": float(table["steal_share"].max()),
-        "runnable_rank_threads": float(per_host.loc[worst, "runnable"]),
-        "host_cpus": float(per_host.loc[worst, "cpus"]),
-        "oversubscribed": bool((per_host["runnable"] > per_host["cpus"]).any()),
-    }
+    monitored = table[table["host_id"].notna()]
+    if not monitored.empty:
+        per_host = monitored.groupby("host_id").agg(
+            runnable=("runnable_ranks", "sum"), cpus=("cpus", "max")
+        )
+        worst = per_host.assign(load=per_host["runnable"] / per_host["cpus"])["load"].idxmax()
+        row.update(
+            monitored=True,
+            ranks_wait_share=float(monitored["ranks_wait_share"].max()),
+            delayer_wait_share=float(monitored["delayer_wait_share"].max()),
+            steal_share=float(monitored["steal_share"].max()),
+            runnable_rank_threads=float(per_host.loc[worst, "runnable"]),
+            host_cpus=float(per_host.loc[worst, "cpus"]),
+            oversubscribed=bool((per_host["runnable"] > per_host["cpus"]).any()),
+        )
+    achieved = pd.to_numeric(table["achieved_over_cap"], errors="coerce").dropna()
+    if not achieved.empty:
+        row.update(
+            shaper_checked=True,
+            achieved_over_cap=float(achieved.loc[(achieved - 1).abs().idxmax()]),
+            shaper_gap_share=float(pd.to_numeric(table["gap_share"]).max()),
+            shaper_over_share=float(pd.to_numeric(table["over_share"]).max()),
+        )
+    return row
+
+
+# --------------------------------------------------------------------------------------------
+# The shaper: does each capped port dequeue at its rate while it has something to send?
+# --------------------------------------------------------------------------------------------
+
+# The shaper columns of the fidelity table (the node's egress port, docs/fidelity.md).
+SHAPER_COLUMNS: list[str] = [
+    "shaped_rate_bps",
+    "backlogged_s",
+    "achieved_over_cap",
+    "gap_share",
+    "over_share",
+]
+# Bounds of a faithful shaper (justification in docs/fidelity.md "The shaper"): what it
+# delivered while backlogged, over its cap; the share of backlogged time it sent nothing for
+# longer than a frame's serialisation; the share of backlogged bins it delivered more than its
+# bucket and a bin of tokens allow.
+ACHIEVED_LOW_BOUND = 0.95
+ACHIEVED_HIGH_BOUND = 1.02
+GAP_BOUND = 0.05
+OVER_BOUND = 0.01
+# Below this much backlogged time the port is not judged: too few dequeues to tell a late
+# shaper from the bucket's start-up burst and the bins' quantisation.
+MIN_BACKLOGGED_S = 0.1
+# How long after a backlog begins its bins start to count (see :func:`port_fidelity`).
+SETTLE_S = 200e-6
+
+
+def ideal_output(offered: np.ndarray, rate_per_bin: float, burst_bytes: float) -> np.ndarray:
+    """What a token bucket of ``burst_bytes`` filling at ``rate_per_bin`` bytes a bin lets out
+    by the end of each bin, cumulatively, of the bytes ``offered`` to it per bin (starting
+    with a full bucket and an empty queue, dropping nothing): the greedy shaper's output
+    Y(t) = min(O(t), min over s < t of O(s) + burst + rate (t - s)), O the cumulative input
+    (network calculus: the min-plus convolution of the input with the bucket's arrival curve).
+    A faithful tbf dequeues this, to within a frame and a bin."""
+    cum = np.cumsum(offered, dtype="float64")
+    bins = np.arange(len(cum), dtype="float64")
+    # O(j) - rate j for j = -1 (nothing offered yet, a full bucket at time 0) .. i - 1.
+    earlier = np.minimum.accumulate(
+        np.concatenate([[rate_per_bin], (cum - rate_per_bin * bins)[:-1]])
+    )
+    return np.minimum(cum, burst_bytes + rate_per_bin * bins + earlier)
+
+
+def port_fidelity(
+    offered: np.ndarray,
+    delivered: np.ndarray,
+    *,
+    rate_bps: float,
+    bin_ns: int,
+    burst_bytes: float,
+    frame_bytes: float,
+) -> dict[str, float]:
+    """One shaped port's columns (:data:`SHAPER_COLUMNS` but ``shaped_rate_bps``) from its
+    bytes per bin of width ``bin_ns`` on one grid: ``offered`` to the shaper (the sender's
+    egress hook, before the qdisc) and ``delivered`` by it (the receivers' ingress hooks).
+
+    The yardstick is the ideal shaper fed the same bytes (:func:`ideal_output`): a bin is
+    *backlogged* when the ideal shaper held more than a frame at its start (it had a frame
+    waiting for tokens, so a faithful one dequeues at the cap throughout). Over the
+    backlogged bins:
+
+    - ``achieved_over_cap``: the bytes delivered over what the cap carries in that time;
+    - ``gap_share``: the time in runs of backlogged bins with nothing delivered, beyond one
+      frame's serialisation at the cap each (a run of k empty bins says two dequeues were at
+      least k bins apart, where a faithful shaper spaces them by one frame's time), over the
+      backlogged time;
+    - ``over_share``: the share of backlogged bins that delivered more than ``burst_bytes``
+      plus a bin's worth of tokens, more than a token bucket can ever let out in a bin (a
+      shaper or a receiver catching up after a stall);
+
+    NaN with less than :data:`MIN_BACKLOGGED_S` of backlogged time."""
+    nan = float("nan")
+    bin_s = bin_ns / 1e9
+    per_bin = rate_bps / 8 * bin_s
+    ideal = ideal_output(np.asarray(offered, dtype="float64"), per_bin, burst_bytes)
+    waiting = np.cumsum(offered, dtype="float64") - ideal
+    backlogged = np.concatenate([[0.0], waiting[:-1]]) > frame_bytes
+    # The bucket's burst leaves at line rate just before a backlog begins and reaches the
+    # receivers' ingress up to a bin or two later: from a run's first bins it would count as
+    # delivered above the cap. So each run counts from SETTLE_S on.
+    settle = int(np.ceil(SETTLE_S * 1e9 / bin_ns))
+    starts = np.flatnonzero(np.diff(np.concatenate([[0], backlogged.astype(np.int8)])) == 1)
+    for k in range(settle):
+        backlogged[starts[starts + k < len(backlogged)] + k] = False
+    n = int(backlogged.sum())
+    row = {"backlogged_s": n * bin_s}
+    row.update(dict.fromkeys(("achieved_over_cap", "gap_share", "over_share"), nan))
+    if n * bin_s < MIN_BACKLOGGED_S:
+        return row
+    delivered = np.asarray(delivered, dtype="float64")
+    sent = delivered[backlogged]
+    row["achieved_over_cap"] = float(sent.sum() / (per_bin * n))
+    row["over_share"] = float(np.mean(sent > per_bin + burst_bytes))
+    # Runs of backlogged empty bins: each longer than a frame's serialisation is a gap.
+    empty = backlogged & (delivered == 0)
+    edges = np.diff(np.concatenate([[0], empty.astype(np.int8), [0]]))
+    lengths = (np.flatnonzero(edges == -1) - np.flatnonzero(edges == 1)) * bin_s
+    frame_s = frame_bytes * 8 / rate_bps
+    row["gap_share"] = float(np.clip(lengths - frame_s, 0, None).sum() / (n * bin_s))
+    return row
+
+
+def shaper_limited(port: dict[str, object]) -> bool:
+    """Whether a port's row (:data:`SHAPER_COLUMNS`) is outside the shaper's bounds: what it
+    delivered while backlogged off the cap by more than :data:`ACHIEVED_LOW_BOUND` /
+    :data:`ACHIEVED_HIGH_BOUND`, gaps over :data:`GAP_BOUND` of the backlogged time, or bins
+    over the bucket's reach more than :data:`OVER_BOUND` of them. A port too little
+    backlogged to be judged (NaN) is not limited."""
+    achieved, gaps, over = (
+        pd.to_numeric(port[c]) for c in ("achieved_over_cap", "gap_share", "over_share")
+    )
+    return bool(
+        achieved < ACHIEVED_LOW_BOUND
+        or achieved > ACHIEVED_HIGH_BOUND
+        or gaps > GAP_BOUND
+        or over > OVER_BOUND
+    )
+
+
+def shaper_table(
+    offered: pd.DataFrame,
+    delivered: pd.DataFrame,
+    window: tuple[int, int] | None,
+    *,
+    rate_bps: float | None,
+    bin_ns: int,
+    burst_bytes: float,
+    frame_bytes: float,
+) -> pd.DataFrame:
+    """Per sending node, its shaped egress port over ``window`` (:data:`SHAPER_COLUMNS` after
+    ``node``, :func:`port_fidelity`): ``offered`` the node's egress bins (columns ``node``,
+    ``t_ns``, ``bytes``: what it handed its shaper, to any peer) and ``delivered`` the
+    receivers' ingress bins by sender (``wire_flows``: ``src_node``, ``t_ns``, ``bytes``),
+    both at ``bin_ns`` on the window's clock. Empty (with the columns) without a cap
+    (``rate_bps`` None: nothing to check), a window or bins."""
+    columns = ["node", *SHAPER_COLUMNS]
+    if not rate_bps or window is None or offered.empty:
+        return pd.DataFrame(columns=columns)
+    start = window[0] // bin_ns * bin_ns
+    n_bins = (window[1] - start) // bin_ns + 1
+
+    def per_bin(frame: pd.DataFrame) -> np.ndarray:
+        k = (frame["t_ns"].to_numpy(np.int64) - start) // bin_ns
+        inside = (k >= 0) & (k < n_bins)
+        return np.bincount(
+            k[inside], weights=frame["bytes"].to_numpy("float64")[inside], minlength=n_bins
+        )
+
+    rows = []
+    for node, sent in offered.groupby("node", sort=True):
+        port = port_fidelity(
+            per_bin(sent),
+            per_bin(delivered[delivered["src_node"] == node]),
+            rate_bps=float(rate_bps),
+            bin_ns=bin_ns,
+            burst_bytes=burst_bytes,
+            frame_bytes=frame_bytes,
+        )
+        rows.append({"node": int(node), "shaped_rate_bps": float(rate_bps), **port})
+    return pd.DataFrame(rows, columns=columns)

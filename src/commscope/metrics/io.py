@@ -26,15 +26,20 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from commscope.cell.load import CellTraces, read_optional
+from commscope.cell.parse import to_orchestrator_clock
+from commscope.cell.wire import snap
+from commscope.cluster.shaping import ETH_HEADER_BYTES, tbf_burst_bytes
 from commscope.collectives.moe import alltoall_splits_from_routing
 from commscope.contracts import (
     CELL_FILE,
     COUNTERS_FILE,
     HOST_FILE,
     METRIC_TABLES,
+    NODE_WIRE_FILE,
     OPS_FILE,
     PARAM_COLUMNS,
     ROUTING_FILE,
+    RUN_FILE,
     SOCKETS_FILE,
     STEPS_FILE,
     STUDY_TABLES,
@@ -62,7 +67,7 @@ from commscope.metrics.crosscheck import (
     summed_flows,
     window_transfers,
 )
-from commscope.metrics.fidelity import fidelity_table
+from commscope.metrics.fidelity import fidelity_table, shaper_table
 from commscope.metrics.framework import WIRE_COLUMNS, wire_vs_framework
 from commscope.metrics.matrix import comm_matrix, node_matrix
 from commscope.metrics.sockets import SOCKET_INPUT_COLUMNS, socket_stats
@@ -73,6 +78,7 @@ from commscope.metrics.sync import sync_tables
 from commscope.metrics.temporal import temporal_tables
 from commscope.metrics.volume import message_sizes, op_volume
 from commscope.metrics.window import check_window
+from commscope.spec.link import ReferenceLink
 
 # The widths of the throughput table (the shape table's are DEFAULT_BIN_MS too). Its 100 µs
 # rows cover only the step the cell figure zooms into (zoom_window): over the whole run they
@@ -193,12 +199,14 @@ def _cell_tables(
     wire_flows: pd.DataFrame,
     counter_params: dict[str, Any] | None,
     throughput: _ThroughputSource | None = None,
+    shaper: pd.DataFrame | None = None,
 ) -> Iterator[tuple[str, pd.DataFrame | _ThroughputSource]]:
     """:func:`cell_metric_tables`' tables, each as soon as it is computed (a caller writing
     them lets go of each before the next), the throughput table not yet computed
     (``throughput`` when the caller made it already). With ``counter_params`` the counters
     were read without their parameter columns (whose values, those of every row,
-    ``counter_params`` holds) and the tables from them get them back."""
+    ``counter_params`` holds) and the tables from them get them back. ``shaper``: the
+    cell's shaped ports over the window (:func:`read_shaper_table`), for the fidelity table."""
     params = traces.params
     st = step_times(traces.steps, traces.warmup_steps)
     window = training_window(st) if not st.empty else None
@@ -216,7 +224,7 @@ def _cell_tables(
         traces.ops, traces.warmup_steps, measured_steps=measured_steps, backend=traces.backend
     )
     node_mat = node_matrix(rank_mat)
-    fidelity = fidelity_table(traces.host, window)
+    fidelity = fidelity_table(traces.host, window, shaper)
     yield "summary", cell_summary(traces, node_mat=node_mat, fidelity=fidelity)
     yield "fidelity", with_params(params, fidelity)
     yield "comm_matrix", rank_mat
@@ -258,10 +266,13 @@ def write_cell_metrics(
     sockets: Path | None = None,
     wire_flows: Path | None = None,
     host: Path | None = None,
+    raw: Path | None = None,
 ) -> None:
     """Compute one cell's metric tables from its trace files (``cell`` = cell.json, ``ops``,
     ``steps``, ``counters``, ``routing`` = moe.parquet, ``sockets``, ``wire_flows``,
-    ``host``; missing optional ones count as empty, see
+    ``host``, and ``raw``, the cell's raw directory, whose senders' egress bins the shaper
+    check of the fidelity table needs, :func:`read_shaper_table`; missing optional ones count
+    as empty, see
     :func:`~commscope.cell.load.load_cell_files`) and write each to ``outputs[name]`` for every
     name of :data:`METRIC_TABLES`: the files hold what :func:`cell_metric_tables` of
     :func:`~commscope.cell.load.load_cell_files`' traces gives.
@@ -316,9 +327,11 @@ def write_cell_metrics(
             window_transfers(traces, checked[0], traces.backend)
         traces.sockets = _read_cell_data(sockets, SOCKET_INPUT_COLUMNS)[0]
         traces.host = read_optional(host)
+        window = training_window(st) if not st.empty else None
+        shaper = read_shaper_table(meta, raw, wire_flows, window)
         flows = _window_flows(wire_flows, checked[0]) if checked else pd.DataFrame()
         written = []
-        for name, table in _cell_tables(traces, flows, counter_params, throughput):
+        for name, table in _cell_tables(traces, flows, counter_params, throughput, shaper):
             written.append(name)
             if not isinstance(table, _ThroughputSource):
                 write_frame(table, Path(outputs[name]), plain=text_params)
@@ -443,15 +456,76 @@ def compute_cell_metrics(cell_dir: Path, out_dir: Path) -> None:
         sockets=cell_dir / SOCKETS_FILE,
         wire_flows=cell_dir / WIRE_FLOWS_FILE,
         host=cell_dir / HOST_FILE,
+        raw=cell_dir.parent / "raw",
     )
 
 
-def aggregate_tables(inputs: Mapping[str, Sequence[Path]], outputs: Mapping[str, Path]) -> None:
+def read_shaper_table(
+    meta: Mapping[str, Any],
+    raw: Path | None,
+    wire_flows: Path | None,
+    window: tuple[int, int] | None,
+) -> pd.DataFrame | None:
+    """The cell's shaped ports over ``window``
+    (:func:`~commscope.metrics.fidelity.shaper_table`), or None where there is nothing to
+    check: no cap (cell.json ``bw_bps``), no BPF wire accounting, no raw directory or no
+    window. What each sender offered its shaper is its own egress hook's bins
+    (``raw/<node>/wire.parquet``, put on the orchestrator's clock and snapped to the bins as
+    parse_cell does its ingress bins); what the shaper delivered is the receivers' ingress
+    bins by sender (``wire_flows``). The tbf's bucket is the one shaping sized for the
+    nodes' MTU and offloads (cell.json ``links``)."""
+    rate = meta.get("bw_bps")
+    wire = meta.get("wire") or {}
+    if not rate or wire.get("source") != "bpf" or window is None or raw is None:
+        return None
+    raw, bin_ns = Path(raw), int(wire["bin_ns"])
+    if not (raw / RUN_FILE).exists() or wire_flows is None or not Path(wire_flows).exists():
+        return None
+    run = json.loads((raw / RUN_FILE).read_text())
+    index = {n["name"]: int(n["index"]) for n in run["nodes"]}
+    egress = []
+    for name, node in index.items():
+        path = raw / name / NODE_WIRE_FILE
+        if path.exists():
+            bins = pd.read_parquet(path, columns=["t_ns", "hook", "bytes"])
+            egress.append(bins[bins["hook"] == "egress"].assign(node=node))
+    if not egress:
+        return None
+    clock = run.get("clock")
+    if clock:
+        clock = {**clock, "by_index": {index[n]: v for n, v in clock.get("nodes", {}).items()}}
+    offered = to_orchestrator_clock(pd.concat(egress, ignore_index=True), ("t_ns",), clock)
+    offered = offered.assign(t_ns=snap(offered["t_ns"], bin_ns))
+    delivered = pd.read_parquet(
+        wire_flows,
+        columns=["t_ns", "src_node", "bytes"],
+        filters=[("t_ns", ">=", window[0] - bin_ns), ("t_ns", "<=", window[1])],
+    )
+    links = list((meta.get("links") or {}).values())
+    mtu = max((int(link.get("mtu", 1500)) for link in links), default=1500)
+    offload = any(link.get("tso") or link.get("gso") for link in links)
+    return shaper_table(
+        offered,
+        delivered,
+        window,
+        rate_bps=float(rate),
+        bin_ns=bin_ns,
+        burst_bytes=tbf_burst_bytes(int(rate), mtu, offload),
+        frame_bytes=mtu + ETH_HEADER_BYTES,
+    )
+
+
+def aggregate_tables(
+    inputs: Mapping[str, Sequence[Path]],
+    outputs: Mapping[str, Path],
+    reference: ReferenceLink | None = None,
+) -> None:
     """Concatenate each metric table across cells: ``inputs[name]`` (one file per cell; a
     missing file is skipped) into ``outputs[name]``, for every metric table named in
     ``outputs``; then derive every study table of :data:`STUDY_TABLES` named in ``outputs``
-    (:func:`~commscope.metrics.study.derive_study_tables`) from the concatenated
-    :data:`STUDY_SOURCES` as written, which ``outputs`` must then name too.
+    (:func:`~commscope.metrics.study.derive_study_tables`, slowdowns against ``reference``,
+    the study's reference link) from the concatenated :data:`STUDY_SOURCES` as written, which
+    ``outputs`` must then name too.
 
     Tables carry their cell parameters, so this is a plain concat. A table no cell produced is
     still written (empty) so downstream rules always find their inputs.
@@ -468,7 +542,8 @@ def aggregate_tables(inputs: Mapping[str, Sequence[Path]], outputs: Mapping[str,
     if missing:
         raise ValueError(f"aggregate_tables: study tables need the aggregated {missing}")
     # Read back what was written, so the study tables see exactly the files a reader sees.
-    study = derive_study_tables({name: pd.read_parquet(outputs[name]) for name in STUDY_SOURCES})
+    sources = {name: pd.read_parquet(outputs[name]) for name in STUDY_SOURCES}
+    study = derive_study_tables(sources, reference)
     for name in derived:
         Path(outputs[name]).parent.mkdir(parents=True, exist_ok=True)
         study[name].to_parquet(outputs[name], index=False)
