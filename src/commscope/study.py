@@ -4,6 +4,7 @@ refuse the same configs with the same messages."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from commscope.cluster.provision import load_inventory
 from commscope.config import ConfigError, check_study
 from commscope.experiment.readiness import local_engine_problem
 from commscope.predict.scenarios import resolve_scenario
-from commscope.spec.link import LinkSetting
+from commscope.spec.link import LINK_AXES, LinkSetting, ReferenceLink
 from commscope.spec.settings import MICROBENCH_SCOPE_KEYS, MicrobenchSettings
 
 
@@ -54,6 +55,7 @@ def study_checks(config: dict[str, Any], root: Path | None = None) -> pd.DataFra
         )
     except ValueError as err:
         problems.append(f"microbench: {err}")
+    problems.extend(reference_link_problems(config.get("reference_link"), cells))
     for name, spec in sorted((config.get("predictions") or {}).items()):
         try:
             resolve_scenario(dict(spec), name)
@@ -69,6 +71,34 @@ def study_checks(config: dict[str, Any], root: Path | None = None) -> pd.DataFra
     if problems:
         raise ConfigError("invalid study configuration:\n  - " + "\n  - ".join(problems))
     return cells
+
+
+def reference_link_problems(entry: dict[str, Any] | None, cells: pd.DataFrame) -> list[str]:
+    """What is wrong with the config's ``reference_link`` (none when absent): a value the link
+    model refuses, or a sweep with no cell on it (every slowdown would lack its baseline). A
+    cell is on it when its link parses to the same shape (``0ms`` and ``0us`` alike)."""
+    try:
+        reference = ReferenceLink.from_config(entry)
+    except ValueError as err:
+        return [str(err)]
+    if reference is None or cells.empty or not set(LINK_AXES) <= set(cells.columns):
+        return []
+    # The congestion control belongs to the setup, not the link: a BBR cell on the cap is on it.
+    target = reference.shape()
+    cc = target.cc
+    links = cells[list(LINK_AXES)].drop_duplicates()
+    if any(
+        replace(LinkSetting.from_wildcards(dict(zip(LINK_AXES, row, strict=True))).shape(), cc=cc)
+        == target
+        for row in links.itertuples(index=False, name=None)
+    ):
+        return []
+    link = {k: v for k, v in reference.setting.as_dict().items() if k != "cc"}
+    return [
+        f"reference_link: no sweep cell runs on {link} ({reference.name}), so no setting "
+        "would have a baseline; add a sweep block on that link (e.g. its bw in a block's bw "
+        "list) or remove reference_link to measure against the unshaped link"
+    ]
 
 
 def machine_memory_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:

@@ -43,5 +43,8 @@ rule aggregate:
         "results/logs/aggregate.log",
     conda:
         "../../envs/commscope.yaml"
+    params:
+        # The link every slowdown is measured against (None: the unshaped link).
+        reference_link=config.get("reference_link"),
     script:
         "../scripts/aggregate.py"

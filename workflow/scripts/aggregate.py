@@ -7,6 +7,7 @@ from commscope.cell.status import ran_products, read_statuses
 from commscope.contracts import METRIC_TABLES, STUDY_TABLES
 from commscope.logs import log_to
 from commscope.metrics.io import aggregate_tables
+from commscope.spec.link import ReferenceLink
 
 with log_to(snakemake.log[0]):
     # The cells that ran (their statuses name their tables); failed cells are left out.
@@ -14,4 +15,5 @@ with log_to(snakemake.log[0]):
     aggregate_tables(
         {table: ran_products(statuses, f"metrics_{table}") for table in METRIC_TABLES},
         {table: Path(snakemake.output[table]) for table in (*METRIC_TABLES, *STUDY_TABLES)},
+        ReferenceLink.from_config(snakemake.params.reference_link),
     )

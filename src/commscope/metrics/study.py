@@ -19,7 +19,15 @@ from commscope.collectives.ring import bench_wire_bytes
 from commscope.contracts import is_replay
 from commscope.metrics.summary import link_numbers
 from commscope.metrics.volume import size_cdf
-from commscope.spec.link import IMPAIRMENT_AXES, LINK_AXES, LINK_NUMBER_COLUMNS, SHAPING, shaped
+from commscope.spec.link import (
+    IMPAIRMENT_AXES,
+    LINK_AXES,
+    LINK_NUMBER_COLUMNS,
+    SHAPING,
+    LinkShape,
+    ReferenceLink,
+    shaped,
+)
 
 # Parameters that, besides strategy and model, tell series apart in sweep plots: the placement
 # and every link axis but the cap (the plots' x).
@@ -28,7 +36,8 @@ SERIES_AXES = ("nodes", "ranks_per_node", *(axis for axis in LINK_AXES if axis !
 STUDY_SOURCES: tuple[str, ...] = ("msg_sizes", "summary", "op_volume", "step_times")
 
 # What a training run is apart from its link's shaping: a cell's slowdown is against the cells of
-# the same setup on the unshaped link. The congestion control belongs to the setup (it shapes
+# the same setup on the study's reference link (the config's reference_link; the unshaped link
+# without one). The congestion control belongs to the setup (it shapes
 # nothing: an uncapped, unimpaired link with BBR is BBR's own baseline).
 SETUP_AXES: tuple[str, ...] = ("model", "strategy", "nodes", "ranks_per_node", "cc", "steps")
 # The link axes that shape a link, with the column of the number each is judged by
@@ -193,15 +202,43 @@ def unshaped_rows(table: pd.DataFrame) -> pd.DataFrame:
     return table[~shaped(link_number_columns(table))]
 
 
-def _varied(row: pd.Series) -> str:
-    """Which shaping axis moved a cell off the unshaped link: one of :data:`SHAPING_AXES`,
-    ``several`` or ``baseline``."""
-    moved = [
-        axis
-        for axis, col in SHAPING_AXES.items()
-        if (pd.notna(row[col]) if axis == "bw" else row[col] > 0)
-    ]
-    return moved[0] if len(moved) == 1 else ("several" if moved else "baseline")
+def _reference_numbers(reference: ReferenceLink | None) -> dict[str, float]:
+    """The link numbers of the baseline: the reference link's, or the unshaped link's (no cap,
+    no impairment) without one."""
+    return reference.numbers() if reference is not None else LinkShape(None).numbers()
+
+
+def moved_axes(numbers: pd.DataFrame, reference: ReferenceLink | None = None) -> pd.DataFrame:
+    """Per row of a table of :data:`~commscope.spec.link.LINK_NUMBER_COLUMNS` and per shaping
+    axis (:data:`SHAPING_AXES`, one boolean column each): does the row's number differ from the
+    reference link's (the unshaped link's without one)? A cap differs from none; a missing
+    impairment is 0. Numbers are compared to a relative 1e-9 (a cap in bit/s, a delay in ms)."""
+    ref = _reference_numbers(reference)
+    out = {}
+    for axis, col in SHAPING_AXES.items():
+        values = numbers[col].astype("float64")
+        if axis != "bw":
+            values = values.fillna(0.0)
+        target = float(ref[col])
+        if math.isnan(target):
+            same = values.isna()
+        else:
+            close = np.isclose(values.fillna(0.0), target, rtol=1e-9, atol=1e-12)
+            same = values.notna() & close
+        out[axis] = ~same
+    return pd.DataFrame(out, index=numbers.index, columns=list(SHAPING_AXES), dtype=bool)
+
+
+def varied_axes(numbers: pd.DataFrame, reference: ReferenceLink | None = None) -> pd.Series:
+    """Which shaping axis moved each row off the reference link (:func:`moved_axes`): one of
+    :data:`SHAPING_AXES`, ``several``, or ``baseline`` (the row is on the reference link).
+    With a 1 Gbit/s reference an unshaped cell's is ``bw`` (its cap, none, differs), a 1 Gbit/s
+    cell with 5 ms delay's is ``delay``."""
+    moved = moved_axes(numbers, reference)
+    count = moved.sum(axis=1)
+    first = moved.idxmax(axis=1) if len(moved) else pd.Series(dtype=object)
+    varied = first.where(count == 1, "several").where(count > 0, "baseline")
+    return varied.astype(str)  # pandas' string dtype, as the table reads back from parquet
 
 
 def ratio_ci(
@@ -228,22 +265,25 @@ def ratio_ci(
     return ratio * math.exp(-half), ratio * math.exp(half)
 
 
-def slowdown_table(summary: pd.DataFrame) -> pd.DataFrame:
-    """How much slower each setting trains than the same setup on the unshaped link.
+def slowdown_table(summary: pd.DataFrame, reference: ReferenceLink | None = None) -> pd.DataFrame:
+    """How much slower each setting trains than the same setup on the reference link.
 
     A setting is a cell over its repeats; its setup (:data:`SETUP_AXES`: model, strategy, nodes,
-    ranks_per_node, cc, steps) run with no cap, no delay, no jitter and no loss is its baseline.
+    ranks_per_node, cc, steps) run on ``reference`` (the config's ``reference_link``, e.g. a
+    1 Gbit/s cap) is its baseline; without a reference, the setup run with no cap, no delay, no
+    jitter and no loss (the unshaped link, a veth at memory-copy speed). With a reference, the
+    unshaped cells are a setting like any other (``varied`` ``bw``, a slowdown under 1).
     Each repeat's slowdown is its ``step_time_mean_s`` over the baseline's, averaged over the
     baseline's repeats. The link's numbers are the summary's (the link the nodes applied,
     :data:`~commscope.spec.link.LINK_NUMBER_COLUMNS`), so ``0us`` and ``0ms`` are the same.
 
-    * varied: the shaping axis that moved the setting off the baseline (``bw``, ``delay``,
-      ``jitter``, ``loss``), ``several``, or ``baseline`` (the unshaped cells themselves, whose
-      slowdown is 1 on average).
+    * varied: the shaping axis that moved the setting off the baseline's link (``bw``,
+      ``delay``, ``jitter``, ``loss``; :func:`varied_axes`), ``several``, or ``baseline`` (the
+      cells on the reference link themselves, whose slowdown is 1 on average).
     * step_time_mean_s, repeats: the setting's mean step time over its repeats with one.
     * baseline_step_time_s, baseline_repeats: the baseline's mean step time and its repeats;
-      NaN and 0 when the setup has no unshaped cell, and then every slowdown column is NaN:
-      the row stays, so the setting is listed rather than dropped.
+      NaN and 0 when the setup has no cell on the reference link, and then every slowdown
+      column is NaN: the row stays, so the setting is listed rather than dropped.
     * slowdown_mean, slowdown_sd (sample sd of the per-repeat ratios, NaN for one repeat),
       slowdown_ci_low/high: the :data:`CI_LEVEL` interval of the ratio of the mean step times
       (:func:`ratio_ci`: the setting's and the baseline's repeat-to-repeat spread both count;
@@ -258,17 +298,17 @@ def slowdown_table(summary: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=SLOWDOWN_COLUMNS)
     df = pd.concat([summary[needed], link_number_columns(summary)], axis=1)
     df["step_time_mean_s"] = df["step_time_mean_s"].astype("float64")
-    df["varied"] = df.apply(_varied, axis=1) if len(df) else pd.Series(dtype=str)
+    df["varied"] = varied_axes(df, reference) if len(df) else pd.Series(dtype=str)
     setup = list(SETUP_AXES)
-    unshaped = df[df["varied"] == "baseline"]
+    on_reference = df[df["varied"] == "baseline"]
     baseline = (
-        unshaped.groupby(setup, dropna=False)["step_time_mean_s"]
+        on_reference.groupby(setup, dropna=False)["step_time_mean_s"]
         .agg(baseline_step_time_s="mean", baseline_repeats="count")
         .reset_index()
     )
     base_steps = {
         key: g["step_time_mean_s"].to_numpy()
-        for key, g in unshaped.groupby(setup, dropna=False, sort=False)
+        for key, g in on_reference.groupby(setup, dropna=False, sort=False)
     }
     df = df.merge(baseline, on=setup, how="left")
     df["baseline_repeats"] = df["baseline_repeats"].fillna(0).astype("int64")
@@ -336,14 +376,17 @@ def knee_table(slowdown: pd.DataFrame, threshold: float = KNEE_SLOWDOWN) -> pd.D
     """The knee of each setup, read from its measured slowdown curve over the cap.
 
     ``slowdown``: :func:`slowdown_table`; its rows that vary the cap alone (``varied == "bw"``,
-    with a slowdown). The knee is the cap at which the slowdown reaches ``threshold``
-    (:data:`KNEE_SLOWDOWN`, 1.1: a step 10 % longer than unshaped), interpolated between the
+    with a slowdown), and the reference link's own when it is a cap (``baseline`` with a
+    ``bw_bps``: slowdown 1 by definition, so a knee below it is bracketed). The knee is the cap
+    at which the slowdown reaches ``threshold`` (:data:`KNEE_SLOWDOWN`, 1.1: a step 10 % longer
+    than on the reference link), interpolated between the
     two measured caps that bracket it, the highest cap whose slowdown exceeds ``threshold`` and
-    the next higher one, linearly in 1 / cap (a capped step is close to the unshaped step plus
+    the next higher one, linearly in 1 / cap (a capped step is close to an uncapped step plus
     bytes / cap, so the slowdown is close to linear in 1 / cap). ``knee_bps`` is NaN where the
     caps do not bracket it: every cap already slows the step by more (the knee is above
     ``knee_above_bps``, the highest cap measured) or none does (below ``knee_below_bps``, the
-    lowest). The unshaped link is not a cap (a memcpy-speed veth) and brackets nothing.
+    lowest). The unshaped link is not a cap (a memcpy-speed veth) and brackets nothing, as a
+    setting or as the baseline.
     ``cap_high_bps``/``cap_low_bps`` and ``slowdown_high``/``slowdown_low``: the bracket (only
     its low side, the highest cap, when the knee is above; only its high side, the lowest cap,
     when it is below).
@@ -353,7 +396,8 @@ def knee_table(slowdown: pd.DataFrame, threshold: float = KNEE_SLOWDOWN) -> pd.D
     needed = [*SETUP_AXES, "varied", "bw_bps", "slowdown_mean"]
     if slowdown.empty or any(c not in slowdown for c in needed):
         return pd.DataFrame(columns=KNEE_COLUMNS)
-    rows = slowdown[(slowdown["varied"] == "bw") & slowdown["slowdown_mean"].notna()]
+    capped = slowdown["bw_bps"].notna() & slowdown["slowdown_mean"].notna()
+    rows = slowdown[slowdown["varied"].isin(["bw", "baseline"]) & capped]
     records = []
     for key, g in rows.groupby(list(SETUP_AXES), sort=True, dropna=False):
         curve = g.groupby("bw_bps")["slowdown_mean"].mean().sort_index(ascending=False)
@@ -362,15 +406,18 @@ def knee_table(slowdown: pd.DataFrame, threshold: float = KNEE_SLOWDOWN) -> pd.D
     return pd.DataFrame(records, columns=KNEE_COLUMNS)
 
 
-def derive_study_tables(tables: Mapping[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+def derive_study_tables(
+    tables: Mapping[str, pd.DataFrame], reference: ReferenceLink | None = None
+) -> dict[str, pd.DataFrame]:
     """Every table of :data:`STUDY_TABLES`, by name, from the aggregated metric tables
     ``tables`` (at least :data:`STUDY_SOURCES`): :func:`measured_size_cdf`,
-    :func:`step_time_over_repeats`, :func:`bytes_per_step_by_op` and :func:`slowdown_table`."""
+    :func:`step_time_over_repeats`, :func:`bytes_per_step_by_op` and :func:`slowdown_table`
+    against ``reference`` (the study's reference link; the unshaped link when None)."""
     return {
         "msg_size_cdf": measured_size_cdf(tables["msg_sizes"]),
         "step_time_over_repeats": step_time_over_repeats(tables["summary"]),
         "bytes_per_step_by_op": bytes_per_step_by_op(tables["op_volume"], tables["step_times"]),
-        "slowdown": slowdown_table(tables["summary"]),
+        "slowdown": slowdown_table(tables["summary"], reference),
     }
 
 

@@ -398,3 +398,55 @@ def axes_shape(values: Mapping[str, Any]) -> LinkShape:
 # The unshaped link: no cap, no impairment, the default congestion control (the microbenchmark's
 # reference for intra-node ops).
 UNSHAPED = LinkSetting(bw="none")
+
+
+@dataclass(frozen=True)
+class ReferenceLink:
+    """The link a study's slowdowns are measured against (the config's ``reference_link``): a
+    named :class:`LinkSetting` the host carries faithfully, e.g. a 1 Gbit/s cap. Without one the
+    baseline is :data:`UNSHAPED`, the veth at memory-copy speed, which is no network."""
+
+    setting: LinkSetting
+    name: str
+
+    @classmethod
+    def from_config(cls, entry: Mapping[str, Any] | None) -> ReferenceLink | None:
+        """From the config's ``reference_link`` (``{name, bw, delay, jitter, loss, cc}``; only
+        ``bw`` required), or None when the key is absent. ValueError naming the key and the fix
+        for an unknown key or a value the link model refuses. ``name`` defaults to the link's
+        :func:`link_label`."""
+        if entry is None:
+            return None
+        link = {k: v for k, v in entry.items() if k != "name"}
+        if "cc" in link:
+            raise ValueError(
+                "reference_link.cc: the congestion control belongs to a cell's setup, not to the "
+                "link it is measured against (each setup's baseline runs its own cc); remove it"
+            )
+        if "bw" not in link:
+            raise ValueError(
+                "reference_link: needs bw, the reference's rate cap (e.g. {name: '1 Gbit/s', "
+                "bw: 1gbit}); remove the key to measure slowdowns against the unshaped link"
+            )
+        try:
+            setting = LinkSetting.from_mapping(link)
+            shape = setting.shape()
+        except ValueError as err:
+            raise ValueError(f"reference_link: {err}") from None
+        name = str(entry.get("name") or shape.label()).strip()
+        if not name:
+            raise ValueError("reference_link.name: give the link a name, e.g. '1 Gbit/s'")
+        return cls(setting, name)
+
+    def shape(self) -> LinkShape:
+        """The tc shape of the reference link."""
+        return self.setting.shape()
+
+    def numbers(self) -> dict[str, float]:
+        """The reference as the columns :data:`LINK_NUMBER_COLUMNS` (:meth:`LinkShape.numbers`)."""
+        return self.shape().numbers()
+
+    @property
+    def words(self) -> str:
+        """How the report names a setting on it: ``"the reference link (1 Gbit/s)"``."""
+        return f"the reference link ({self.name})"
