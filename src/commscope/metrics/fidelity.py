@@ -25,7 +25,23 @@ over the cell's measured steps:
   idle second; ``cpu_pressure_share``: the share of wall time some task of the host waited for
   a CPU (PSI, host-wide: the study's own tools count too).
 
-Rows: one per node of the cell; a cell whose nodes recorded no host statistics has none.
+And from the wire accounting's bins, where the cell has a cap: each node's egress port (the
+tbf that shapes what it sends, docs/linkmodel.md), judged like Mininet-HiFi's dequeue check.
+What the node offered its tbf (its egress hook, before the qdisc) fed to an ideal token bucket
+says when the port was backlogged; what the tbf let out is what the receivers' ingress hooks
+counted from the node. Over the backlogged time (:func:`port_fidelity`):
+
+- ``achieved_over_cap``: the bytes delivered over what the cap carries, within
+  [:data:`ACHIEVED_LOW_BOUND`, :data:`ACHIEVED_HIGH_BOUND`];
+- ``gap_share``: the share of it with nothing delivered for longer than one frame's
+  serialisation at the cap, at most :data:`GAP_BOUND`;
+- ``over_share``: the share of its bins that delivered more than a token bucket can let out in
+  a bin, at most :data:`OVER_BOUND`.
+
+A port outside them makes the node host-limited by ``shaper``; a cell without a cap, or a port
+backlogged less than :data:`MIN_BACKLOGGED_S`, is not judged on it (NaN).
+
+Rows: one per node of the cell with host statistics or a shaped port; none without either.
 """
 
 from __future__ import annotations

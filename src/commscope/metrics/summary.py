@@ -216,9 +216,11 @@ def cell_summary(
     * bw_bps (NaN uncapped), delay_ms, jitter_ms, loss_pct: the link the cell's nodes applied,
       as numbers (cell.json, :func:`commscope.cell.parse.cell_link`); link_engine and what it
       measured (:func:`link_engine_summary`, from cell.json ``link_engine``).
-    * monitored, host_limited, limited_by, ranks_wait_share, ...: the fidelity monitor's
-      verdict over the measured steps (:func:`commscope.metrics.fidelity.cell_verdict` of
-      ``fidelity``, the cell's fidelity table, computed from ``traces.host`` when not given).
+    * monitored, host_limited, limited_by, ranks_wait_share, ..., shaper_checked,
+      achieved_over_cap, ...: the fidelity monitor's verdict over the measured steps
+      (:func:`commscope.metrics.fidelity.cell_verdict` of ``fidelity``, the cell's fidelity
+      table; when not given, computed from ``traces.host`` alone, without the shaper check,
+      whose senders' egress bins only the raw directory has).
 
     Columns: cell params, then SUMMARY_COLUMNS.
     """
