@@ -487,8 +487,11 @@ def read_shaper_table(
     for name, node in index.items():
         path = raw / name / NODE_WIRE_FILE
         if path.exists():
-            bins = pd.read_parquet(path, columns=["t_ns", "hook", "bytes"])
-            egress.append(bins[bins["hook"] == "egress"].assign(node=node))
+            # The egress rows only: a long run's file holds 10**7 bins of both hooks.
+            bins = pd.read_parquet(
+                path, columns=["t_ns", "bytes"], filters=[("hook", "==", "egress")]
+            )
+            egress.append(bins.assign(node=node))
     if not egress:
         return None
     clock = run.get("clock")
