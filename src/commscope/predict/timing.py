@@ -34,6 +34,12 @@ overlap the DP all-reduce, §5.1; commscope's DDP does, so this is an upper boun
 The step takes as long as the slowest rank (the DP all-reduce and the pipeline synchronise
 them); ratios are reported for that rank.
 
+For a cell measured on a shared host (:func:`commscope.predict.cell.predict_timing`), options
+add what the host does: a compute rate per rank, a fixed cost per collective
+(``op_overhead_s``), DDP's buckets under the backward (``ddp_overlap``,
+:func:`ddp_exposed_s`) and each P2P message once (``p2p_once``); their defaults keep the
+equations above (docs/microbench.md, "Predicted step time").
+
 Per-op parameters: ``ab_internode`` / ``ab_intranode`` map an op to ``(alpha_step_s, beta_Bps)``
 as fitted by the microbenchmark (:func:`commscope.bench.analysis.link_alpha_beta`: alpha per
 ring step, beta against the ring wire bytes above); ops they do not name use the scalar
