@@ -9,9 +9,10 @@ For every training cell under ``RESULTS/runs`` that has a trace (``trace/cell.js
 measured: overall, per strategy and per link, with the stored ``timing.parquet``'s error beside
 it (the code that ran the study). Starts no cluster and writes nothing unless ``--csv PATH``.
 
-Cells whose fidelity verdict (``metrics/fidelity.parquet`` via the summary) says host-limited
-are listed apart when the study recorded one; ``--exclude-loss`` leaves lossy links out of the
-headline (TCP retransmission timeouts that an alpha-beta model does not describe).
+Cells whose fidelity verdict (the cell's ``metrics/summary.parquet``: ``host_limited``) says
+host-limited are left out of every distribution (how many, and their own errors, printed);
+``--exclude-loss`` leaves lossy links out too (TCP retransmission timeouts, which an
+alpha-beta model does not describe).
 """
 
 from __future__ import annotations
@@ -58,15 +59,17 @@ def cell_row(cell_dir: Path, config: dict, fits: pd.DataFrame | None) -> dict | 
 
 
 def _host_limited(cell_dir: Path) -> bool | None:
-    """The fidelity monitor's verdict for the cell (None when the study had no monitor)."""
+    """The fidelity monitor's verdict for the cell (its summary's ``host_limited``); None when
+    the cell was not monitored or its study had no monitor."""
     summary = cell_dir / "metrics" / "summary.parquet"
     if not summary.exists():
         return None
     table = pd.read_parquet(summary)
-    for col in ("host_limited", "fidelity_host_limited"):
-        if col in table.columns and table[col].notna().any():
-            return bool(table[col].iloc[0])
-    return None
+    if "host_limited" not in table.columns or table["host_limited"].isna().all():
+        return None
+    if "monitored" in table.columns and not bool(table["monitored"].iloc[0]):
+        return None
+    return bool(table["host_limited"].iloc[0])
 
 
 def distribution(errors: pd.Series) -> str:
@@ -119,8 +122,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.csv:
         table.to_csv(args.csv, index=False)
     headline = table[table["link_class"] != "loss"] if args.exclude_loss else table
-    if table["host_limited"].notna().any():
-        headline = headline[headline["host_limited"] != True]  # noqa: E712 (None stays)
+    limited = headline["host_limited"].eq(True)
+    monitored = int(headline["host_limited"].notna().sum())
+    print(
+        f"fidelity monitor: {monitored} of {len(headline)} cells monitored, "
+        f"{int(limited.sum())} host-limited (left out)"
+    )
+    if limited.any():
+        print(f"host-limited  {distribution(headline.loc[limited, 'time_error'])}")
+    headline = headline[~limited]
     print(f"overall now   {distribution(headline['time_error'])}")
     print(f"overall study {distribution(headline['stored_error'])}")
     for key in ("strategy", "link_class"):
