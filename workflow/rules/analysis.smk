@@ -13,6 +13,9 @@ rule cell_metrics:
         sockets=rules.parse_cell.output.sockets,
         wire_flows=rules.parse_cell.output.wire_flows,
         host=rules.parse_cell.output.host,
+        # The senders' egress bins (raw/<node>/wire.parquet): what each capped port was
+        # offered, for the fidelity table's shaper check (docs/fidelity.md).
+        raw=rules.parse_cell.input[0],
     output:
         **{
             table: f"{RUNS}/{CELL}/metrics/{table_file(table)}"

@@ -18,4 +18,5 @@ with log_to(snakemake.log[0]):
         sockets=Path(snakemake.input.sockets),
         wire_flows=Path(snakemake.input.wire_flows),
         host=Path(snakemake.input.host),
+        raw=Path(snakemake.input.raw),
     )
