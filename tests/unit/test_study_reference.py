@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from synthetic import cell_id, cell_params
 
-from commscope.metrics.study import knee_table, slowdown_table, varied_axes
+from commscope.metrics.study import knee_table, link_number_columns, slowdown_table, varied_axes
 from commscope.spec.link import ReferenceLink
 from commscope.study import reference_link_problems
 
@@ -126,3 +126,32 @@ def test_the_sweep_must_run_cells_on_the_reference() -> None:
     (problem,) = reference_link_problems({"bw": "2gbit", "name": "2G"}, cells)
     assert "no sweep cell runs on" in problem and "remove reference_link" in problem
     assert reference_link_problems({"bw": "nope"}, cells)[0].startswith("reference_link:")
+
+
+def test_the_report_names_the_reference_where_it_said_unshaped() -> None:
+    from commscope.report.findings._base import comparison_group
+    from commscope.report.results import StudyResults
+    from commscope.report.sections._base import baseline_link
+    from commscope.report.sections.sensitivity import sensitivity_intro, sensitivity_table
+
+    summary = _summary(
+        (cell_params("ddp", bw="1gbit"), 0.200),
+        (cell_params("tp", bw="1gbit"), 0.300),
+        (cell_params("ddp", bw="none"), 0.100),
+        (cell_params("ddp", bw="50mbit"), 0.600),
+    )
+    summary = summary.join(link_number_columns(summary))  # the summary's link numbers
+    results = StudyResults(
+        tables={"summary": summary}, config={"reference_link": {"name": "1 Gbit/s", "bw": "1gbit"}}
+    )
+    assert baseline_link(results) == "the reference link (1 Gbit/s)"
+    assert "the reference link (1 Gbit/s), a link this host" in sensitivity_intro(results)
+    table = sensitivity_table(slowdown_table(summary, GBIT), GBIT)
+    # The unshaped setting first (no cap), then the caps from the highest.
+    assert list(table.columns) == ["strategy", "step on 1 Gbit/s", "unshaped", "cap 50 Mbit/s"]
+    assert table.iloc[0]["step on 1 Gbit/s"] == "200.0 ms"
+    # The comparison group is the setup on the reference link, where both strategies ran.
+    assert sorted(comparison_group(summary, GBIT)["strategy"]) == ["ddp", "tp"]
+    assert comparison_group(summary).empty  # only ddp ran unshaped
+    no_reference = StudyResults(tables={"summary": summary}, config={})
+    assert baseline_link(no_reference) == "the unshaped link"

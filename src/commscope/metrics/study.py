@@ -193,6 +193,18 @@ def link_number_columns(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, index=table.index, columns=list(LINK_NUMBER_COLUMNS))
 
 
+def baseline_rows(table: pd.DataFrame, reference: ReferenceLink | None = None) -> pd.DataFrame:
+    """The rows of a per-cell table on the reference link: every shaping number equal to
+    ``reference``'s (:func:`moved_axes` of :func:`link_number_columns`; the congestion control
+    plays no part), or with no reference the unshaped rows (:func:`unshaped_rows`). A table
+    without link numbers or axes is returned whole."""
+    if reference is None:
+        return unshaped_rows(table)
+    if table.empty or not any(c in table.columns for c in (*LINK_AXES, *LINK_NUMBER_COLUMNS)):
+        return table
+    return table[~moved_axes(link_number_columns(table), reference).any(axis=1)]
+
+
 def unshaped_rows(table: pd.DataFrame) -> pd.DataFrame:
     """The rows of a per-cell table whose link had no cap, delay, jitter or loss
     (:func:`~commscope.spec.link.shaped` of :func:`link_number_columns`; the congestion

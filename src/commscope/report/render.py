@@ -28,6 +28,7 @@ from commscope.report.findings import Finding, failed_cell_words, study_findings
 from commscope.report.findings._base import QUESTIONS, SOURCES
 from commscope.report.results import StudyResults
 from commscope.report.sections import FIXED, SECTIONS, Section, overview, sensitivity
+from commscope.report.sections._base import baseline_link
 from commscope.report.sections.abstract import abstract_sentences
 
 DEFAULT_TITLE = "commscope: what parallelism strategies do to the network"
@@ -203,7 +204,9 @@ def _sensitivity(results: StudyResults, figure: dict[str, str] | None) -> dict[s
         "figure": figure,
         "header": header,
         "rows": rows,
-        "sentences": sensitivity.sensitivity_sentences(results.slowdown, results.summary),
+        "sentences": sensitivity.sensitivity_sentences(
+            results.slowdown, results.summary, baseline_link(results)
+        ),
     }
 
 

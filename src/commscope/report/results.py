@@ -21,6 +21,7 @@ import pandas as pd
 from commscope.cell.status import failures, ran_products, read_statuses
 from commscope.metrics.study import slowdown_table
 from commscope.predict.cell import comparison_table, timing_table
+from commscope.spec.link import ReferenceLink
 
 # One declared input: a file, or a list of them.
 InputPath = str | PathLike[str]
@@ -40,7 +41,7 @@ def _slowdown(results: StudyResults) -> pd.DataFrame:
     # The aggregate job's table; derived from the summary for results without the file.
     if results.declared("slowdown"):
         return results.read("slowdown")
-    return slowdown_table(results.summary)
+    return slowdown_table(results.summary, results.reference)
 
 
 def _imports(results: StudyResults) -> pd.DataFrame:
@@ -89,6 +90,12 @@ class StudyResults:
     def of(cls, **tables: pd.DataFrame) -> StudyResults:
         """Results held in memory: ``StudyResults.of(summary=frame, slowdown=frame)``."""
         return cls(tables=tables)
+
+    @property
+    def reference(self) -> ReferenceLink | None:
+        """The study's reference link (the config's ``reference_link``), every slowdown's
+        baseline; None when the unshaped link is."""
+        return ReferenceLink.from_config(self.config.get("reference_link"))
 
     # ---------------------------------------------------------------------------- declared files
 

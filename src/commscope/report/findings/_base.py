@@ -14,11 +14,11 @@ import pandas as pd
 
 from commscope.contracts import is_replay
 from commscope.metrics.study import (
+    baseline_rows,
     mean_ci,
     runs_to_separate,
     slowdown_table,
     strategy_label,
-    unshaped_rows,
 )
 from commscope.report.sections import (
     crosscheck,
@@ -28,6 +28,7 @@ from commscope.report.sections import (
     sensitivity,
     structure,
 )
+from commscope.spec.link import ReferenceLink
 
 # The sections findings link to (their anchors, derived from their titles where they are defined).
 RUN = overview.RUN.anchor
@@ -95,7 +96,7 @@ def kept(results: Any, name: str) -> tuple[pd.DataFrame, int]:
         if not limited:
             return results.slowdown, 0
         summary, n = kept(results, "summary")
-        return slowdown_table(summary), n
+        return slowdown_table(summary, results.reference), n
     table = results.table(name)
     if not limited or table.empty or "cell" not in table:
         return table, 0
@@ -105,15 +106,16 @@ def kept(results: Any, name: str) -> tuple[pd.DataFrame, int]:
 
 def lost_in(results: Any, unshaped: bool = False, **match: Any) -> int:
     """How many host-limited cells a finding lost: those of the summary in its setup (each
-    ``match`` column equal to its value, or in it for a set/list/tuple; only the unshaped ones
-    with ``unshaped``; replays named as ``replayed NAME``)."""
+    ``match`` column equal to its value, or in it for a set/list/tuple; only those on the
+    reference link with ``unshaped`` (the unshaped ones without a reference,
+    :func:`~commscope.metrics.study.baseline_rows`); replays named as ``replayed NAME``)."""
     limited = host_limited_cells(results)
     if not limited:
         return 0
     summary = results.summary
     rows = named(summary[summary["cell"].astype(str).isin(limited)])
     if unshaped:
-        rows = unshaped_rows(rows)
+        rows = baseline_rows(rows, results.reference)
     for col, value in match.items():
         if col in rows:
             values = value if isinstance(value, (set, frozenset, list, tuple)) else {value}
@@ -185,12 +187,13 @@ def ordering(hi: Spread, lo: Spread) -> str:
 # --------------------------------------------------------------------- setups
 
 
-def comparison_group(summary: pd.DataFrame) -> pd.DataFrame:
-    """One row per strategy (mean over repeats and congestion controls) of the unshaped setup
-    (model, nodes, ranks per node) that ran the most strategies; empty when none ran two."""
+def comparison_group(summary: pd.DataFrame, reference: ReferenceLink | None = None) -> pd.DataFrame:
+    """One row per strategy (mean over repeats and congestion controls) of the setup (model,
+    nodes, ranks per node) on the ``reference`` link (the unshaped link without one) that ran
+    the most strategies; empty when none ran two."""
     if summary.empty or "bw_bps" not in summary:
         return pd.DataFrame()
-    base = unshaped_rows(summary)
+    base = baseline_rows(summary, reference)
     setup = ["model", "nodes", "ranks_per_node"]
     if base.empty:
         return base
@@ -207,14 +210,15 @@ def comparison_group(summary: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def comparison_cells(summary: pd.DataFrame) -> pd.DataFrame:
-    """The unshaped cells (every repeat) of the :func:`comparison_group`'s setup, under the
-    setup's usual congestion control; empty without a group."""
-    group = comparison_group(summary)
+def comparison_cells(summary: pd.DataFrame, reference: ReferenceLink | None = None) -> pd.DataFrame:
+    """The cells on the ``reference`` link (the unshaped ones without one; every repeat) of the
+    :func:`comparison_group`'s setup, under the setup's usual congestion control; empty without
+    a group."""
+    group = comparison_group(summary, reference)
     if group.empty:
         return group
     first = group.iloc[0]
-    base = unshaped_rows(summary)
+    base = baseline_rows(summary, reference)
     keep = np.ones(len(base), dtype=bool)
     for col in ("model", "nodes", "ranks_per_node"):
         keep &= (base[col] == first[col]).to_numpy()

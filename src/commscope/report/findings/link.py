@@ -24,7 +24,7 @@ from commscope.report.findings._base import (
     setup_words,
 )
 from commscope.report.results import StudyResults
-from commscope.report.sections._base import link_words
+from commscope.report.sections._base import baseline_link, link_words
 from commscope.spec.link import SHAPING, impaired
 from commscope.units import fmt_ms
 
@@ -82,7 +82,7 @@ def _sensitivity_at(
     return [
         Finding(
             f"Most sensitive to {noun}{setup}: {hi['strategy']}, whose step takes "
-            f"{_times(hi)} as long under {setting} as unshaped; "
+            f"{_times(hi)} as long under {setting} as on {baseline_link(results)}; "
             f"{lo['strategy']} {_times(lo)}, the least of {len(at)} strategies{caveat}"
             f"{left_out(lost_in(results, **keys))}.",
             SENSITIVITY,
@@ -146,12 +146,13 @@ def link_findings(results: StudyResults) -> list[Finding]:
     """Knees and crossovers over the rate cap, in the comparison group's setup.
 
     Knee (:func:`~commscope.metrics.study.knee_table`): the cap at which the measured step is
-    1.1x the unshaped one, interpolated in 1 / cap between the measured caps that bracket it
+    1.1x the one on the reference link (the unshaped link without one), interpolated in
+    1 / cap between the measured caps that bracket it
     (else the side of the caps it lies on). Crossover: which strategy has the shortest step at
     each cap, where that changes, with the step's interval over runs."""
     summary, _ = kept(results, "summary")
     summary = named(summary)
-    group = comparison_group(summary)
+    group = comparison_group(summary, results.reference)
     if group.empty:
         return []
     first = group.iloc[0]
@@ -164,6 +165,7 @@ def link_findings(results: StudyResults) -> list[Finding]:
     rows = summary[setup & summary["strategy"].isin(group["strategy"])]
     out = []
     slowdown, _ = kept(results, "slowdown")
+    # The slowdown table is against the reference link, so the knee is too.
     knees = knee_table(named(slowdown)) if not slowdown.empty else pd.DataFrame()
     if not knees.empty:
         knees = knees[(knees["model"] == first["model"]) & (knees["nodes"] == first["nodes"])]
@@ -178,8 +180,8 @@ def link_findings(results: StudyResults) -> list[Finding]:
             .fillna(knees["knee_below_bps"] / 10)
         ).sort_values(["_key", "strategy"], ascending=[False, True])
         text = (
-            "Knee (the cap at which the measured step is 1.1x the unshaped one, read off the "
-            f"slowdown curve; {setup_words(first)}): "
+            "Knee (the cap at which the measured step is 1.1x the one on "
+            f"{baseline_link(results)}, read off the slowdown curve; {setup_words(first)}): "
             + "; ".join(_knee_words(r) for _, r in order.iterrows())
         )
         if "wire_tx_bytes_per_step_per_node" in group:
@@ -188,7 +190,7 @@ def link_findings(results: StudyResults) -> list[Finding]:
             if len(rate):
                 text += (
                     ". For comparison, the rate a node needs to send one step's bytes within "
-                    "the unshaped step (bytes rate): "
+                    f"the step on {baseline_link(results)} (bytes rate): "
                     + ", ".join(f"{k} {v / 1e6:,.0f} Mbit/s" for k, v in rate.items())
                 )
         out.append(Finding(text + note + ".", SENSITIVITY, question="sensitivity"))

@@ -8,7 +8,7 @@ from typing import Any
 
 import pandas as pd
 
-from commscope.metrics.study import ratio_ci, unshaped_rows
+from commscope.metrics.study import baseline_rows, ratio_ci
 from commscope.report.findings._base import (
     RUN,
     STRATEGIES,
@@ -51,12 +51,12 @@ def volume_findings(results: StudyResults) -> list[Finding]:
     """Most/least bytes across nodes and messages per step in the comparison group (counts: the
     same every run, so no interval), and the payload's burstiness over timescales."""
     summary, dropped = kept(results, "summary")
-    group = comparison_group(named(summary))
+    group = comparison_group(named(summary), results.reference)
     if group.empty:
         return []
     first = group.iloc[0]
     setup = setup_words(first)
-    # The cells this comparison lost (its setup's unshaped host-limited cells).
+    # The cells this comparison lost (its setup's host-limited cells on the reference link).
     dropped = lost_in(results, True, **{c: first[c] for c in ("model", "nodes", "ranks_per_node")})
     note = left_out(dropped)
     out = []
@@ -69,7 +69,7 @@ def volume_findings(results: StudyResults) -> list[Finding]:
                 f"{fmt_bytes(hi['internode_bytes_per_step'])}, "
                 f"{_ratio(hi['internode_bytes_per_step'], lo['internode_bytes_per_step'])} "
                 f"{lo['strategy']}'s {fmt_bytes(lo['internode_bytes_per_step'])}, the least "
-                f"({setup}, unshaped; counted, the same every run){note}.",
+                f"({setup}, {_on(results)}; counted, the same every run){note}.",
                 STRATEGIES,
                 question="volume",
             )
@@ -94,7 +94,7 @@ def _per_cell_tx(results: StudyResults, summary: pd.DataFrame) -> tuple[pd.DataF
     """The temporal_bursts rows of the comparison group's cells (transmit side, resolved,
     replays named), each cell's burstiest node per width, and the setup in words."""
     bursts, _ = kept(results, "temporal_bursts")
-    cells = comparison_cells(named(summary))
+    cells = comparison_cells(named(summary), results.reference)
     if bursts.empty or cells.empty or "cell" not in bursts:
         return pd.DataFrame(), ""
     tx = named(bursts[bursts["cell"].isin(set(cells["cell"])) & (bursts["direction"] == "tx")])
@@ -151,7 +151,7 @@ def _burstiness(results: StudyResults, summary: pd.DataFrame, dropped: int) -> l
     return [
         Finding(
             "Burstiness over timescales (peak/mean of a node's transmitted payload per bin, "
-            f"the burstier node; {setup}, unshaped): "
+            f"the burstier node; {setup}, {_on(results)}): "
             + "; ".join(parts)
             + f". {verdict[0].upper()}{verdict[1:]}"
             + left_out(dropped)
@@ -191,7 +191,7 @@ def _onoff(results: StudyResults, summary: pd.DataFrame, dropped: int) -> list[F
         Finding(
             f"On/off at {_width(ONOFF_FINDING_MS)} (a bin is on when it carries a full frame's "
             f"payload, pure ACKs never; a burst bin also carries over twice the mean; {setup}, "
-            f"unshaped, node transmit medians and 90th percentiles): "
+            f"{_on(results)}, node transmit medians and 90th percentiles): "
             + "; ".join(parts)
             + f" ({'one run each' if n == 1 else f'mean of up to {n} runs'}){left_out(dropped)}.",
             TEMPORAL,
@@ -241,19 +241,27 @@ def placement_findings(results: StudyResults) -> list[Finding]:
     return out
 
 
+def _on(results: StudyResults) -> str:
+    """Where the comparison's cells ran, in words: ``unshaped``, or ``on the reference link
+    (1 Gbit/s)`` when the study has one (their baseline link either way)."""
+    reference = results.reference
+    return "unshaped" if reference is None else f"on {reference.words}"
+
+
 def _link(row: dict[str, Any]) -> str:
     return "unshaped" if str(row.get("bw", "none")) == "none" else f"cap {row['bw']}"
 
 
 def scale_findings(results: StudyResults) -> list[Finding]:
-    """How each strategy's unshaped step grows from the smallest node count to each larger one
-    (same model and ranks per node): one sentence per (model, ranks per node, larger count),
-    every strategy that ran both, largest growth first, with the growth's interval over runs."""
+    """How each strategy's step on the reference link (unshaped without one) grows from the
+    smallest node count to each larger one (same model and ranks per node): one sentence per
+    (model, ranks per node, larger count), every strategy that ran both, largest growth first,
+    with the growth's interval over runs."""
     summary, dropped = kept(results, "summary")
     summary = named(summary)
     if summary.empty or "bw_bps" not in summary:
         return []
-    base = unshaped_rows(summary)
+    base = baseline_rows(summary, results.reference)
     if base.empty:
         return []
     grow: dict[tuple[Any, int, int, int], list[tuple[float, str, float, float]]] = {}
@@ -289,7 +297,8 @@ def scale_findings(results: StudyResults) -> list[Finding]:
         lost = lost_in(results, True, model=model, ranks_per_node=rpn, nodes={n0, n1})
         out.append(
             Finding(
-                f"From {n0} to {n1} nodes ({model}, {rpn_words}, unshaped), the step grows by: "
+                f"From {n0} to {n1} nodes ({model}, {rpn_words}, {_on(results)}), the step "
+                "grows by: "
                 f"{listed}{verdict}"
                 f"{left_out(lost)}.",
                 RUN,
@@ -306,7 +315,7 @@ def structure_findings(results: StudyResults) -> list[Finding]:
     overlap and the bubble compare strategies: replays are in the temporal list only (they
     have findings of their own)."""
     summary, _ = kept(results, "summary")
-    cells = comparison_cells(named(summary))
+    cells = comparison_cells(named(summary), results.reference)
     dropped = 0
     if not cells.empty:
         first = cells.iloc[0]
@@ -335,7 +344,7 @@ def structure_findings(results: StudyResults) -> list[Finding]:
                 Finding(
                     f"Communication is {100 * hi[1].mean:.0f} % of {hi[0]}'s critical path "
                     f"({_pct_interval(hi[1])}) and {100 * lo[1].mean:.0f} % of {lo[0]}'s "
-                    f"({_pct_interval(lo[1])}; steady step, {setup}, unshaped"
+                    f"({_pct_interval(lo[1])}; steady step, {setup}, {_on(results)}"
                     f"{'' if exact else '; upper bound: traces without waits'})"
                     f"{ordering(hi[1], lo[1])}{note}.",
                     SYNC,
@@ -352,14 +361,14 @@ def structure_findings(results: StudyResults) -> list[Finding]:
                 Finding(
                     "Overlap measured (the share of the time a strategy's communication was in "
                     "flight that its ranks computed instead of waiting, 1 - blocked / in "
-                    f"flight; {setup}, unshaped): {listed}"
+                    f"flight; {setup}, {_on(results)}): {listed}"
                     f"{ordering(spreads[0][1], spreads[-1][1])}{note}.",
                     SYNC,
                     question="synchronisation",
                 )
             )
     pp = sync[sync["bubble_measured_fwd_bwd"].notna() & sync["bubble_analytic"].notna()]
-    pp = unshaped_rows(pp)
+    pp = baseline_rows(pp, results.reference)
     if not pp.empty:
         # One entry per setup: repeats (and congestion controls) averaged.
         keys = [c for c in ("strategy", "model", "nodes", "ranks_per_node") if c in pp]
@@ -373,9 +382,8 @@ def structure_findings(results: StudyResults) -> list[Finding]:
         ]
         out.append(
             Finding(
-                "Measured pipeline bubble (idle share of the forward/backward phase, unshaped): "
-                + ", ".join(parts)
-                + f"{left_out(dropped_sync)}.",
+                "Measured pipeline bubble (idle share of the forward/backward phase, "
+                f"{_on(results)}): " + ", ".join(parts) + f"{left_out(dropped_sync)}.",
                 SYNC,
                 question="synchronisation",
             )

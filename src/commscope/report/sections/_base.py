@@ -80,6 +80,13 @@ def setting_label(row: dict[str, Any]) -> str:
     return link_label(row)
 
 
+def baseline_link(results: StudyResults) -> str:
+    """The link every slowdown is against, in words: ``"the reference link (1 Gbit/s)"``
+    (the config's ``reference_link``) or ``"the unshaped link"`` without one."""
+    reference = results.reference
+    return reference.words if reference is not None else "the unshaped link"
+
+
 def link_words(row: dict[str, Any]) -> str:
     """`` under a cap of 50 Mbit/s, delay 5ms`` from a row's link axes as the sweep wrote them
     (only those set): beside :func:`setting_label`, the other place the report words a link."""

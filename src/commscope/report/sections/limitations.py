@@ -161,7 +161,13 @@ def limitation_sentences(results: StudyResults, config: dict[str, Any] | None = 
             "pair to one software switch: one flat hop between every pair of nodes, no "
             "oversubscribed tiers, no switch buffers or ECN, no contention from other jobs. "
             f"Up to {ranks} ranks shared {host}. The unshaped link is a veth at memory-copy "
-            "speed, not a network a cluster would have: slowdowns are relative to it."
+            "speed, not a network a cluster would have: "
+            + (
+                "slowdowns are relative to it."
+                if results.reference is None
+                else f"slowdowns are relative to {results.reference.words} instead, a cap this "
+                "host carries faithfully; the unshaped cells are one setting among the others."
+            )
         )
     if "link_engine" in summary:
         late = summary["delay_late_us_p99"].dropna() if "delay_late_us_p99" in summary else []

@@ -9,8 +9,9 @@ from typing import Any
 import pandas as pd
 
 from commscope.metrics.study import CI_LEVEL, SETUP_AXES
+from commscope.report.results import StudyResults
 from commscope.report.sections._base import Section, setting_label
-from commscope.spec.link import SHAPING
+from commscope.spec.link import SHAPING, ReferenceLink
 from commscope.units import fmt_ms, fmt_pct, fmt_slowdown, fmt_us
 
 _ENGINE_NAMES = {
@@ -30,15 +31,32 @@ SENSITIVITY_INTRO = (
 )
 
 
+def sensitivity_intro(results: StudyResults) -> str:
+    """:data:`SENSITIVITY_INTRO`, or with a reference link (the config's ``reference_link``)
+    the same against that link, the unshaped link being one setting among the others."""
+    reference = results.reference
+    if reference is None:
+        return SENSITIVITY_INTRO
+    return SENSITIVITY_INTRO.replace(
+        "unshaped link: no cap, no delay, no jitter, no loss.",
+        f"{reference.words}, a link this host carries faithfully. The unshaped link (no "
+        "cap: a veth at memory-copy speed, no network) is a setting like the others, "
+        "faster than the reference (a slowdown under 1).",
+    ).replace("its unshaped run", "its run on the reference link")
+
+
 def _setup_columns(table: pd.DataFrame) -> list[str]:
     """The setup axes that tell ``table``'s setups apart: strategy, and any other that varies."""
     return ["strategy", *(a for a in SETUP_AXES if a != "strategy" and table[a].nunique() > 1)]
 
 
-def sensitivity_table(slowdown: pd.DataFrame) -> pd.DataFrame:
+def sensitivity_table(
+    slowdown: pd.DataFrame, reference: ReferenceLink | None = None
+) -> pd.DataFrame:
     """Strategy x setting -> slowdown, from :func:`commscope.metrics.study.slowdown_table`: one
     row per setup that moved off the unshaped link somewhere (labelled by strategy and whichever
-    setup axes differ between rows), its unshaped step time, then one column per setting
+    setup axes differ between rows), its baseline's step time (``unshaped step``, or ``step on
+    NAME`` on the ``reference`` link), then one column per setting
     (:func:`setting_label`, caps from the highest down, then delays, jitters, losses and
     combinations, each ascending) with :func:`fmt_slowdown`; '' where the setup did not run
     that setting. Settings without an unshaped run are not here: :func:`sensitivity_sentences`
@@ -57,17 +75,19 @@ def sensitivity_table(slowdown: pd.DataFrame) -> pd.DataFrame:
         shaped.assign(
             label=[setting_label(r) for r in shaped.to_dict("records")],
             _order=shaped["varied"].map(order),
-            _cap=-shaped["bw_bps"].fillna(0.0),
+            # No cap first (with a reference link, the unshaped setting), then the highest.
+            _cap=-shaped["bw_bps"].fillna(float("inf")),
         )
         .sort_values(["_order", "_cap", *list(SHAPING.values())[1:]], kind="stable")
         .drop_duplicates("label")["label"]
         .tolist()
     )
+    base = "unshaped step" if reference is None else f"step on {reference.name}"
     rows = []
     for _key, group in table.groupby(setup, sort=True, dropna=False):
         first = group.iloc[0]
         row: dict[str, Any] = {c: str(first[c]) for c in labels}
-        row["unshaped step"] = fmt_ms(first["baseline_step_time_s"])
+        row[base] = fmt_ms(first["baseline_step_time_s"])
         cells = {
             setting_label(r): fmt_slowdown(
                 r["slowdown_mean"], r["slowdown_ci_low"], r["slowdown_ci_high"]
@@ -75,7 +95,7 @@ def sensitivity_table(slowdown: pd.DataFrame) -> pd.DataFrame:
             for r in group[group["varied"] != "baseline"].to_dict("records")
         }
         rows.append({**row, **{label: cells.get(label, "") for label in settings}})
-    return pd.DataFrame(rows, columns=[*labels, "unshaped step", *settings])
+    return pd.DataFrame(rows, columns=[*labels, base, *settings])
 
 
 def _setup_text(row: dict[str, Any]) -> str:
@@ -145,10 +165,13 @@ def _engine_sentences(summary: pd.DataFrame) -> list[str]:
     return sentences
 
 
-def sensitivity_sentences(slowdown: pd.DataFrame, summary: pd.DataFrame) -> list[str]:
-    """The sensitivity section's text computed from the data: settings without an unshaped run
-    of their setup (listed, since they have no slowdown), then which link engine applied delay
-    and loss and how accurately (:func:`_engine_sentences`). Nothing for data that is absent."""
+def sensitivity_sentences(
+    slowdown: pd.DataFrame, summary: pd.DataFrame, baseline: str = "the unshaped link"
+) -> list[str]:
+    """The sensitivity section's text computed from the data: settings without a run of their
+    setup on ``baseline`` (:func:`~commscope.report.sections._base.baseline_link`; listed,
+    since they have no slowdown), then which link engine applied delay and loss and how
+    accurately (:func:`_engine_sentences`). Nothing for data that is absent."""
     sentences = []
     if not slowdown.empty:
         orphans = slowdown[slowdown["baseline_repeats"] == 0]
@@ -156,7 +179,7 @@ def sensitivity_sentences(slowdown: pd.DataFrame, summary: pd.DataFrame) -> list
             listed = "; ".join(_setup_text(r) for r in orphans.to_dict("records"))
             sentences.append(
                 f"{len(orphans)} setting{'' if len(orphans) == 1 else 's'} had no run of "
-                f"{'its' if len(orphans) == 1 else 'their'} setup on the unshaped link, so no "
+                f"{'its' if len(orphans) == 1 else 'their'} setup on {baseline}, so no "
                 f"slowdown: {listed}."
             )
     return [*sentences, *_engine_sentences(summary)]
@@ -164,7 +187,7 @@ def sensitivity_sentences(slowdown: pd.DataFrame, summary: pd.DataFrame) -> list
 
 SECTION = Section(
     "Sensitivity to the link",
-    SENSITIVITY_INTRO,
-    lambda results: sensitivity_table(results.slowdown),
+    sensitivity_intro,
+    lambda results: sensitivity_table(results.slowdown, results.reference),
     fixed_anchor="sensitivity",
 )
