@@ -119,3 +119,19 @@ def test_ddp_buckets_hide_under_the_rest_of_the_backward() -> None:
     assert predict_step_time(fsdp, 1e6, 0.0, 1e5, 1e5, ddp_overlap=True)["comm_s"] == (
         pytest.approx(predict_step_time(fsdp, 1e6, 0.0, 1e5, 1e5)["comm_s"])
     )
+
+
+def test_uneven_stages_wait_for_the_other_stages() -> None:
+    pp = predict_ops(TINY, {"pp": -1, "microbatches": 4}, 2, 1)
+    flops = pp.attrs["predict"]["flops"]
+    equal = {r: flops[r] for r in flops}  # rate = FLOPs: every stage 1 s
+    even = predict_step_time(pp, equal, 0.0, math.inf, math.inf)
+    assert predict_step_time(pp, equal, 0.0, math.inf, math.inf, uneven_stages=True)[
+        "bubble_s"
+    ] == pytest.approx(even["bubble_s"])  # Eq. 6 when the stages are equal
+    slow = {0: flops[0] / 3, 1: flops[1]}  # stage 0 takes 3 s, stage 1 1 s
+    t = predict_step_time(pp, slow, 0.0, math.inf, math.inf, uneven_stages=True)
+    assert t["critical_rank"] == 0
+    # fill and drain through the other stage's micro-batches (1 s / 4), not p - 1 of its own
+    assert t["bubble_s"] == pytest.approx(1 / 4)
+    assert t["step_time_s"] == pytest.approx(3 + 1 / 4)

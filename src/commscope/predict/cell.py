@@ -234,6 +234,7 @@ def predict_timing(
         op_overhead_s=overhead,
         p2p_once=True,
         ddp_overlap=True,
+        uneven_stages=True,
     )
     row = dict(
         bandwidth_source=links.bandwidth_source,

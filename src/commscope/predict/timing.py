@@ -148,6 +148,7 @@ def predict_step_time(
     op_overhead_s: float = 0.0,
     p2p_once: bool = False,
     ddp_overlap: bool = False,
+    uneven_stages: bool = False,
 ) -> dict[str, Any]:
     """Step time, communication ratio and bubble ratio of a :func:`predict_ops` result.
 
@@ -167,6 +168,11 @@ def predict_step_time(
 
     ``ddp_overlap``: DDP's bucket all-reduces run under the rest of the backward
     (:func:`ddp_exposed_s`); False adds them whole, as PTD-P (the module docstring).
+
+    ``uneven_stages``: a rank's bubble is the other stages' time, not ``p - 1`` times its own:
+    the pipeline fills and drains through every other stage, so with stages of unequal speed
+    the slowest waits ``(p * mean - own) / (v m)`` of the in-pipeline times (the mean over all
+    ranks standing for the rank's pipeline); equal stages give Eq. 6's ``(p-1)/v * T_mb``.
     Returns ``step_time_s`` (slowest rank), ``critical_rank``, ``compute_s``, ``comm_s`` and
     ``comm_by_traffic_s`` (that rank's op times), ``bubble_s``, ``comm_ratio`` (comm / step),
     ``bubble_ratio`` (bubble / step), ``bubble_ratio_analytical`` (:func:`bubble_fraction`)
@@ -212,7 +218,12 @@ def predict_step_time(
         )
     if pipelined:
         in_pipeline = per_rank["t_comp"] + per_rank["t_tp"] + per_rank["t_pp"] + per_rank["t_ep"]
-        per_rank["t_bubble"] = (plan["pp"] - 1) / v * in_pipeline / m
+        if uneven_stages:
+            # fill and drain wait for the other stages' micro-batches: p * mean - own
+            others = plan["pp"] * in_pipeline.mean() - in_pipeline
+            per_rank["t_bubble"] = others.clip(lower=0) / v / m
+        else:
+            per_rank["t_bubble"] = (plan["pp"] - 1) / v * in_pipeline / m
     else:
         per_rank["t_bubble"] = 0.0
     per_rank["t_step"] = per_rank["t_comp"] + per_rank["t_comm"] + per_rank["t_bubble"]
