@@ -30,7 +30,7 @@ from commscope.plots._style import (
 )
 from commscope.plots.bursts import plot_bursts
 from commscope.plots.matrices import plot_comm_matrices
-from commscope.spec.link import SHAPING, impaired
+from commscope.spec.link import SHAPING, impaired, link_label
 from commscope.units import bytes_tick
 
 
@@ -298,9 +298,18 @@ _SLOWDOWN_PANELS: tuple[tuple[str, str, str, str], ...] = (
 )
 
 
-def _held_fixed(series: pd.DataFrame) -> str:
+def _baseline_words(slowdown: pd.DataFrame) -> str:
+    """The link the slowdowns are against, in words, read off the table's baseline rows (their
+    link numbers, :func:`~commscope.spec.link.link_label`): ``"unshaped"``, or the reference
+    link's, e.g. ``"cap 1000 Mbit/s"``."""
+    base = slowdown[slowdown["varied"] == "baseline"] if "varied" in slowdown else slowdown
+    return link_label(base.iloc[0].to_dict()) if len(base) else "unshaped"
+
+
+def _held_fixed(series: pd.DataFrame, baseline: str = "unshaped") -> str:
     """What every series of a panel shares, for its title: ``"2 nodes × 1 rank, gpt-tiny"``
-    (a setup axis that differs between series is in the series' labels instead)."""
+    (a setup axis that differs between series is in the series' labels instead), then the link
+    otherwise (``baseline``: ``unshaped``, or the reference link's words)."""
     parts = []
     if series["nodes"].nunique() == 1 and series["ranks_per_node"].nunique() == 1:
         nodes, ranks = series["nodes"].iloc[0], series["ranks_per_node"].iloc[0]
@@ -308,7 +317,7 @@ def _held_fixed(series: pd.DataFrame) -> str:
     for axis in ("model", "cc"):
         if series[axis].nunique() == 1:
             parts.append(str(series[axis].iloc[0]))
-    return ", ".join([*parts, "unshaped otherwise"])
+    return ", ".join([*parts, f"{baseline} otherwise"])
 
 
 def _count(value: object, noun: str) -> str:
@@ -322,8 +331,8 @@ def _setup_label(row: pd.Series, varying: list[str]) -> str:
 
 
 def _slowdown_series(slowdown: pd.DataFrame, axis: str) -> pd.DataFrame:
-    """Rows of the setups that vary ``axis`` alone: their ``axis`` cells and their unshaped
-    baseline, where a slowdown exists."""
+    """Rows of the setups that vary ``axis`` alone: their ``axis`` cells and their baseline
+    (on the reference link, or unshaped), where a slowdown exists."""
     rows = slowdown[slowdown["varied"].isin([axis, "baseline"]) & slowdown["slowdown_mean"].notna()]
     moved = rows[rows["varied"] == axis][list(SETUP_AXES)].drop_duplicates()
     return rows.merge(moved, on=list(SETUP_AXES), how="inner")
@@ -342,15 +351,17 @@ def slowdown_figure(slowdown: pd.DataFrame, palette: Mapping[str, tuple] | None 
     """Slowdown against the bandwidth cap, the one-way delay and the loss, three panels side by
     side, from :func:`~commscope.metrics.study.slowdown_table`.
 
-    A panel draws the setups that vary its axis alone (the other shaping axes unshaped), one
-    line per setup coloured by strategy, from the unshaped point (slowdown 1 on average: "no
-    cap" at the right of the cap panel, "0" at the left of the others; log x) through each
-    setting. Error bars are the 95 % interval of the slowdown where the setting and its baseline
-    both have two or more repeats (:func:`~commscope.metrics.study.ratio_ci`). The
-    dashed line is 1× (as fast as unshaped); the y axis turns logarithmic when a panel spans
-    more than 10×. Titles say what is held fixed (once, above the panels, when they share it).
-    Jitter and settings that move several axes at once are in the table only. One legend for
-    the figure; a panel without such setups says so.
+    A panel draws the setups that vary its axis alone (the other shaping axes as on the
+    baseline's link: the reference link, or unshaped without one), one line per setup coloured
+    by strategy, through its baseline (slowdown 1 on average: at the reference's cap, or "no
+    cap" at the right of the cap panel; "0" at the left of the others; log x) and each setting;
+    with a reference link the unshaped setting is the "no cap" point, under 1×. Error bars are
+    the 95 % interval of the slowdown where the setting and its baseline both have two or more
+    repeats (:func:`~commscope.metrics.study.ratio_ci`). The dashed line is 1× (as fast as the
+    baseline); the y axis turns logarithmic when a panel spans more than 10×. Titles say what is
+    held fixed (once, above the panels, when they share it). Jitter and settings that move
+    several axes at once are in the table only. One legend for the figure; a panel without such
+    setups says so.
     """
     fig, axes = _new_figure(len(_SLOWDOWN_PANELS), width=5.0, height=4.4)
     if not slowdown.empty:
@@ -369,7 +380,8 @@ def slowdown_figure(slowdown: pd.DataFrame, palette: Mapping[str, tuple] | None 
         palette = strategy_palette(slowdown["strategy"].astype(str)) if not slowdown.empty else {}
     labels = sorted(set(every.apply(_setup_label, axis=1, varying=varying))) if len(every) else []
     markers = dict(zip(labels, itertools.cycle(["o", "s", "^", "D", "v", "P", "X"]), strict=False))
-    held = {axis: _held_fixed(rows) for axis, rows in drawn.items() if not rows.empty}
+    baseline = _baseline_words(slowdown) if not slowdown.empty else "unshaped"
+    held = {axis: _held_fixed(rows, baseline) for axis, rows in drawn.items() if not rows.empty}
     shared = len(set(held.values())) == 1
     handles: dict[str, object] = {}
     for ax, (axis, xlabel, what, unshaped_label) in zip(axes, _SLOWDOWN_PANELS, strict=True):
@@ -381,12 +393,18 @@ def slowdown_figure(slowdown: pd.DataFrame, palette: Mapping[str, tuple] | None 
             continue
         scale = 1e-6 if axis == "bw" else 1.0  # caps in Mbit/s
         values = rows[col].astype("float64") * scale
-        shaped = values[rows["varied"] == axis]
-        # The unshaped point gets a place on the log axis beyond the shaped ones (a factor, not a
-        # sum) and its own tick label: right of the largest cap, left of the smallest delay/loss.
+        # Every cap is a point on the cap axis, the reference link's among them; on the others
+        # the settings of the axis.
+        shaped = values[values.notna()] if axis == "bw" else values[rows["varied"] == axis]
+        # The uncapped or unimpaired point gets a place on the log axis beyond the shaped ones (a
+        # factor, not a sum) and its own tick label: right of the largest cap, left of the
+        # smallest delay/loss.
         edge = float(shaped.max() if axis == "bw" else shaped.min())
         unshaped_x = edge * 4 if axis == "bw" else edge / 4
-        rows = rows.assign(x=values.where(rows["varied"] == axis, unshaped_x))
+        if axis == "bw":  # a baseline on a capped reference link sits at its cap
+            rows = rows.assign(x=values.fillna(unshaped_x))
+        else:
+            rows = rows.assign(x=values.where(rows["varied"] == axis, unshaped_x))
         rows = rows.assign(label=rows.apply(_setup_label, axis=1, varying=varying))
         for label, sub in rows.groupby("label", sort=True):
             sub = sub.sort_values("x")
@@ -420,7 +438,7 @@ def slowdown_figure(slowdown: pd.DataFrame, palette: Mapping[str, tuple] | None 
             ax.set_ylim(bottom=0, top=max(top, 1.0) * 1.08)
         ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _pos: f"{y:g}×"))
         ax.set_xlabel(xlabel)
-        ax.set_ylabel("slowdown (step time / unshaped)")
+        ax.set_ylabel(f"slowdown (step time / {baseline})")
     if shared:
         fig.suptitle(next(iter(held.values())))
     if handles:
