@@ -183,9 +183,9 @@ def test_a_cell_whose_state_exceeds_the_shared_memory_is_refused(
     cfg = copy.deepcopy(default)
     cfg["models"]["gpt-tiny"].update(hidden=4096, heads=8)  # 0.81e9 parameters, 13 GB a copy
     message = _problems(cfg, memory_bytes=32 * 10**9)
-    # DDP on 8 nodes holds 8 copies; FSDP, TP and PP one, which fits.
+    # DDP on 4 nodes holds 4 copies; FSDP, TP and PP one, which fits.
     assert "models.gpt-tiny: 8.1e+08 parameters do not fit " in message
-    assert "cell strategy=ddp model=gpt-tiny nodes=8 ranks_per_node=1 (world 8) needs at " in (
+    assert "cell strategy=ddp model=gpt-tiny nodes=4 ranks_per_node=1 (world 4) needs at " in (
         message
     )
     assert "more than the 32.0 GB of memory its ranks share" in message

@@ -51,6 +51,6 @@ def test_an_ssh_inventory_is_loaded_and_checked(default: dict[str, Any], tmp_pat
     inventory = tmp_path / "cluster.yaml"
     inventory.write_text((ROOT / "config" / "cluster.example.yaml").read_text())
     cfg["cluster"]["inventory"] = str(inventory)
-    # The example lists 2 hosts; the default study runs cells on 8 nodes.
-    with pytest.raises(ConfigError, match=r"sweep.nodes: 8 nodes asked for but the cluster has 2"):
+    # The example lists 2 hosts; the default study runs cells on 4 nodes.
+    with pytest.raises(ConfigError, match=r"sweep.nodes: 4 nodes asked for but the cluster has 2"):
         study_checks(cfg, ROOT)
