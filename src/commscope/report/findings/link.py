@@ -24,7 +24,7 @@ from commscope.report.findings._base import (
     setup_words,
 )
 from commscope.report.results import StudyResults
-from commscope.report.sections._base import baseline_link, link_words
+from commscope.report.sections._base import link_words, than_baseline
 from commscope.spec.link import SHAPING, impaired
 from commscope.units import fmt_ms
 
@@ -82,7 +82,7 @@ def _sensitivity_at(
     return [
         Finding(
             f"Most sensitive to {noun}{setup}: {hi['strategy']}, whose step takes "
-            f"{_times(hi)} as long under {setting} as on {baseline_link(results)}; "
+            f"{_times(hi)} as long under {setting} as {than_baseline(results)}; "
             f"{lo['strategy']} {_times(lo)}, the least of {len(at)} strategies{caveat}"
             f"{left_out(lost_in(results, **keys))}.",
             SENSITIVITY,
@@ -180,8 +180,9 @@ def link_findings(results: StudyResults) -> list[Finding]:
             .fillna(knees["knee_below_bps"] / 10)
         ).sort_values(["_key", "strategy"], ascending=[False, True])
         text = (
-            "Knee (the cap at which the measured step is 1.1x the one on "
-            f"{baseline_link(results)}, read off the slowdown curve; {setup_words(first)}): "
+            "Knee (the cap at which the measured step is 1.1x the "
+            + ("unshaped one" if results.reference is None else f"one {than_baseline(results)}")
+            + f", read off the slowdown curve; {setup_words(first)}): "
             + "; ".join(_knee_words(r) for _, r in order.iterrows())
         )
         if "wire_tx_bytes_per_step_per_node" in group:
@@ -190,7 +191,12 @@ def link_findings(results: StudyResults) -> list[Finding]:
             if len(rate):
                 text += (
                     ". For comparison, the rate a node needs to send one step's bytes within "
-                    f"the step on {baseline_link(results)} (bytes rate): "
+                    + (
+                        "the unshaped step"
+                        if results.reference is None
+                        else f"the step {than_baseline(results)}"
+                    )
+                    + " (bytes rate): "
                     + ", ".join(f"{k} {v / 1e6:,.0f} Mbit/s" for k, v in rate.items())
                 )
         out.append(Finding(text + note + ".", SENSITIVITY, question="sensitivity"))

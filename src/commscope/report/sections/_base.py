@@ -87,6 +87,13 @@ def baseline_link(results: StudyResults) -> str:
     return reference.words if reference is not None else "the unshaped link"
 
 
+def than_baseline(results: StudyResults) -> str:
+    """The baseline after "as" or "than": ``"unshaped"`` (the words before the reference link
+    existed, kept), or ``"on the reference link (1 Gbit/s)"``."""
+    reference = results.reference
+    return "unshaped" if reference is None else f"on {reference.words}"
+
+
 def link_words(row: dict[str, Any]) -> str:
     """`` under a cap of 50 Mbit/s, delay 5ms`` from a row's link axes as the sweep wrote them
     (only those set): beside :func:`setting_label`, the other place the report words a link."""

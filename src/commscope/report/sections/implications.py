@@ -18,7 +18,7 @@ import pandas as pd
 from commscope.contracts import is_replay
 from commscope.metrics.study import CI_LEVEL, SETUP_AXES, link_number_columns, mean_ci
 from commscope.report.results import StudyResults
-from commscope.report.sections._base import Section, baseline_link, setting_label
+from commscope.report.sections._base import Section, setting_label, than_baseline
 from commscope.spec.link import LINK_NUMBER_COLUMNS
 from commscope.units import fmt_ms, fmt_ratio, fmt_slowdown
 
@@ -211,7 +211,7 @@ def implication_sentences(results: StudyResults) -> list[str]:
         more = f" and {len(worst) - 8} more (the sensitivity table)" if len(worst) > 8 else ""
         sentences.append(
             f"Avoid ({len(worst)} combination{'' if len(worst) == 1 else 's'} at least "
-            f"{AVOID_SLOWDOWN:g}× slower than on {baseline_link(results)}): {listed}{more}."
+            f"{AVOID_SLOWDOWN:g}× slower than {than_baseline(results)}): {listed}{more}."
         )
     return sentences
 

@@ -75,8 +75,11 @@ def sensitivity_table(
         shaped.assign(
             label=[setting_label(r) for r in shaped.to_dict("records")],
             _order=shaped["varied"].map(order),
-            # No cap first (with a reference link, the unshaped setting), then the highest.
-            _cap=-shaped["bw_bps"].fillna(float("inf")),
+            # Caps from the highest; with a reference link the unshaped setting (varied bw, no
+            # cap) before them. Uncapped combinations stay after the capped ones.
+            _cap=-shaped["bw_bps"].fillna(
+                shaped["varied"].map(lambda v: float("inf") if v == "bw" else 0.0)
+            ),
         )
         .sort_values(["_order", "_cap", *list(SHAPING.values())[1:]], kind="stable")
         .drop_duplicates("label")["label"]
