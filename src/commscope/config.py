@@ -501,7 +501,7 @@ class StudyEstimate:
         return (
             f"{self.cells} cells ({self.done} already done), {self.links} microbenchmark links "
             f"({self.links_done} done): about {total:.0f} min of cluster time left, from "
-            f"{basis}; analysis runs beside it"
+            f"{basis}; the analysis runs between cells (isolation), after that"
         )
 
 

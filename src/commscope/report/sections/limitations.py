@@ -11,7 +11,14 @@ from typing import Any
 import pandas as pd
 
 from commscope.contracts import is_replay
-from commscope.metrics.fidelity import DELAYER_WAIT_BOUND, RANK_WAIT_BOUND, STEAL_BOUND
+from commscope.metrics.fidelity import (
+    ACHIEVED_HIGH_BOUND,
+    ACHIEVED_LOW_BOUND,
+    DELAYER_WAIT_BOUND,
+    GAP_BOUND,
+    RANK_WAIT_BOUND,
+    STEAL_BOUND,
+)
 from commscope.report.results import StudyResults
 from commscope.report.sections._base import Section, setting_label
 from commscope.report.sections.implications import host_limited_mask
@@ -70,12 +77,23 @@ _SETTING = ("strategy", "model", "nodes", "ranks_per_node", "bw", "delay", "jitt
             "steps")  # fmt: skip
 
 
+def _ratio(value: Any) -> str:
+    return "n/a" if is_missing(value) else f"{float(value):.3f}"
+
+
 def _over(row: dict[str, Any]) -> str:
     """How far over which bound: ``"rank threads waited for a core 23 % of their runnable time
     (bound 10 %)"``."""
     parts = []
     for key in str(row.get("limited_by") or "").split(","):
-        if key in _LIMITS:
+        if key == "shaper":
+            parts.append(
+                f"a capped port delivered {_ratio(row.get('achieved_over_cap'))} of its cap while "
+                f"backlogged (bound {ACHIEVED_LOW_BOUND:g}-{ACHIEVED_HIGH_BOUND:g}) and sent "
+                f"nothing in {_pct(row.get('shaper_gap_share'))} of that time (bound "
+                f"{_pct(GAP_BOUND)})"
+            )
+        elif key in _LIMITS:
             column, bound, words = _LIMITS[key]
             parts.append(f"{words.format(_pct(row.get(column)))} (bound {_pct(bound)})")
     return "; ".join(parts) or "over a bound"
@@ -125,8 +143,9 @@ def limitation_sentences(results: StudyResults, config: dict[str, Any] | None = 
             f"{int(limited.sum())} {'was' if limited.sum() == 1 else 'were'} host-limited "
             "(listed below: rank threads waited for "
             f"a core more than {_pct(RANK_WAIT_BOUND)} of their runnable time, the packet "
-            f"delayer more than {_pct(DELAYER_WAIT_BOUND)}, or steal above "
-            f"{_pct(STEAL_BOUND)}) and no implication rests on them"
+            f"delayer more than {_pct(DELAYER_WAIT_BOUND)}, steal above "
+            f"{_pct(STEAL_BOUND)}, or a capped port did not deliver its cap while backlogged) "
+            "and no finding or implication rests on them"
             + (
                 f"; {int(over.sum())} had more runnable rank threads than the host has CPUs"
                 if over.any()
