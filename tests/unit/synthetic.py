@@ -83,6 +83,21 @@ def cell_id(params: dict[str, Any]) -> str:
     return "/".join(f"{k}~{v}" for k, v in params.items())
 
 
+def step_summary(*cells: tuple[dict[str, Any], float]) -> pd.DataFrame:
+    """Summary rows of (cell parameters, mean step time in s), as the aggregate has them."""
+    rows = [{"cell": cell_id(p), **p, "step_time_mean_s": t} for p, t in cells]
+    return pd.DataFrame(rows)
+
+
+def only_row(table: pd.DataFrame, **match: object) -> pd.Series:
+    """The one row of ``table`` whose columns equal ``match`` (asserts there is exactly one)."""
+    hit = table
+    for key, value in match.items():
+        hit = hit[hit[key] == value]
+    assert len(hit) == 1, match
+    return hit.iloc[0]
+
+
 def _add_params(df: pd.DataFrame, params: dict[str, Any]) -> pd.DataFrame:
     for k, v in params.items():
         df[k] = v

@@ -8,7 +8,9 @@ import math
 
 import pandas as pd
 import pytest
-from synthetic import cell_id, cell_params
+from synthetic import cell_params
+from synthetic import only_row as _row
+from synthetic import step_summary as _summary
 
 from commscope.metrics.study import knee_table, link_number_columns, slowdown_table, varied_axes
 from commscope.spec.link import ReferenceLink
@@ -16,19 +18,6 @@ from commscope.study import reference_link_problems
 
 approx = pytest.approx
 GBIT = ReferenceLink.from_config({"name": "1 Gbit/s", "bw": "1gbit"})
-
-
-def _summary(*cells: tuple[dict, float]) -> pd.DataFrame:
-    rows = [{"cell": cell_id(p), **p, "step_time_mean_s": t} for p, t in cells]
-    return pd.DataFrame(rows)
-
-
-def _row(table: pd.DataFrame, **match: object) -> pd.Series:
-    hit = table
-    for key, value in match.items():
-        hit = hit[hit[key] == value]
-    assert len(hit) == 1, match
-    return hit.iloc[0]
 
 
 def test_a_setting_is_divided_by_its_setup_on_the_reference_link() -> None:

@@ -7,25 +7,13 @@ import math
 
 import pandas as pd
 import pytest
-from synthetic import cell_id, cell_params
+from synthetic import cell_params
+from synthetic import only_row as _row
+from synthetic import step_summary as _summary
 
 from commscope.metrics.study import SLOWDOWN_COLUMNS, slowdown_table, t_quantile
 
 approx = pytest.approx
-
-
-def _summary(*cells: tuple[dict, float]) -> pd.DataFrame:
-    """Summary rows of (cell parameters, mean step time in s), as the aggregate has them."""
-    rows = [{"cell": cell_id(p), **p, "step_time_mean_s": t} for p, t in cells]
-    return pd.DataFrame(rows)
-
-
-def _row(table: pd.DataFrame, **match: object) -> pd.Series:
-    hit = table
-    for key, value in match.items():
-        hit = hit[hit[key] == value]
-    assert len(hit) == 1, match
-    return hit.iloc[0]
 
 
 def test_each_setting_is_divided_by_its_own_setups_unshaped_run() -> None:

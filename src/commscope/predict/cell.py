@@ -154,6 +154,20 @@ class CellLinks:
     ab_internode: AlphaBeta | None = None
     ab_intranode: AlphaBeta | None = None
 
+    def model_terms(
+        self,
+    ) -> tuple[float, float, None, AlphaBeta | None, AlphaBeta | None]:
+        """The link arguments of :func:`~commscope.predict.timing.op_times` and
+        :func:`~commscope.predict.timing.predict_step_time` after ``alpha_s``: the scalar
+        betas, no per-traffic betas, the per-op fits."""
+        return (
+            self.beta_internode,
+            self.beta_intranode,
+            None,
+            self.ab_internode,
+            self.ab_intranode,
+        )
+
 
 def cell_links(
     ops: pd.DataFrame,
@@ -225,11 +239,7 @@ def predict_timing(
         pred,
         rates,
         0.0,
-        links.beta_internode,
-        links.beta_intranode,
-        None,
-        links.ab_internode,
-        links.ab_intranode,
+        *links.model_terms(),
         backend,
         op_overhead_s=overhead,
         p2p_once=True,
@@ -298,16 +308,7 @@ def collective_overhead_s(
     last = last.drop_duplicates(["group_ranks", "seq", "step"])
     table = last[["op", "bytes", "group_ranks", "group_size", "rank", "peer"]].assign(traffic="")
     table.attrs["predict"] = {"ranks_per_node": cell.ranks_per_node, "backend": backend}
-    ab = op_times(
-        table,
-        0.0,
-        links.beta_internode,
-        links.beta_intranode,
-        None,
-        links.ab_internode,
-        links.ab_intranode,
-        backend,
-    )
+    ab = op_times(table, 0.0, *links.model_terms(), backend)
     dur = (last["t_end_ns"].astype("float64") - last["t_issue_ns"].astype("float64")) / 1e9
     return max(0.0, float((dur - ab).median()))
 
