@@ -480,6 +480,11 @@ MAX_CELLS = 5000
 # measured any: this machine's default study (session 7: median 7.6 s a cell, ~35 s a link).
 DEFAULT_CELL_S = 8.0
 DEFAULT_LINK_S = 35.0
+# Host seconds of each cell's analysis (parse, metrics, figure, export, prediction, status),
+# which runs between measurements, never beside one (issue 25, isolation): measured on this
+# 2-core machine's default study of 2026-11-27 (docs/measurements.md), wall time of the whole
+# study less its measurements, per cell.
+ANALYSIS_CELL_S = 16.0
 
 
 @dataclass(frozen=True)
@@ -494,14 +499,21 @@ class StudyEstimate:
     link_s: float  # and of the microbenchmark links still to run
     measured: bool  # the per-cell times come from an earlier run here, not the default
 
+    @property
+    def analysis_s(self) -> float:
+        """Host seconds of the analysis of the cells still to run (:data:`ANALYSIS_CELL_S`
+        each): it runs between measurements, so it adds to their time."""
+        return (self.cells - self.done) * ANALYSIS_CELL_S
+
     def describe(self) -> str:
         """One line for ``commscope check``."""
         basis = "this checkout's earlier run times" if self.measured else "default times"
-        total = (self.cell_s + self.link_s) / 60
+        cluster = (self.cell_s + self.link_s) / 60
         return (
             f"{self.cells} cells ({self.done} already done), {self.links} microbenchmark links "
-            f"({self.links_done} done): about {total:.0f} min of cluster time left, from "
-            f"{basis}; the analysis runs between cells (isolation), after that"
+            f"({self.links_done} done): about {cluster:.0f} min of cluster time left, from "
+            f"{basis}, and about {self.analysis_s / 60:.0f} min of analysis, which runs "
+            "between the measurements, never beside one"
         )
 
 

@@ -920,6 +920,7 @@ def test_the_estimate_counts_what_is_left_at_its_own_or_the_typical_time(
     assert estimate.cell_s == 30.0 + 20.0
     assert estimate.link_s == 2 * cfgmod.DEFAULT_LINK_S
     assert estimate.measured
+    assert estimate.analysis_s == 2 * cfgmod.ANALYSIS_CELL_S  # two cells left to analyse
     assert estimate.describe().startswith(
         "3 cells (1 already done), 2 microbenchmark links (0 done): about 2 min of cluster time "
         "left, from this checkout's earlier run times"
