@@ -91,3 +91,21 @@ def test_abstract_from_the_cells_and_config() -> None:
     assert "bandwidth caps of 20, 50 Mbit/s" in text
     assert "measured 4 steps after 2 warm-up steps" in text
     assert "1 cell replayed recorded traces" in text
+    # The monitor's verdict, counted (one cell of _summary is host-limited).
+    limited = int(_summary()["host_limited"].sum())
+    assert "watched 13 of 13 cells and found the host, not the network, set the step " in text
+    assert f"step time of {limited} (listed under Limitations)" in text
+    assert "Slowdowns are against" not in text  # no reference link configured
+
+
+def test_abstract_names_the_reference_link() -> None:
+    results = StudyResults(
+        tables={"summary": _summary()},
+        config={
+            "models": {"gpt-tiny": {"layers": 4, "hidden": 128}},
+            "run": {"warmup_steps": 2},
+            "reference_link": {"name": "1 Gbit/s", "bw": "1gbit"},
+        },
+    )
+    text = " ".join(abstract_sentences(results))
+    assert "Slowdowns are against the reference link (1 Gbit/s), a cap this host" in text

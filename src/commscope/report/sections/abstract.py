@@ -12,6 +12,7 @@ import pandas as pd
 from commscope.contracts import is_replay
 from commscope.metrics.study import link_number_columns
 from commscope.report.results import StudyResults
+from commscope.report.sections._base import baseline_link
 from commscope.spec.link import LINK_NUMBER_COLUMNS
 from commscope.units import fmt_count, is_missing
 
@@ -100,6 +101,20 @@ def abstract_sentences(results: StudyResults) -> list[str]:
         + (f", the link unshaped or with {_join(swept)}" if swept else ", on the unshaped link")
         + "."
     )
+    if results.reference is not None:
+        sentences.append(
+            f"Slowdowns are against {baseline_link(results)}, a cap this host carries "
+            "faithfully; the unshaped link, a veth at memory-copy speed, is no network and is "
+            "one setting among the others."
+        )
+    if "host_limited" in summary and "monitored" in summary:
+        watched = summary["monitored"].fillna(False).astype(bool)
+        limited = summary["host_limited"].fillna(False).astype(bool) & watched
+        sentences.append(
+            f"A fidelity monitor watched {int(watched.sum())} of {len(summary)} cells and found "
+            f"the host, not the network, set the step time of {int(limited.sum())} (listed "
+            "under Limitations); no finding rests on them."
+        )
     setting = ("strategy", "model", "nodes", "ranks_per_node", "cc", "steps")
     keys = [*(c for c in setting if c in summary), *LINK_NUMBER_COLUMNS]
     with_numbers = summary.assign(**{c: numbers[c] for c in LINK_NUMBER_COLUMNS})
