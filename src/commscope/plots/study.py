@@ -33,6 +33,9 @@ from commscope.plots.matrices import plot_comm_matrices
 from commscope.spec.link import SHAPING, impaired, link_label
 from commscope.units import bytes_tick
 
+# How far beyond the slowdown means the sensitivity figure's axis reaches (a factor).
+CI_REACH = 4.0
+
 
 def plot_study(tables: Mapping[str, Path], figures: Mapping[str, Path]) -> list[Path]:
     """Draw the cross-cell figures from the aggregated tables; return their paths.
@@ -428,10 +431,18 @@ def slowdown_figure(slowdown: pd.DataFrame, palette: Mapping[str, tuple] | None 
         ax.set_xticks([*ticks, unshaped_x], [*(f"{t:g}" for t in ticks), unshaped_label])
         ax.xaxis.set_minor_formatter(FuncFormatter(lambda *_: ""))
         ax.axvline(math.sqrt(edge * unshaped_x), color="0.7", ls=":", lw=0.8)
+        # An interval from two runs (t with one degree of freedom: 12.7) can span four decades
+        # and squash every mean into a line: the axis shows at most CI_REACH beyond the means,
+        # and a longer bar runs off it.
+        means = rows["slowdown_mean"].dropna()
         top = float(rows[["slowdown_mean", "slowdown_ci_high"]].max().max())
         bottom = float(rows[["slowdown_mean", "slowdown_ci_low"]].min().min())
+        if len(means) and means.min() > 0:
+            top = min(top, float(means.max()) * CI_REACH)
+            bottom = max(bottom, float(means.min()) / CI_REACH)
         if bottom > 0 and top / bottom > 10:
             ax.set_yscale("log")
+            ax.set_ylim(bottom / 1.15, top * 1.15)
             ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
             ax.yaxis.set_minor_formatter(FuncFormatter(lambda *_: ""))
         else:
