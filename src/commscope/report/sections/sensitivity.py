@@ -38,7 +38,7 @@ def sensitivity_intro(results: StudyResults) -> str:
     if reference is None:
         return SENSITIVITY_INTRO
     return SENSITIVITY_INTRO.replace(
-        "unshaped link: no cap, no delay, no jitter, no loss.",
+        "the unshaped link: no cap, no delay, no jitter, no loss.",
         f"{reference.words}, a link this host carries faithfully. The unshaped link (no "
         "cap: a veth at memory-copy speed, no network) is a setting like the others, "
         "faster than the reference (a slowdown under 1).",
