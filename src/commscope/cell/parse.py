@@ -147,7 +147,10 @@ def _sampled(
     return to_orchestrator_clock(table, ("t_ns",), clock)
 
 
-def _clock(run_meta: dict[str, Any], node_index: dict[str, int]) -> dict[str, Any] | None:
+def node_clock(run_meta: dict[str, Any], node_index: dict[str, int]) -> dict[str, Any] | None:
+    """run.json's clock offsets (``clock``) with ``by_index``: each node's offset by its
+    index (``node_index``: name -> index), as :func:`to_orchestrator_clock` takes them; None
+    without a clock record."""
     clock = run_meta.get("clock")
     if clock:
         clock = {**clock, "by_index": {node_index[n]: v for n, v in clock["nodes"].items()}}
@@ -335,7 +338,7 @@ def build_cell_tables(
         path.parent.mkdir(parents=True, exist_ok=True)
     run_meta = json.loads((raw_dir / RUN_FILE).read_text())
     node_index = {n["name"]: int(n["index"]) for n in run_meta["nodes"]}
-    clock = _clock(run_meta, node_index)
+    clock = node_clock(run_meta, node_index)
     wire = _wire_tables(raw_dir, run_meta["nodes"], clock, LinkShape(**run_meta["shape"]).rate_bps)
     sample_hz = float(run_meta.get("captures", {}).get("sample_hz") or 0)
     tables = {

@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from commscope.cell.load import CellTraces, read_optional
-from commscope.cell.parse import to_orchestrator_clock
+from commscope.cell.parse import node_clock, to_orchestrator_clock
 from commscope.cell.wire import snap
 from commscope.cluster.shaping import ETH_HEADER_BYTES, tbf_burst_bytes
 from commscope.collectives.moe import alltoall_splits_from_routing
@@ -494,9 +494,7 @@ def read_shaper_table(
             egress.append(bins.assign(node=node))
     if not egress:
         return None
-    clock = run.get("clock")
-    if clock:
-        clock = {**clock, "by_index": {index[n]: v for n, v in clock.get("nodes", {}).items()}}
+    clock = node_clock(run, index)
     offered = to_orchestrator_clock(pd.concat(egress, ignore_index=True), ("t_ns",), clock)
     offered = offered.assign(t_ns=snap(offered["t_ns"], bin_ns))
     delivered = pd.read_parquet(
