@@ -189,12 +189,19 @@ class Launcher:
         return host.name, res.exited
 
 
+# Free space under which a failed node's workdir is reported as the likely cause.
+DISK_LOW_KB = 1024
+
+
 def _failure_tail(host: Host, rdir: str) -> str:
     """The end of a failed node's logs: the ranks' own lines first (rank{R}.log under the warm
     launcher, "[rankN]: ..." lines of torchrun's log), then the launcher's."""
-    # The ranks' lines say why; the launcher's after them only says that a rank failed.
+    # The ranks' lines say why; the launcher's after them only says that a rank failed. A full
+    # disk comes first: it can leave the ranks' logs empty, so nothing else would say it.
     return host.run(
-        f'cd {shlex.quote(rdir)} && for f in rank*.log; do test -e "$f" && '
+        f"cd {shlex.quote(rdir)} && df -Pk . | awk 'NR == 2 && $4 < {DISK_LOW_KB} "
+        f'{{ print "No space left on device: " $6 " has " $4 " KB free, in the cell workdir" }}\'; '
+        f'for f in rank*.log; do test -e "$f" && '
         f'{{ echo "== $f"; tail -n 20 "$f"; }}; done; '
         f"grep -E '^\\[rank[0-9]+\\]:' {LAUNCH_LOG} | tail -n 40; echo ---; "
         f"tail -n 10 {LAUNCH_LOG}",

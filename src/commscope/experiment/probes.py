@@ -59,6 +59,8 @@ HOSTSTAT_MODULE = "commscope.node.hoststat"
 # CPUs), at ~1 ms of CPU per sample and node.
 HOSTSTAT_HZ = 2.0
 ENABLE_HOST_STATS = True
+# How long a cell's stop waits for its node tools to write their outputs and exit.
+STOP_WAIT_S = 20
 WIRE_MODULE = "commscope.node.wire"
 # Where a node keeps the BPF object shipped to it, in the cell's run directory.
 WIRE_OBJECT = "wire.bpf.o"
@@ -412,13 +414,18 @@ class NodeTools:
         outputs = [o for o in (t.output(rdir) for t in self.tools) if o is not None]
         patterns = [t.pattern() for t in self.tools]
         waits = " && ".join(f"test -e {quote(o)}" for o in outputs)
-        # Signal, then wait (up to 20 s) for the atomically renamed outputs and for the last
-        # tool (tcpdump when capturing) to flush and exit.
+        running = " || ".join(f"pgrep -f {pat} >/dev/null" for pat in patterns)
+        # Signal, then wait until every tool has exited (each renames its output into place
+        # before it exits), for at most STOP_WAIT_S by the clock: a count of 1,000 polls had
+        # no bound in time, and a tool dead without its output (a full disk) kept it polling.
         after = "".join(t.after_stop(rdir) for t in self.tools)
+        term = "; ".join(f"pkill -TERM -f {pat}" for pat in patterns)
+        # One that has not exited by then never will: nothing may outlive the cell.
+        kill = "; ".join(f"pkill -KILL -f {pat}" for pat in patterns)
         return (
-            "; ".join(f"pkill -TERM -f {pat}" for pat in patterns) + "; "
-            f"for i in $(seq 1000); do {waits} && ! pgrep -f {patterns[-1]} >/dev/null "
-            f"&& break; sleep 0.02; done; {waits} || echo 'sampler output missing' >&2{after}"
+            f"{term}; end=$(( $(date +%s) + {STOP_WAIT_S} )); "
+            f"while {{ {running}; }} && [ $(date +%s) -lt $end ]; do sleep 0.05; done; "
+            f"{kill}; {waits} || echo 'sampler output missing' >&2{after}"
         )
 
 
