@@ -21,9 +21,10 @@ from __future__ import annotations
 import shlex
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from commscope.cluster.hosts import Host
+if TYPE_CHECKING:  # paramiko (~0.2 s) stays out of the analysis jobs that only map clocks
+    from commscope.cluster.hosts import Host
 
 # Answers each line on stdin with the node's clock; exits at EOF.
 _ECHO = (

@@ -13,7 +13,6 @@ from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from commscope.collectives.ring import bench_wire_bytes
 from commscope.contracts import is_replay
@@ -170,6 +169,10 @@ def t_quantile(df: int, level: float = CI_LEVEL) -> float:
     degrees of freedom (df 1: 12.71, 4: 2.78, 30: 2.04 at 95 %), from SciPy."""
     if df < 1 or not 0 < level < 1:
         raise ValueError(f"t_quantile needs df >= 1 and 0 < level < 1, got df={df}, {level=}")
+    # Imported here: scipy.stats takes ~0.7 s to import, and every per-cell job imports this
+    # package (its metrics, prediction) without needing an interval.
+    from scipy import stats
+
     return float(stats.t.ppf((1 + level) / 2, df))
 
 
