@@ -9,11 +9,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 from synthetic import cell_id, cell_params
 
 from commscope.metrics.study import slowdown_table, step_time_over_repeats
 from commscope.plots.study import cap_series, plot_slowdown, slowdown_figure
 from commscope.report import StudyResults, render_report
+from commscope.report.render import _figure_entries
+from commscope.report.sections._base import baseline_link
 from commscope.report.sections.overview import cells_rows, link_engine_text
 from commscope.report.sections.sensitivity import sensitivity_sentences, sensitivity_table
 from commscope.spec.link import axes_shape
@@ -247,6 +250,9 @@ def test_report_has_the_sensitivity_section(
     # The figure sits in this section (with its caption), not among the other figures.
     assert section.count('<img src="data:image/png;base64,') == 1
     assert "<b>Slowdown on a shaped link.</b>" in section
+    # Its caption names the baseline the results hold (no reference link here).
+    assert "time over that of the same setup on the unshaped link, against" in section
+    assert "{baseline}" not in html
     assert html.count('<img src="data:image/png;base64,') == 1
     # The table, every number from the slowdown table.
     settings = ("cap 50 Mbit/s", "delay 5 ms", "delay 20 ms", "loss 1 %")
@@ -261,3 +267,14 @@ def test_report_has_the_sensitivity_section(
     assert "<th>link engine</th>" in html
     # (A long value may wrap anywhere: its cell is marked so.)
     assert '<td class="long">nfqueue (late 52 µs, p99 1.4 ms)</td>' in html
+
+
+def test_the_slowdown_caption_names_the_reference_link(tmp_path: Path) -> None:
+    """With a reference link the caption says the slowdowns are against it, not "unshaped"."""
+    png = tmp_path / "slowdown.png"
+    png.write_bytes(b"\x89PNG")
+    results = StudyResults({}, config={"reference_link": {"name": "1 Gbit/s", "bw": "1gbit"}})
+    captions = yaml.safe_load(CAPTIONS.read_text())
+    entry = _figure_entries([png], captions, {"baseline": baseline_link(results)})[0]
+    assert "same setup on the reference link (1 Gbit/s), against the bandwidth" in entry["caption"]
+    assert "no slower than on the reference link (1 Gbit/s)" in entry["caption"]

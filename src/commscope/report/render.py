@@ -123,15 +123,18 @@ def _cell_text(value: Any) -> str:
     return str(value)
 
 
-def _figure_entries(study_figures: Sequence[Path], captions: dict) -> list[dict[str, str]]:
-    """Title, caption (by the figure's file stem) and data URI of each study figure."""
+def _figure_entries(
+    study_figures: Sequence[Path], captions: dict, words: dict[str, str] | None = None
+) -> list[dict[str, str]]:
+    """Title, caption (by the figure's file stem) and data URI of each study figure; a caption's
+    ``{name}`` fields are filled from ``words`` (``baseline``: the link slowdowns are against)."""
     figures = []
     for png in study_figures:
         meta = captions.get(Path(png).stem, {})
         figures.append(
             {
                 "title": meta.get("title", Path(png).stem.replace("_", " ")),
-                "caption": meta.get("caption", ""),
+                "caption": meta.get("caption", "").format(**(words or {})),
                 "uri": _data_uri(png),
             }
         )
@@ -274,7 +277,7 @@ def render_report(
     cells_header, cell_rows = _frame_rows(overview.RUN.build(results))
     strategy_header, strat_rows = _frame_rows(overview.STRATEGIES.build(results))
     study_figures = results.study_figures
-    figures = _figure_entries(study_figures, caption_map)
+    figures = _figure_entries(study_figures, caption_map, {"baseline": baseline_link(results)})
     stems = [Path(png).stem for png in study_figures]
     slowdown_figure = (
         figures.pop(stems.index(SLOWDOWN_FIGURE)) if SLOWDOWN_FIGURE in stems else None
