@@ -10,10 +10,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
 
+from commscope.experiment import probes
+from commscope.experiment.launch import tag_pattern
 from commscope.node.sampler import COLUMNS, native_binary, read_counters, sample, sample_native
 
 
@@ -171,3 +174,53 @@ def test_cli_native_and_python_write_the_same_schema(tmp_path: Path) -> None:
         frames[impl] = pd.read_parquet(d / "counters.parquet")
     assert frames["c"].dtypes.to_dict() == frames["python"].dtypes.to_dict()
     assert list(frames["c"].columns) == list(frames["python"].columns)
+
+
+# ─────────────────────────────────────────────────────────── stopping a cell's node tools
+
+
+class _Stubborn:
+    """A node tool that ignores SIGTERM and never writes its output (one that a full disk
+    stopped half way): what the cell's stop must not wait on for longer than its bound."""
+
+    def __init__(self, tag: str, out: Path) -> None:
+        self.tag, self.out = tag, out
+
+    def pattern(self) -> str:
+        # Not "sleep": the stop script's own command line holds "sleep ... <tag>", and pkill
+        # would end the script itself.
+        return tag_pattern(f"stubborn-tool.*{self.tag}")
+
+    def output(self, rdir: str) -> str | None:
+        return str(self.out)
+
+    def after_stop(self, rdir: str) -> str:
+        return ""
+
+
+def test_the_stop_waits_by_the_clock_then_kills(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stop script signals, waits at most STOP_WAIT_S for the tools to exit, then kills
+    what is left and says that the output is missing; it does not poll on until a count."""
+    monkeypatch.setattr(probes, "STOP_WAIT_S", 2)
+    tag = f"commscope-stop-{os.getpid()}"
+    stubborn = subprocess.Popen(
+        ["bash", "-c", f"trap '' TERM; exec -a stubborn-tool-{tag} sleep 600"],
+        start_new_session=True,
+    )
+    try:
+        time.sleep(0.3)
+        tools = probes.NodeTools([_Stubborn(tag, tmp_path / "never")], {"node0": str(tmp_path)})
+        host = SimpleNamespace(name="node0")
+        start = time.monotonic()
+        done = subprocess.run(
+            ["bash", "-c", tools.stop_script(host)], capture_output=True, text=True, timeout=60
+        )
+        took = time.monotonic() - start
+        assert stubborn.wait(timeout=10) == -signal.SIGKILL
+        assert 1.0 < took < 10, took
+        assert "sampler output missing" in done.stderr
+    finally:
+        if stubborn.poll() is None:
+            stubborn.kill()

@@ -235,8 +235,14 @@ def test_the_node_tools_start_and_stop(node: Node) -> None:
         if out:
             Path(out).write_text("")
     node.host.run(tools.stop_script(node.host))
-    # Each tool's pattern reached pkill as the one word its shell-quoted form stands for.
-    assert node.calls("pkill") == [["-TERM", "-f", *shlex.split(t.pattern())] for t in tools.tools]
+    # Each tool's pattern reached pkill (TERM, then KILL for any still running after the wait)
+    # and pgrep as the one word its shell-quoted form stands for.
+    patterns = [shlex.split(t.pattern()) for t in tools.tools]
+    assert node.calls("pkill") == [
+        *(["-TERM", "-f", *p] for p in patterns),
+        *(["-KILL", "-f", *p] for p in patterns),
+    ]
+    assert ["-f", *patterns[0]] in node.calls("pgrep")
     assert node.calls("gzip") == [["-1", "-f", f"{rdir}/{tag}.pcap"]]
     node.assert_nothing_injected()
 
