@@ -182,6 +182,11 @@ def test_a_cell_whose_state_exceeds_the_shared_memory_is_refused(
 ) -> None:
     cfg = copy.deepcopy(default)
     cfg["models"]["gpt-tiny"].update(hidden=4096, heads=8)  # 0.81e9 parameters, 13 GB a copy
+    # The 4-node block of config/full.yaml (the default study trains 2 ranks at most).
+    cfg["sweep"].append(
+        {"strategy": ["ddp", "fsdp", "tp", "pp"], "model": ["gpt-tiny"], "nodes": [4],
+         "ranks_per_node": [1], "bw": ["1gbit"], "steps": [6]}
+    )  # fmt: skip
     message = _problems(cfg, memory_bytes=32 * 10**9)
     # DDP on 4 nodes holds 4 copies; FSDP, TP and PP one, which fits.
     assert "models.gpt-tiny: 8.1e+08 parameters do not fit " in message
