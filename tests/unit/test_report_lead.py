@@ -72,6 +72,21 @@ def test_limitations_name_the_host_limited_cells() -> None:
     assert "on a GPU" in text and "one software switch" in text
 
 
+def test_a_study_without_host_limited_cells_says_none() -> None:
+    """With every cell green, the abstract and the limitations say "none", not "of 0"."""
+    green = _summary().assign(host_limited=False, limited_by="", oversubscribed=False)
+    results = StudyResults(
+        tables={"summary": green},
+        config={"models": {"gpt-tiny": {"layers": 4, "hidden": 128}}, "run": {"warmup_steps": 2}},
+    )
+    text = " ".join(abstract_sentences(results))
+    assert "watched 13 of 13 cells and found none whose step time the host, not the " in text
+    assert "step time of 0" not in text
+    text = " ".join(limitations.limitation_sentences(StudyResults.of(summary=green)))
+    assert "watched 13 of 13 cells; none was host-limited (none where rank threads waited " in text
+    assert "0 were" not in text and "listed below" not in text
+
+
 def test_limitations_without_the_monitor_say_so() -> None:
     old = _summary().drop(columns=["monitored", "host_limited", "limited_by"])
     text = " ".join(limitations.limitation_sentences(StudyResults.of(summary=old)))

@@ -110,10 +110,13 @@ def abstract_sentences(results: StudyResults) -> list[str]:
     if "host_limited" in summary and "monitored" in summary:
         watched = summary["monitored"].fillna(False).astype(bool)
         limited = summary["host_limited"].fillna(False).astype(bool) & watched
+        head = f"A fidelity monitor watched {int(watched.sum())} of {len(summary)} cells and found "
         sentences.append(
-            f"A fidelity monitor watched {int(watched.sum())} of {len(summary)} cells and found "
-            f"the host, not the network, set the step time of {int(limited.sum())} (listed "
+            head + f"the host, not the network, set the step time of {int(limited.sum())} (listed "
             "under Limitations); no finding rests on them."
+            if limited.any()
+            else head + "none whose step time the host, not the network, set (its bounds are "
+            "under Limitations)."
         )
     setting = ("strategy", "model", "nodes", "ranks_per_node", "cc", "steps")
     keys = [*(c for c in setting if c in summary), *LINK_NUMBER_COLUMNS]

@@ -138,14 +138,20 @@ def limitation_sentences(results: StudyResults, config: dict[str, Any] | None = 
         watched = summary["monitored"].fillna(False).astype(bool)
         over = summary.get("oversubscribed", pd.Series(False, index=summary.index))
         over = over.fillna(False).astype(bool)
-        sentences.append(
-            f"The fidelity monitor watched {int(watched.sum())} of {n} cells; "
-            f"{int(limited.sum())} {'was' if limited.sum() == 1 else 'were'} host-limited "
-            "(listed below: rank threads waited for "
+        bounds = (
             f"a core more than {_pct(RANK_WAIT_BOUND)} of their runnable time, the packet "
             f"delayer more than {_pct(DELAYER_WAIT_BOUND)}, steal above "
-            f"{_pct(STEAL_BOUND)}, or a capped port did not deliver its cap while backlogged) "
-            "and no finding or implication rests on them"
+            f"{_pct(STEAL_BOUND)}, or a capped port did not deliver its cap while backlogged"
+        )
+        verdict = (
+            f"{int(limited.sum())} {'was' if limited.sum() == 1 else 'were'} host-limited "
+            f"(listed below: rank threads waited for {bounds}) and no finding or implication "
+            "rests on them"
+            if limited.any()
+            else f"none was host-limited (none where rank threads waited for {bounds})"
+        )
+        sentences.append(
+            f"The fidelity monitor watched {int(watched.sum())} of {n} cells; {verdict}"
             + (
                 f"; {int(over.sum())} had more runnable rank threads than the host has CPUs"
                 if over.any()
