@@ -378,10 +378,9 @@ def node_tools(
         tools.append(counter_sampler(int(run.sample_hz), limit, tag))
     if run.socket_hz > 0:
         tools.append(socket_stats(run.socket_hz, limit, tag))
-    # The host statistics (the fidelity monitor, docs/fidelity.md) stay off for now: beside the
-    # BPF wire accounting they made its ring overrun (tests/integration/test_runner.py, 6,354
-    # bins lost on an idle host; none without them), cause not yet found. Cells record no
-    # host.parquet and come out "not monitored".
+    # The host statistics (the fidelity monitor, docs/fidelity.md), on in every cell. They once
+    # made the BPF wire accounting's ring overrun: the wire tool imported pandas after attaching,
+    # beside the monitor's own import; it imports before attaching now.
     if ENABLE_HOST_STATS:
         tools.append(host_stats(limit, tag))
     if capture_packets(run, wire):
@@ -416,8 +415,9 @@ class NodeTools:
         waits = " && ".join(f"test -e {quote(o)}" for o in outputs)
         running = " || ".join(f"pgrep -f {pat} >/dev/null" for pat in patterns)
         # Signal, then wait until every tool has exited (each renames its output into place
-        # before it exits), for at most STOP_WAIT_S by the clock: a count of 1,000 polls had
-        # no bound in time, and a tool dead without its output (a full disk) kept it polling.
+        # before it exits), for at most STOP_WAIT_S by the clock, not by a count of polls: on a
+        # loaded host each poll is slow, and a tool that died without its output (a full disk)
+        # never makes it appear.
         after = "".join(t.after_stop(rdir) for t in self.tools)
         term = "; ".join(f"pkill -TERM -f {pat}" for pat in patterns)
         # One that has not exited by then never will: nothing may outlive the cell.
