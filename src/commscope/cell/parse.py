@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from commscope.cell.pcap import read_pcap, wire_flows
 from commscope.cell.wire import counters_from_bins, flows_from_bins, snap_bins
@@ -120,11 +122,16 @@ def _nccl_ops(raw_dir: Path, ranks: list[dict[str, Any]]) -> pd.DataFrame:
     return ops
 
 
+_NULLABLE_UINT64 = {pa.uint64(): pd.UInt64Dtype()}
+
+
 def _per_node(raw_dir: Path, name: str, node_index: dict[str, int]) -> list[pd.DataFrame]:
     """Every node's ``name`` table with its node index as the first column."""
     frames = []
     for path in sorted(raw_dir.glob(f"*/{name}")):
-        frame = pd.read_parquet(path)
+        # Unsigned counters (the socket statistics' tcp_info) as nullable UInt64 whether or not
+        # the writer stored pandas' metadata: the node programs write with pyarrow alone.
+        frame = pq.read_table(path).to_pandas(types_mapper=_NULLABLE_UINT64.get)
         frame.insert(0, "node", node_index[path.parent.name])
         frames.append(frame)
     return frames

@@ -30,7 +30,7 @@ import sys
 import time
 
 from commscope.contracts import HOST_SAMPLE_COLUMNS, HOSTSTAT_READY
-from commscope.node.periodic import sampler_parser, stop_on_signals, write_table
+from commscope.node.periodic import rows_table, sampler_parser, stop_on_signals, write_table
 
 # What a process's command line says it is: a rank (forked by the warm launcher's server, or a
 # module of the workload started by torchrun) or the NFQUEUE delayer; anything else is not
@@ -206,11 +206,13 @@ def main() -> None:
     parser.add_argument("--node", default="")
     args = parser.parse_args()
     stop = stop_on_signals()
-    import pandas as pd  # now, not at SIGTERM: the cell waits for the output
+    import pyarrow as pa  # now, not at SIGTERM: the cell waits for the output
+    import pyarrow.parquet  # noqa: F401
 
+    schema = pa.schema([(name, pa.int64()) for name in HOST_SAMPLE_COLUMNS])
     print(f"{HOSTSTAT_READY} at {args.hz} Hz", file=sys.stderr, flush=True)
     rows = sample(args.hz, args.max_seconds, stop)
-    write_table(pd.DataFrame(rows, columns=HOST_SAMPLE_COLUMNS).astype("int64"), args.out)
+    write_table(rows_table(rows, schema), args.out)
 
 
 if __name__ == "__main__":

@@ -17,12 +17,13 @@ import ipaddress
 import socket
 import sys
 import time
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from commscope.contracts import SOCKET_SAMPLE_COLUMNS, SOCKSTATS_READY
-from commscope.node.periodic import sampler_parser, stop_on_signals, write_table
+from commscope.node.periodic import rows_table, sampler_parser, stop_on_signals, write_table
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 # Columns and the tcp_info field they come from; units as the kernel reports them.
 TCP_INFO_FIELDS: dict[str, str] = {
@@ -71,7 +72,18 @@ def socket_rows(messages: list[Any], addr: str, t_ns: int) -> list[tuple]:
     return rows
 
 
-def sample(addr: str, hz: float, max_seconds: float, stop: list[bool]) -> pd.DataFrame:
+def schema() -> pa.Schema:
+    """The table's columns (COLUMNS) and types: kernel counters are unsigned 32/64-bit, kept as
+    uint64 with nulls where a kernel lacks the field, never floats (the orchestrator reads them
+    as pandas' nullable UInt64)."""
+    import pyarrow as pa
+
+    conn = {"t_ns": pa.int64(), "src": pa.string(), "sport": pa.int64()}
+    conn |= {"dst": pa.string(), "dport": pa.int64()}
+    return pa.schema([(name, conn.get(name, pa.uint64())) for name in COLUMNS])
+
+
+def sample(addr: str, hz: float, max_seconds: float, stop: list[bool]) -> pa.Table:
     """Query established TCP sockets at ``hz`` until ``stop[0]`` or ``max_seconds``."""
     from pyroute2 import DiagSocket
 
@@ -93,11 +105,7 @@ def sample(addr: str, hz: float, max_seconds: float, stop: list[bool]) -> pd.Dat
                 break
             deadline = max(deadline + period_ns, now)
             time.sleep(max(0.0, (deadline - time.time_ns()) / 1e9))
-    frame = pd.DataFrame(rows, columns=COLUMNS)
-    # Kernel counters are unsigned 32/64-bit; keep them as nullable ints, never floats.
-    for col in TCP_INFO_FIELDS:
-        frame[col] = frame[col].astype("UInt64")
-    return frame
+    return rows_table(rows, schema())
 
 
 def main() -> None:

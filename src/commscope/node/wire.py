@@ -49,7 +49,7 @@ from commscope.node.sampler import interface_fields
 
 if TYPE_CHECKING:
     import numpy as np
-    import pandas as pd
+    import pyarrow as pa
 
 SOURCE = Path(__file__).with_name("wire.bpf.c")
 HOOKS = ("ingress", "egress")
@@ -407,7 +407,7 @@ def run(
     # drained at least once a lap, and on two cores busy with the other tools' own imports this
     # import alone once took more than the lap (RING_SECONDS), so the first drain counted
     # thousands of overrun bins.
-    import pandas  # noqa: F401
+    import pyarrow.compute  # noqa: F401
     import pyarrow.parquet  # noqa: F401
 
     # Before attaching: the first packets counted fall in this bin or a later one. The
@@ -467,43 +467,51 @@ def run(
         "overruns": {r.hook: r.overruns for r in rings},
         "created_clsact": created,
     }
-    frame = _frame(rings, peers, bin_ns, offset_start)
+    table = _table(rings, peers, bin_ns, offset_start)
+    egress = table.column("hook").to_numpy(zero_copy_only=False) == "egress"
     meta["totals"] = {
-        hook: {k: int(frame.loc[frame["hook"] == hook, k].sum()) for k in ("bytes", "packets")}
+        hook: {
+            k: int(table.column(k).to_numpy()[egress if hook == "egress" else ~egress].sum())
+            for k in ("bytes", "packets")
+        }
         for hook in HOOKS
     }
-    _write(frame, out, meta, meta_out)
+    _write(table, out, meta, meta_out)
     return meta
 
 
-def _frame(rings: list[Ring], peers: Sequence[str], bin_ns: int, offset_ns: int) -> pd.DataFrame:
-    """One row per non-empty (bin, hook, peer): the tidy node table (WIRE_BIN_COLUMNS)."""
+def _table(rings: list[Ring], peers: Sequence[str], bin_ns: int, offset_ns: int) -> pa.Table:
+    """One row per non-empty (bin, hook, peer), ordered by time, hook and peer: the tidy node
+    table (WIRE_BIN_COLUMNS); pyarrow, not pandas (:func:`commscope.node.periodic.write_table`)."""
     import numpy as np
-    import pandas as pd
+    import pyarrow as pa
 
     names = np.array(["", *peers], dtype=object)
     parts = []
     for ring in rings:
         t = ring.table()
         parts.append(
-            pd.DataFrame(
+            pa.table(
                 {
                     "t_ns": t[:, 0].astype(np.int64) * bin_ns + offset_ns,
-                    "hook": ring.hook,
-                    "peer": names[t[:, 1].astype(np.int64)],
+                    "hook": pa.array([ring.hook] * len(t), type=pa.string()),
+                    "peer": pa.array(names[t[:, 1].astype(np.int64)], type=pa.string()),
                     "bytes": t[:, 2].astype(np.int64),
                     "packets": t[:, 3].astype(np.int64),
                     "skbs": t[:, 4].astype(np.int64),
                 }
             )
         )
-    frame = pd.concat(parts, ignore_index=True)
-    return frame.sort_values(["t_ns", "hook", "peer"], kind="stable", ignore_index=True)
+    table = pa.concat_tables(parts)
+    # Arrow's sort is stable, as the pandas one it replaces was.
+    return table.sort_by([("t_ns", "ascending"), ("hook", "ascending"), ("peer", "ascending")])
 
 
-def _write(frame: pd.DataFrame, out: Path, meta: dict[str, Any], meta_out: Path) -> None:
+def _write(table: pa.Table, out: Path, meta: dict[str, Any], meta_out: Path) -> None:
+    import pyarrow.parquet as pq
+
     tmp = out.with_name(out.name + ".tmp")
-    frame.to_parquet(tmp, index=False)
+    pq.write_table(table, tmp)
     tmp_meta = meta_out.with_name(meta_out.name + ".tmp")
     tmp_meta.write_text(json.dumps(meta, indent=2))
     tmp_meta.rename(meta_out)
