@@ -15,9 +15,8 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 import yaml
 
 from commscope.contracts import REPLAY_STRATEGY, SWEEP_AXES, is_replay
@@ -27,6 +26,11 @@ from commscope.spec.plan import BUILTIN_STRATEGIES, ParallelPlan, mapping_proble
 from commscope.spec.schema_errors import MAX_PROBLEMS, SchemaProblem, schema_problems
 from commscope.spec.settings import ClusterSettings, subnet_problem
 from commscope.units import fmt_bytes
+
+if TYPE_CHECKING:
+    # pandas is imported where a study's cells are tabulated, not with this module: every node
+    # program and cell job imports it (cell_id, the schema), and pandas costs them 0.6 s each.
+    import pandas as pd
 
 __all__ = [
     "AXIS_DEFAULTS",
@@ -202,6 +206,8 @@ def sweep_blocks(config: dict[str, Any]) -> list[dict[str, Any]]:
 
 def cells_frame(config: dict[str, Any]) -> pd.DataFrame:
     """All sweep cells: the union of each block's cartesian product, axes in a fixed order."""
+    import pandas as pd
+
     frames = []
     for i, block in enumerate(sweep_blocks(config)):
         axes = [block.get(axis, AXIS_DEFAULTS.get(axis)) for axis in SWEEP_AXES]
@@ -409,6 +415,8 @@ def _replay_problems(config: dict[str, Any], cells: pd.DataFrame) -> list[str]:
     placements that do not fit the cells that run them, and a strategy that takes the
     reserved name. The trace's own checks (its ranks against the placement, ops the backend
     cannot run, memory) run when each cell's program is built, before the cell runs."""
+    import pandas as pd
+
     problems = []
     replays = config.get("replays") or {}
     if REPLAY_STRATEGY in (config.get("strategies") or {}):
@@ -537,6 +545,8 @@ def estimate_study(cells: pd.DataFrame, links: list[str], results: Path) -> Stud
     done when its ``runs/<cell>/raw/run.json`` exists, a link when its ``fit.parquet`` does),
     and their cluster time: each one's own earlier time from ``benchmarks/`` where recorded,
     else the median of those recorded, else :data:`DEFAULT_CELL_S` / :data:`DEFAULT_LINK_S`."""
+    import pandas as pd
+
     records = cells.to_dict("records")
     ids = [cell_id(row) for row in records]
     # Each cell's own rule's benchmark (run_cell, or run_replay_cell for a replay cell).

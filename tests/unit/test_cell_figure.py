@@ -141,3 +141,16 @@ def test_an_empty_table_gives_a_no_data_figure(tmp_path: Path, empty: str) -> No
     table = pd.read_parquet(metrics / f"{empty}.parquet")
     table.iloc[0:0].to_parquet(metrics / f"{empty}.parquet")
     assert _plot(metrics, tmp_path / "none.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_the_frozen_look_is_seaborns() -> None:
+    """The figures' style and colour-blind palette are seaborn's, written out so a cell's figure
+    job need not import seaborn (commscope.plots._style): they must stay what seaborn gives."""
+    import seaborn as sns
+
+    from commscope.plots._style import COLORBLIND, SEABORN_STYLE
+
+    style = {**sns.axes_style("whitegrid"), **sns.plotting_context("notebook", 0.9)}
+    style.pop("image.cmap")  # seaborn's own colormap: every heatmap here names its colormap
+    assert style == SEABORN_STYLE
+    assert sns.color_palette("colorblind", 10).as_hex() == COLORBLIND

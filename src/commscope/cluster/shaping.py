@@ -55,11 +55,15 @@ import math
 import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from commscope.cluster import impair
-from commscope.cluster.hosts import Host, on_all
 from commscope.spec.link import NETEM_UNKNOWN, LinkShape, choose_engine, tc_ms, tc_num
+
+if TYPE_CHECKING:
+    # Annotations only: the analysis reads this module's constants (tbf_burst_bytes) and must
+    # not pay for SSH (paramiko, fabric: 0.3 s) in every cell's metrics job.
+    from commscope.cluster.hosts import Host
 
 log = logging.getLogger(__name__)
 
@@ -523,6 +527,8 @@ def shaped(
     must equal those taken before shaping and no piece of the nfqueue engine may be left, else
     ShapingError (chained to the block's exception, if any).
     """
+    from commscope.cluster.hosts import on_all  # SSH only where links are shaped
+
     # Refuse before anything is touched: never emulate a delay by silently dropping it.
     used = set(on_all(hosts, lambda h: engine_for(h, shape, engine)))
     if len(used) > 1:

@@ -15,9 +15,9 @@ from typing import Any, ParamSpec, TypeVar
 
 import matplotlib
 import pandas as pd
-import seaborn as sns
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 
 DPI = 110
@@ -26,8 +26,72 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
+# seaborn's look, frozen: ``{**sns.axes_style("whitegrid"), **sns.plotting_context("notebook",
+# 0.9)}`` without its "image.cmap" (seaborn's own colormap, known to matplotlib only once seaborn
+# is imported; every heatmap here names its colormap). Written out, so that a figure job need not
+# import seaborn: its import (scipy.stats with it) was 2.3 s of the 4.5 s a cell's figure job
+# spent on two cores, 76 times a study. tests/unit/test_cell_figure.py checks it against seaborn.
+SEABORN_STYLE: dict[str, Any] = {
+    "axes.axisbelow": True,
+    "axes.edgecolor": ".8",
+    "axes.facecolor": "white",
+    "axes.grid": True,
+    "axes.labelcolor": ".15",
+    "axes.labelsize": 10.8,
+    "axes.linewidth": 1.25,
+    "axes.spines.bottom": True,
+    "axes.spines.left": True,
+    "axes.spines.right": True,
+    "axes.spines.top": True,
+    "axes.titlesize": 10.8,
+    "figure.facecolor": "white",
+    "font.family": ["sans-serif"],
+    "font.sans-serif": [
+        "Arial", "DejaVu Sans", "Liberation Sans", "Bitstream Vera Sans", "sans-serif",
+    ],
+    "font.size": 10.8,
+    "grid.color": ".8",
+    "grid.linestyle": "-",
+    "grid.linewidth": 1,
+    "legend.fontsize": 9.9,
+    "legend.title_fontsize": 10.8,
+    "lines.linewidth": 1.5,
+    "lines.markersize": 6,
+    "lines.solid_capstyle": "round",
+    "patch.edgecolor": "w",
+    "patch.force_edgecolor": True,
+    "patch.linewidth": 1,
+    "text.color": ".15",
+    "xtick.bottom": False,
+    "xtick.color": ".15",
+    "xtick.direction": "out",
+    "xtick.labelsize": 9.9,
+    "xtick.major.size": 6,
+    "xtick.major.width": 1.25,
+    "xtick.minor.size": 4,
+    "xtick.minor.width": 1,
+    "xtick.top": False,
+    "ytick.color": ".15",
+    "ytick.direction": "out",
+    "ytick.labelsize": 9.9,
+    "ytick.left": False,
+    "ytick.major.size": 6,
+    "ytick.major.width": 1.25,
+    "ytick.minor.size": 4,
+    "ytick.minor.width": 1,
+    "ytick.right": False,
+}  # fmt: skip
+# seaborn's "colorblind" palette (``sns.color_palette("colorblind", 10).as_hex()``), frozen as
+# the style is (checked by the same test).
+COLORBLIND: list[str] = [
+    "#0173b2", "#de8f05", "#029e73", "#d55e00", "#cc78bc",
+    "#ca9161", "#fbafe4", "#949494", "#ece133", "#56b4e9",
+]  # fmt: skip
+
+
 def _styled(func: Callable[P, R]) -> Callable[P, R]:
-    """Draw with seaborn's whitegrid look at notebook scale, without touching global rcParams.
+    """Draw with seaborn's whitegrid look at notebook scale (:data:`SEABORN_STYLE`), without
+    touching global rcParams.
 
     Matplotlib reads rcParams when each artist is created (titles, legends, lines), so the
     whole plotting function runs inside the style context, not just the figure creation.
@@ -35,8 +99,7 @@ def _styled(func: Callable[P, R]) -> Callable[P, R]:
 
     @functools.wraps(func)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        style = {**sns.axes_style("whitegrid"), **sns.plotting_context("notebook", 0.9)}
-        with matplotlib.rc_context(style):
+        with matplotlib.rc_context(SEABORN_STYLE):
             return func(*args, **kwargs)
 
     return wrapper
@@ -108,7 +171,7 @@ def _palette(names: Sequence[str]) -> dict[str, tuple]:
     strategies: DDP and TP were both blue), so names past the tenth get :data:`_MORE_COLOURS`,
     which are unlike any of the ten, and only past the twentieth do colours repeat."""
     ordered = sorted({str(n) for n in names})
-    colours = [*sns.color_palette("colorblind", 10), *sns.color_palette(_MORE_COLOURS)]
+    colours = [to_rgb(c) for c in (*COLORBLIND, *_MORE_COLOURS)]
     return {name: colours[i % len(colours)] for i, name in enumerate(ordered)}
 
 

@@ -7,15 +7,15 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import seaborn as sns
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from commscope.metrics.counters import bin_width_ns
 from commscope.metrics.steps import training_window, zoom_window
-from commscope.plots._style import _no_data, _save, _styled
+from commscope.plots._style import COLORBLIND, _no_data, _save, _styled
 from commscope.units import NS_PER_MS, NS_PER_S
 
 _MAX_STEP_LINES = 60
@@ -174,7 +174,7 @@ def _node_palette(nodes: list) -> dict[str, tuple]:
     """A colour per node: seaborn's colour-blind palette, reordered so that the first four
     nodes get blue, orange, green and pink (its fourth colour, vermilion, is too close to
     orange to tell two overlapping lines apart)."""
-    base = sns.color_palette("colorblind", 10)
+    base = [to_rgb(c) for c in COLORBLIND]
     order = [0, 1, 2, 4, 7, 5, 9, 8, 3, 6]
     colours = [base[i] for i in order]
     return {_node_label(n): colours[i % len(colours)] for i, n in enumerate(sorted(nodes))}
