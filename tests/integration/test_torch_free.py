@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -33,6 +34,32 @@ def test_a_node_program_imports_no_pandas(module: str) -> None:
     # Every node starts these before training may: pandas (0.9 s of CPU each, six at once on two
     # cores) was most of a cell's probe start; they write their tables with pyarrow alone.
     assert _loaded(module, ["pandas", "paramiko", "torch"]) == []
+
+
+def test_writing_a_node_table_imports_no_pandas(tmp_path: Path) -> None:
+    # pa.array() and pa.table() import pandas to check their input for pandas objects: the node
+    # programs build their tables from buffers, so neither their start nor their stop pays it.
+    code = f"""
+import sys
+from pathlib import Path
+import numpy as np
+from commscope.node import periodic, sockstats, wire
+
+class Ring:
+    hook = "egress"
+    def table(self):
+        return np.array([[5, 1, 1500, 1, 1]], dtype=np.uint64)
+
+table, _ = wire._table([Ring()], ["198.19.0.2"], 100_000, 0)
+periodic.write_table(table, Path({str(tmp_path)!r}) / "wire.parquet")
+row = (1, "a", 2, "b", 3, *([None] * len(sockstats.TCP_INFO_FIELDS)))
+rows = periodic.rows_table([row], sockstats.schema())
+periodic.write_table(rows, Path({str(tmp_path)!r}) / "sockets.parquet")
+print("pandas" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+    assert (tmp_path / "wire.parquet").exists() and (tmp_path / "sockets.parquet").exists()
 
 
 @pytest.mark.parametrize(

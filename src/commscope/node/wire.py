@@ -407,7 +407,7 @@ def run(
     # drained at least once a lap, and on two cores busy with the other tools' own imports this
     # import alone once took more than the lap (RING_SECONDS), so the first drain counted
     # thousands of overrun bins.
-    import pyarrow.compute  # noqa: F401
+    import numpy  # noqa: F401
     import pyarrow.parquet  # noqa: F401
 
     # Before attaching: the first packets counted fall in this bin or a later one. The
@@ -467,44 +467,49 @@ def run(
         "overruns": {r.hook: r.overruns for r in rings},
         "created_clsact": created,
     }
-    table = _table(rings, peers, bin_ns, offset_start)
-    egress = table.column("hook").to_numpy(zero_copy_only=False) == "egress"
-    meta["totals"] = {
-        hook: {
-            k: int(table.column(k).to_numpy()[egress if hook == "egress" else ~egress].sum())
-            for k in ("bytes", "packets")
-        }
-        for hook in HOOKS
-    }
+    table, totals = _table(rings, peers, bin_ns, offset_start)
+    meta["totals"] = totals
     _write(table, out, meta, meta_out)
     return meta
 
 
-def _table(rings: list[Ring], peers: Sequence[str], bin_ns: int, offset_ns: int) -> pa.Table:
+def _table(
+    rings: list[Ring], peers: Sequence[str], bin_ns: int, offset_ns: int
+) -> tuple[pa.Table, dict[str, dict[str, int]]]:
     """One row per non-empty (bin, hook, peer), ordered by time, hook and peer: the tidy node
-    table (WIRE_BIN_COLUMNS); pyarrow, not pandas (:func:`commscope.node.periodic.write_table`)."""
+    table (WIRE_BIN_COLUMNS), built without pandas (:mod:`commscope.node.periodic`); and each
+    hook's byte and packet totals."""
     import numpy as np
     import pyarrow as pa
 
-    names = np.array(["", *peers], dtype=object)
-    parts = []
-    for ring in rings:
-        t = ring.table()
-        parts.append(
-            pa.table(
-                {
-                    "t_ns": t[:, 0].astype(np.int64) * bin_ns + offset_ns,
-                    "hook": pa.array([ring.hook] * len(t), type=pa.string()),
-                    "peer": pa.array(names[t[:, 1].astype(np.int64)], type=pa.string()),
-                    "bytes": t[:, 2].astype(np.int64),
-                    "packets": t[:, 3].astype(np.int64),
-                    "skbs": t[:, 4].astype(np.int64),
-                }
-            )
-        )
-    table = pa.concat_tables(parts)
-    # Arrow's sort is stable, as the pandas one it replaces was.
-    return table.sort_by([("t_ns", "ascending"), ("hook", "ascending"), ("peer", "ascending")])
+    from commscope.node.periodic import columns_table
+
+    names = ["", *peers]
+    hooks = sorted(r.hook for r in rings)
+    parts = [(hooks.index(r.hook), r.table()) for r in rings]
+    hook = np.concatenate([np.full(len(t), h, dtype=np.int64) for h, t in parts])
+    t = np.concatenate([t for _, t in parts]).astype(np.int64)
+    # The order a sort by (t_ns, hook, peer) gives: each peer slot ranked by its name.
+    name_rank = np.argsort(np.argsort(np.array(names, dtype=object), kind="stable"))
+    order = np.lexsort((name_rank[t[:, 1]], hook, t[:, 0]))
+    t, hook = t[order], hook[order]
+    schema = pa.schema(
+        [("t_ns", pa.int64()), ("hook", pa.string()), ("peer", pa.string())]
+        + [(name, pa.int64()) for name in ("bytes", "packets", "skbs")]
+    )
+    columns = [
+        t[:, 0] * bin_ns + offset_ns,
+        [hooks[h] for h in hook],
+        [names[p] for p in t[:, 1]],
+        t[:, 2],
+        t[:, 3],
+        t[:, 4],
+    ]
+    totals = {
+        name: {k: int(t[hook == h, col].sum()) for k, col in (("bytes", 2), ("packets", 3))}
+        for h, name in enumerate(hooks)
+    }
+    return columns_table(columns, schema), totals
 
 
 def _write(table: pa.Table, out: Path, meta: dict[str, Any], meta_out: Path) -> None:
