@@ -33,12 +33,6 @@ CELLS = study_checks(config)
 cellspace = Paramspace(CELLS)
 CELL = cellspace.wildcard_pattern
 RUNS = "results/runs"
-# The priority of every job that measures on the cluster (run_cell, run_replay_cell,
-# microbench_run): whenever one is ready it goes before any analysis, so the cells are measured
-# back to back and their analysis runs afterwards on every core at once. Interleaved, each
-# cell's analysis was a chain of jobs (parse, metrics, figure) that kept one of the two cores
-# idle: 10.5 s of wall time a cell for 13 s of CPU (76-cell study, 2026-11-27).
-MEASURE_FIRST = 10
 
 
 # Wildcards never climb out of results/: a value is one path component that starts with a

@@ -7,7 +7,6 @@ rule microbench_run:
         f"results/logs/microbench_run/{LINK}.log",
     benchmark:
         f"results/benchmarks/microbench_run/{LINK}.tsv"
-    priority: MEASURE_FIRST
     conda:
         "../../envs/commscope.yaml"
     # Every core Snakemake was given: no other job of the study (its analysis, figures,

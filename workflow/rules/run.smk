@@ -16,7 +16,6 @@ checkpoint run_cell:
         f"results/benchmarks/run_cell/{CELL}.tsv"
     wildcard_constraints:
         strategy=TRAINING_CELL,
-    priority: MEASURE_FIRST
     conda:
         "../../envs/commscope.yaml"
     # Every core Snakemake was given: no other job of the study (its analysis, figures,
@@ -53,7 +52,6 @@ checkpoint run_replay_cell:
         f"results/benchmarks/run_replay_cell/{CELL}.tsv"
     wildcard_constraints:
         strategy=REPLAY_CELL,
-    priority: MEASURE_FIRST
     conda:
         "../../envs/commscope.yaml"
     # Every core Snakemake was given: no other job of the study (its analysis, figures,
