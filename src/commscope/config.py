@@ -490,10 +490,11 @@ DEFAULT_CELL_S = 8.0
 DEFAULT_LINK_S = 35.0
 # Host seconds of each cell's analysis (parse, metrics, figure, export, prediction, status),
 # which runs between measurements, never beside one (issue 25, isolation): measured on this
-# 2-core machine's default study of 2026-11-27 (docs/measurements.md), wall time of the whole
-# study less its measurements, per cell: 16 s with 103 cells, 10.5 s with 76 after each status
-# stopped starting a Snakemake of its own and the scheduler stopped re-running every second.
-ANALYSIS_CELL_S = 10.5
+# 2-core machine's default study (docs/measurements.md), wall time of the whole study less its
+# measurements, per cell: 16 s with 103 cells, 10.5 s with 76 after each status stopped starting
+# a Snakemake of its own and the scheduler stopped re-running every second, 8 s (7.6 and 8.3 in
+# two studies) once the per-cell jobs stopped importing seaborn, SSH and pandas they do not use.
+ANALYSIS_CELL_S = 8.0
 
 
 @dataclass(frozen=True)
