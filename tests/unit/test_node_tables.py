@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet
+import pytest
 
 from commscope.cell.parse import _per_node
 from commscope.contracts import WIRE_BIN_COLUMNS
@@ -60,8 +62,9 @@ def test_the_wire_table_is_the_sorted_frame_pandas_gave(tmp_path: Path) -> None:
     periodic.write_table(table, tmp_path / "n0" / "wire.parquet")
     back = _per_node(tmp_path, "wire.parquet", {"n0": 0})[0].drop(columns="node")
     pd.testing.assert_frame_equal(back, expected, check_dtype=False)
+    # The dtypes pandas gives a string column read from parquet, as for the frames it wrote.
     assert back.dtypes.to_dict() == {
-        "t_ns": np.int64, "hook": back["hook"].dtype, "peer": back["peer"].dtype,
+        "t_ns": np.int64, "hook": expected["hook"].dtype, "peer": expected["peer"].dtype,
         "bytes": np.int64, "packets": np.int64, "skbs": np.int64,
     }  # fmt: skip
     assert totals == {
@@ -94,6 +97,34 @@ def test_socket_rows_keep_unsigned_counters_and_their_nulls(tmp_path: Path) -> N
     assert back["rtt_us"].tolist() == [big, pd.NA]
     assert back["cwnd"].isna().tolist() == [False, True]
     assert back["src"].tolist() == ["198.19.0.1"] * 2 and back["sport"].dtype == np.int64
+
+
+def test_nulls_past_the_first_bitmap_byte_and_int64_limits(tmp_path: Path) -> None:
+    # 20 rows: the validity bitmap spans three bytes; every third value missing.
+    values = [None if i % 3 == 0 else -(2**63) + i for i in range(20)]
+    schema = pa.schema([("v", pa.int64())])
+    (tmp_path / "n0").mkdir()
+    periodic.write_table(
+        periodic.rows_table([(v,) for v in values], schema), tmp_path / "n0" / "h.parquet"
+    )
+    back = pa.parquet.read_table(tmp_path / "n0" / "h.parquet").column("v").to_pylist()
+    assert back == values
+
+
+def test_a_column_that_does_not_fit_its_type_is_refused() -> None:
+    with pytest.raises(OverflowError):
+        periodic.arrow_array([2**64], pa.uint64())
+    with pytest.raises(OverflowError):
+        periodic.arrow_array([-1], pa.uint64())
+    with pytest.raises(TypeError):
+        periodic.arrow_array([1.5], pa.int64())  # no silent truncation
+    with pytest.raises(TypeError):
+        periodic.arrow_array(["a", None], pa.string())  # strings have no nulls here
+    with pytest.raises(TypeError):  # an int64 array never wraps into uint64
+        periodic.arrow_array(np.array([-1], dtype=np.int64), pa.uint64())
+    with pytest.raises(TypeError):  # nor the reverse: the caller casts (wire._table does)
+        periodic.arrow_array(np.array([3], dtype=np.uint64), pa.int64())
+    assert periodic.arrow_array(np.array([3, 4], dtype=np.int32), pa.int64()).to_pylist() == [3, 4]
 
 
 def test_an_empty_rows_table_has_its_schema() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import signal
 from collections.abc import Sequence
+from numbers import Integral
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -58,22 +59,36 @@ _NUMPY_INTS = {"int64": "int64", "uint64": "uint64"}
 
 
 def arrow_array(values: Sequence[Any] | np.ndarray, kind: pa.DataType) -> pa.Array:
-    """``values`` as an Arrow array of ``kind`` (string, int64 or uint64; None is null),
-    built from its buffers (see above)."""
+    """``values`` (one-dimensional) as an Arrow array of ``kind``, built from its buffers (see
+    above): string (no nulls), or int64 / uint64 (None is null; a value the type cannot hold
+    exactly raises, as pa.array would)."""
     import numpy as np
     import pyarrow as pa
 
     n = len(values)
     if pa.types.is_string(kind):
-        data = [str(v).encode() for v in values]
+        if any(not isinstance(v, str) for v in values):
+            raise TypeError(f"a string column takes str values only, not {values!r:.80}")
+        data = [v.encode() for v in values]
+        lengths = np.fromiter(map(len, data), dtype=np.int64, count=n)
+        if lengths.sum() >= 2**31:  # int32 offsets: Arrow's large_string beyond that
+            raise ValueError("a string column over 2 GiB: use pa.large_string()")
         offsets = np.zeros(n + 1, dtype=np.int32)
-        np.cumsum([len(d) for d in data], out=offsets[1:])
+        offsets[1:] = np.cumsum(lengths)  # below 2**31, checked above
         buffers = [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(data))]
         return pa.Array.from_buffers(kind, n, buffers)
     dtype = np.dtype(_NUMPY_INTS[str(kind)])
     if isinstance(values, np.ndarray):
-        return pa.Array.from_buffers(kind, n, [None, pa.py_buffer(values.astype(dtype))])
+        if values.ndim != 1:
+            raise ValueError(f"a column is one-dimensional, not of shape {values.shape}")
+        # "safe": an int64 array never becomes uint64 (or the reverse) by wrapping around.
+        return pa.Array.from_buffers(
+            kind, n, [None, pa.py_buffer(values.astype(dtype, casting="safe"))]
+        )
+    if any(not (v is None or isinstance(v, Integral)) or isinstance(v, bool) for v in values):
+        raise TypeError(f"an integer column takes int or None only, not {values!r:.80}")
     valid = np.fromiter((v is not None for v in values), dtype=bool, count=n)
+    # An int out of the type's range raises OverflowError here.
     filled = np.fromiter((0 if v is None else v for v in values), dtype=dtype, count=n)
     nulls = n - int(valid.sum())
     bitmap = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
@@ -81,11 +96,14 @@ def arrow_array(values: Sequence[Any] | np.ndarray, kind: pa.DataType) -> pa.Arr
 
 
 def columns_table(columns: Sequence[Any], schema: pa.Schema) -> pa.Table:
-    """``columns`` (in ``schema``'s order: sequences or numpy arrays) as a table of
+    """``columns`` (in ``schema``'s order: Arrow arrays, sequences or numpy arrays) as a table of
     ``schema``'s types, built without pandas (:func:`arrow_array`)."""
     import pyarrow as pa
 
-    arrays = [arrow_array(col, f.type) for col, f in zip(columns, schema, strict=True)]
+    arrays = [
+        col if isinstance(col, pa.Array) else arrow_array(col, f.type)
+        for col, f in zip(columns, schema, strict=True)
+    ]
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
