@@ -25,7 +25,8 @@ NS_PER_MS = 1_000_000
 
 
 def is_missing(value: Any) -> bool:
-    """True for None, ``pd.NA``, NaN and anything that is not a number."""
+    """True for None, ``pd.NA`` and NaN; False for anything else, numbers and non-numbers
+    alike (a string is not missing)."""
     # A pd.NA exists only once pandas is imported: this module (imported by every node program
     # and cell job) need not import it (0.6 s) to recognise one.
     pandas = sys.modules.get("pandas")
