@@ -55,7 +55,7 @@ def write_table(table: pa.Table, out: Path) -> None:
 # every node then paid, at the start of a cell or at its stop, six at once on two cores (3.7 s
 # of a cell's probe start with pandas imported up front; 1.7 s more at the stop with pyarrow's
 # own lazy import). numpy and pyarrow alone import in ~0.3 s.
-_NUMPY_INTS = {"int64": "int64", "uint64": "uint64"}
+_INTEGER_TYPES = ("int64", "uint64")
 
 
 def arrow_array(values: Sequence[Any] | np.ndarray, kind: pa.DataType) -> pa.Array:
@@ -77,7 +77,9 @@ def arrow_array(values: Sequence[Any] | np.ndarray, kind: pa.DataType) -> pa.Arr
         offsets[1:] = np.cumsum(lengths)  # below 2**31, checked above
         buffers = [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(data))]
         return pa.Array.from_buffers(kind, n, buffers)
-    dtype = np.dtype(_NUMPY_INTS[str(kind)])
+    if str(kind) not in _INTEGER_TYPES:
+        raise TypeError(f"a node table column is string, int64 or uint64, not {kind}")
+    dtype = np.dtype(str(kind))
     if isinstance(values, np.ndarray):
         if values.ndim != 1:
             raise ValueError(f"a column is one-dimensional, not of shape {values.shape}")

@@ -78,8 +78,10 @@ def schema() -> pa.Schema:
     as pandas' nullable UInt64)."""
     import pyarrow as pa
 
-    conn = {"t_ns": pa.int64(), "src": pa.string(), "sport": pa.int64()}
-    conn |= {"dst": pa.string(), "dport": pa.int64()}
+    conn = {
+        "t_ns": pa.int64(), "src": pa.string(), "sport": pa.int64(),
+        "dst": pa.string(), "dport": pa.int64(),
+    }  # fmt: skip
     return pa.schema([(name, conn.get(name, pa.uint64())) for name in COLUMNS])
 
 
