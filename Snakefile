@@ -36,7 +36,6 @@ include: "workflow/rules/microbench.smk"
 include: "workflow/rules/predict.smk"
 include: "workflow/rules/scenarios.smk"
 include: "workflow/rules/imports.smk"
-include: "workflow/rules/export.smk"
 include: "workflow/rules/report.smk"
 
 

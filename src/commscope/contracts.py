@@ -83,7 +83,7 @@ TRAIN_FILE = "train.parquet"
 # NCCL's own COLL log lines of a GPU run as a second ops table (empty without NCCL logs).
 NCCL_OPS_FILE = "nccl_ops.parquet"
 
-# Every per-cell table by name, in the order parse_cell declares them as outputs.
+# Every per-cell table by name, in the order analyse_cell declares them as outputs.
 CELL_TABLE_FILES: dict[str, str] = {
     "ops": OPS_FILE,
     "steps": STEPS_FILE,

@@ -1,32 +1,41 @@
-# Metrics per cell and their aggregation across cells. Every table a job reads or writes is
+# Each cell's analysis, and the aggregation across cells. Every table a job reads or writes is
 # declared by name; the table names come from the data contract.
-from commscope.contracts import METRIC_TABLES, table_file
+from commscope.contracts import CELL_TABLE_FILES, METRIC_TABLES, table_file
 
 
-rule cell_metrics:
+# One job per cell turns its raw files into everything the study reads of it: the tidy trace
+# tables (the data contract's names), the metric tables, the throughput figure and the exports
+# for simulators and trace viewers (chakra/ is a ready-to-run ASTRA-sim input set; docs/export.md).
+# One job, not four: a cell's analysis runs between measurements (run_cell holds every core), so
+# the study lasts as long as their sum, and each of the four paid ~1.5-2 s of CPU for its own
+# interpreter and imports against ~0.5 s of work (docs/performance.md).
+rule analyse_cell:
     input:
-        cell=rules.parse_cell.output.cell,
-        ops=rules.parse_cell.output.ops,
-        steps=rules.parse_cell.output.steps,
-        counters=rules.parse_cell.output.counters,
-        moe=rules.parse_cell.output.moe,
-        sockets=rules.parse_cell.output.sockets,
-        wire_flows=rules.parse_cell.output.wire_flows,
-        host=rules.parse_cell.output.host,
-        # The senders' egress bins (raw/<node>/wire.parquet): what each capped port was
-        # offered, for the fidelity table's shaper check (docs/fidelity.md).
-        raw=rules.parse_cell.input[0],
+        # Either checkpoint's raw directory (run_cell or run_replay_cell).
+        raw=rules.run_cell.output[0],
     output:
         **{
-            table: f"{RUNS}/{CELL}/metrics/{table_file(table)}"
+            table: f"{RUNS}/{CELL}/trace/{file}"
+            for table, file in CELL_TABLE_FILES.items()
+        },
+        **{
+            f"metrics_{table}": f"{RUNS}/{CELL}/metrics/{table_file(table)}"
             for table in METRIC_TABLES
         },
+        figure=f"{RUNS}/{CELL}/figures/throughput.png",
+        perfetto=f"{RUNS}/{CELL}/export/trace.json",
+        astra=f"{RUNS}/{CELL}/export/astra_workload.txt",
+        flows=f"{RUNS}/{CELL}/export/flows.csv",
+        chakra=directory(f"{RUNS}/{CELL}/export/chakra"),
     log:
-        f"results/logs/cell_metrics/{CELL}.log",
+        f"results/logs/analyse_cell/{CELL}.log",
     conda:
         "../../envs/commscope.yaml"
+    params:
+        cell=cell_params,
+        warmup_steps=config["run"]["warmup_steps"],
     script:
-        "../scripts/cell_metrics.py"
+        "../scripts/analyse_cell.py"
 
 
 # The aggregate job also derives the study tables the study figures draw (commscope.metrics.study).

@@ -1,21 +1,6 @@
-# Figures per cell and across cells, and the learning-run tables and figures.
+# Figures across cells (each cell's own: analysis.smk), and the learning-run tables and figures.
 from commscope.contracts import table_file
 from commscope.contracts import STUDY_FIGURE_TABLES, STUDY_FIGURES
-
-
-rule cell_figure:
-    input:
-        throughput=f"{RUNS}/{CELL}/metrics/{table_file('throughput')}",
-        step_times=f"{RUNS}/{CELL}/metrics/{table_file('step_times')}",
-        summary=f"{RUNS}/{CELL}/metrics/{table_file('summary')}",
-    output:
-        f"{RUNS}/{CELL}/figures/throughput.png",
-    log:
-        f"results/logs/cell_figure/{CELL}.log",
-    conda:
-        "../../envs/commscope.yaml"
-    script:
-        "../scripts/cell_figure.py"
 
 
 rule study_figures:

@@ -11,9 +11,9 @@ PREDICT_OUTPUTS = {
 
 rule predict_cell:
     input:
-        ops=rules.parse_cell.output.ops,
-        steps=rules.parse_cell.output.steps,
-        cell=rules.parse_cell.output.cell,
+        ops=rules.analyse_cell.output.ops,
+        steps=rules.analyse_cell.output.steps,
+        cell=rules.analyse_cell.output.cell,
         fits=microbench_fits,
     output:
         **PREDICT_OUTPUTS,
@@ -37,9 +37,9 @@ rule compare_replay:
     input:
         program=rules.build_replay.output.program,
         meta=rules.build_replay.output.meta,
-        ops=rules.parse_cell.output.ops,
-        steps=rules.parse_cell.output.steps,
-        cell=rules.parse_cell.output.cell,
+        ops=rules.analyse_cell.output.ops,
+        steps=rules.analyse_cell.output.steps,
+        cell=rules.analyse_cell.output.cell,
     output:
         **PREDICT_OUTPUTS,
     log:

@@ -1,7 +1,6 @@
-# Run one sweep cell on the cluster, then turn its raw per-node files into tidy tables. The
-# tables' names come from the data contract.
+# Run one sweep cell on the cluster (its raw per-node files; analysis.smk turns them into
+# tables), and record per cell whether it ran.
 from commscope.cell.status import write_status
-from commscope.contracts import CELL_TABLE_FILES
 
 
 # A checkpoint: whether the cell ran or failed after its attempts (raw/failed.json) decides what
@@ -38,7 +37,7 @@ checkpoint run_cell:
 
 # A replay cell (docs/replay.md): its program, built by build_replay (replay.smk), re-issued
 # on the cluster; a checkpoint as run_cell is, with the same output, so everything after it
-# (parse_cell, cell_status, a failed cell's record and rerun) is the same for both. Its
+# (analyse_cell, cell_status, a failed cell's record and rerun) is the same for both. Its
 # strategy is the replay sentinel only, run_cell's never (common.smk), so no ruleorder is needed.
 checkpoint run_replay_cell:
     input:
@@ -71,25 +70,6 @@ checkpoint run_replay_cell:
         cluster=config["cluster"],
     script:
         "../scripts/run_replay_cell.py"
-
-
-rule parse_cell:
-    input:
-        rules.run_cell.output,
-    output:
-        **{
-            table: f"{RUNS}/{CELL}/trace/{file}"
-            for table, file in CELL_TABLE_FILES.items()
-        },
-    log:
-        f"results/logs/parse_cell/{CELL}.log",
-    conda:
-        "../../envs/commscope.yaml"
-    params:
-        cell=cell_params,
-        warmup_steps=config["run"]["warmup_steps"],
-    script:
-        "../scripts/parse_cell.py"
 
 
 # Per cell: whether it ran (and what of it the study reads, made as soon as it has) or failed.

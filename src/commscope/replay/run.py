@@ -1,7 +1,7 @@
 """``commscope replay``: one replay cell from the command line, outside a study. The same steps
-as the workflow's (build_replay, run_cell, parse_cell, the metrics, predict_cell's comparison)
-into one output directory, on the study config's cluster (claimed for the duration and taken
-down at the end), with a summary of what was replayed and how it measured."""
+as the workflow's (build_replay, run_cell, analyse_cell's parse and metrics, predict_cell's
+comparison) into one output directory, on the study config's cluster (claimed for the duration
+and taken down at the end), with a summary of what was replayed and how it measured."""
 
 from __future__ import annotations
 

@@ -5,9 +5,10 @@ config checks use it without touching a node; :mod:`commscope.cluster.shaping` t
 into tc commands and a sysctl.
 
 The analysis side reads a link as numbers, never as axis strings: a shape's
-:meth:`LinkShape.numbers` are the table columns :data:`LINK_NUMBER_COLUMNS` (``parse_cell``
-writes the applied shape's into cell.json, the summary copies them), :data:`SHAPING` pairs each
-shaping axis with its column, :func:`impaired` and :func:`link_label` read those columns.
+:meth:`LinkShape.numbers` are the table columns :data:`LINK_NUMBER_COLUMNS` (the parse stage,
+``cell.parse``, writes the applied shape's into cell.json, the summary copies them),
+:data:`SHAPING` pairs each shaping axis with its column, :func:`impaired` and :func:`link_label`
+read those columns.
 """
 
 from __future__ import annotations
@@ -389,7 +390,7 @@ def axes_shape(values: Mapping[str, Any]) -> LinkShape:
     """The shape a cell's link axes ask for, from any mapping that has some of them among other
     keys (a cell's params, a table row); an axis it lacks or leaves None takes its default (no
     cap, no delay, jitter or loss: a cell recorded before that axis existed). For what has no
-    link numbers of its own: a cell.json from before ``parse_cell`` wrote them, a per-cell table
+    link numbers of its own: a cell.json from before the parse stage wrote them, a per-cell table
     with only the axis strings. ValueError for a value the link model refuses."""
     given = {axis: str(values[axis]) for axis in LINK_AXES if values.get(axis) is not None}
     return LinkSetting.from_mapping({"bw": "none", **given}).shape()

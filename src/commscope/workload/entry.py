@@ -22,7 +22,8 @@ import torch.distributed as dist
 from commscope.contracts import rank_meta_file, rank_table_file
 from commscope.workload import capture
 
-# The per-rank tables every entry point writes besides the ops (parse_cell reads them all).
+# The per-rank tables every entry point writes besides the ops (the parse stage, cell.parse,
+# reads them all).
 STEP_COLUMNS = ["step", "phase", "t_start_ns", "t_end_ns"]
 TRAIN_COLUMNS = ["step", "train_loss"]
 MOE_COLUMNS = ["step", "layer", "dst_rank", "tokens_sent", "tokens_received", "dropped"]
@@ -101,7 +102,7 @@ def write_rank_tables(
 ) -> None:
     """This rank's ``ops``, ``steps``, ``train`` and ``moe`` tables (rows as tuples in
     :data:`STEP_COLUMNS`, :data:`TRAIN_COLUMNS`, :data:`MOE_COLUMNS`; ``ops`` the capture's
-    frame) into its ``out_dir``, each led by the rank (and node) columns parse_cell expects."""
+    frame) into its ``out_dir``, each led by the rank (and node) columns the parse stage expects."""
     out_dir, rank, node, local_rank = start.out_dir, start.rank, start.node, start.local_rank
     ops = ops.copy()
     ops.insert(0, "rank", rank)
