@@ -43,7 +43,7 @@ def _samples(
         )  # fmt: skip
     frame = pd.DataFrame(rows, columns=HOST_SAMPLE_COLUMNS)
     frame.insert(0, "node", node)
-    # As parse_cell writes it: the cell's parameters follow as constant columns.
+    # As the parse stage writes it: the cell's parameters follow as constant columns.
     return frame.assign(strategy="ddp", model="tiny", bw="none", cell="c")
 
 
@@ -246,3 +246,55 @@ def test_an_unshaped_cell_is_not_judged_on_its_shaper() -> None:
     assert table["achieved_over_cap"].isna().all()
     assert verdict["shaper_checked"] is False and math.isnan(verdict["achieved_over_cap"])
     assert verdict["host_limited"] is False
+
+
+# --- the delayer's lateness: its record in cell.json (link_engine) ----------------------------
+
+
+def _delayer(p99_us: float, *, delay_us: int = 5000, jitter_us: int = 0, released: int = 100):
+    """A node's link-engine record as the NFQUEUE delayer writes it (fields the check reads)."""
+    late = {"mean": p99_us / 10, "p50": 13.0, "p99": p99_us, "max": 2 * p99_us}
+    return {
+        "delayer": {"delay_us": delay_us, "jitter_us": jitter_us, "released": released,
+                    "packets": released, "late_us": late}
+    }  # fmt: skip
+
+
+def test_a_delayer_late_past_its_bound_makes_the_node_host_limited() -> None:
+    # As the default study's DDP cell at 1 Gbit/s + 5 ms recorded it: node1's p99 11 ms late.
+    record = {"engine": "nfqueue", "nodes": {"node0": _delayer(313.0), "node1": _delayer(10977.0)}}
+    late = f.delayer_lateness(record)
+    assert sorted(late) == [0, 1]
+    assert math.isclose(late[0]["delay_late_share"], 313 / 5000)
+    host = pd.concat([_samples(n, 3, wait_per_s=0.0, idle_per_s=0.5) for n in (0, 1)])
+    table = f.fidelity_table(host, (11 * S, 12 * S), None, late)
+    assert list(table.columns) == f.FIDELITY_COLUMNS
+    assert list(table["limited_by"]) == ["", "delay"]
+    assert list(table["delay_late_us_p99"]) == [313.0, 10977.0]
+    verdict = f.cell_verdict(table)
+    assert verdict["host_limited"] and verdict["limited_by"] == "delay"
+    assert math.isclose(verdict["delay_late_share"], 10977 / 5000)
+
+
+def test_a_punctual_delayer_or_none_leaves_the_cell_faithful() -> None:
+    host = _samples(0, 3, wait_per_s=0.0, idle_per_s=0.5)
+    # 1.5 ms late at the p99 of a 20 ms delay: 7.5 %, inside the bound.
+    table = f.fidelity_table(host, (11 * S, 12 * S), None, f.delayer_lateness(
+        {"nodes": {"node0": _delayer(1500.0, delay_us=20_000)}}
+    ))  # fmt: skip
+    verdict = f.cell_verdict(table)
+    assert verdict["host_limited"] is False
+    assert math.isclose(verdict["delay_late_share"], 0.075)
+    # No measurement: a delayer that released nothing, a link without delay or jitter, netem
+    # (no delayer record), no record at all.
+    assert f.delayer_lateness({"nodes": {"node0": _delayer(9e9, released=0)}}) == {}
+    assert f.delayer_lateness({"nodes": {"node0": _delayer(9e9, delay_us=0)}}) == {}
+    assert f.delayer_lateness({"engine": "netem", "nodes": {"node0": {"loss": {}}}}) == {}
+    assert f.delayer_lateness(None) == {}
+    # Jitter alone: lateness is held against the jitter.
+    (jittered,) = f.delayer_lateness(
+        {"nodes": {"node2": _delayer(300.0, delay_us=0, jitter_us=1000)}}
+    ).items()
+    assert jittered[0] == 2 and math.isclose(jittered[1]["delay_late_share"], 0.3)
+    no_host = f.cell_verdict(f.fidelity_table(pd.DataFrame(), None))
+    assert math.isnan(no_host["delay_late_share"])

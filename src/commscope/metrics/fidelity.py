@@ -41,10 +41,19 @@ counted from the node. Over the backlogged time (:func:`port_fidelity`):
 A port outside them makes the node host-limited by ``shaper``; a cell without a cap, or a port
 backlogged less than :data:`MIN_BACKLOGGED_S`, is not judged on it (NaN).
 
+And from the NFQUEUE delayer's own record (cell.json ``link_engine``, over the whole run), where
+the cell has a delay: ``delay_late_share``, the 99th percentile of how late it released a packet
+after its due time, over the configured delay (:func:`delayer_lateness`). Above
+:data:`DELAY_LATE_BOUND` the node is host-limited by ``delay``: more than one packet in a
+hundred crossed a link slower than the one configured by more than a tenth of its delay.
+
 Rows: one per node of the cell with host statistics or a shaped port; none without either.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -62,6 +71,12 @@ STEAL_BOUND = 0.05
 # 2 x 1 gpt-tiny cell, host 80 % busy). So waits count against a cell only while the host was
 # at least this busy over the window.
 HOST_BUSY_BOUND = 0.95
+# The delayer's p99 lateness over the configured delay. A bulk message completes with its last
+# packet (TCP delivers in order: a late packet holds back every one behind it), so a message of
+# a few hundred packets meets roughly the p99; at 10 % of the delay the extra latency is within
+# the effects the delay findings compare, the same order as RANK_WAIT_BOUND. DDP's gradient
+# bursts at 1 Gbit/s + 5 ms left the delayer's p99 11 ms late on a busy host (2026-11-27).
+DELAY_LATE_BOUND = 0.10
 
 FIDELITY_COLUMNS: list[str] = [
     "node",
@@ -76,6 +91,10 @@ FIDELITY_COLUMNS: list[str] = [
     "runnable_ranks",
     "ranks_wait_share",
     "delayer_wait_share",
+    # The node's delayer, where the cell has a delay (delayer_lateness, below).
+    "delay_us",
+    "delay_late_us_p99",
+    "delay_late_share",
     # The node's egress port, where the cell has a cap (SHAPER_COLUMNS, below).
     "shaped_rate_bps",
     "backlogged_s",
@@ -157,15 +176,50 @@ def node_fidelity(samples: pd.DataFrame, window: tuple[int, int]) -> dict[str, o
     return row
 
 
+def delayer_lateness(link_engine: Mapping[str, Any] | None) -> dict[int, dict[str, float]]:
+    """Per node index, its NFQUEUE delayer's lateness from a run's ``link_engine`` record
+    (cell.json; nodes named ``node<i>``): ``delay_us`` configured (the jitter where there is no
+    delay), ``delay_late_us_p99`` and their ratio ``delay_late_share``. Only delayers that
+    released a packet and had a delay or jitter to keep: a delayer that released nothing
+    reports a lateness of 0, no measurement; netem records none."""
+    out: dict[int, dict[str, float]] = {}
+    for name, node in ((link_engine or {}).get("nodes") or {}).items():
+        delayer = (node or {}).get("delayer") or {}
+        late = delayer.get("late_us")
+        scale = float(delayer.get("delay_us") or 0) or float(delayer.get("jitter_us") or 0)
+        if not late or int(delayer.get("released", 0)) <= 0 or scale <= 0:
+            continue
+        index = str(name).removeprefix("node")
+        if not index.isdigit():
+            continue
+        p99 = float(late["p99"])
+        out[int(index)] = {
+            "delay_us": scale,
+            "delay_late_us_p99": p99,
+            "delay_late_share": p99 / scale,
+        }
+    return out
+
+
+def _limit(row: dict[str, object], key: str) -> None:
+    row["host_limited"] = True
+    row["limited_by"] = ",".join(filter(None, [str(row["limited_by"]), key]))
+
+
 def fidelity_table(
-    host: pd.DataFrame, window: tuple[int, int] | None, shaper: pd.DataFrame | None = None
+    host: pd.DataFrame,
+    window: tuple[int, int] | None,
+    shaper: pd.DataFrame | None = None,
+    delayers: Mapping[int, Mapping[str, float]] | None = None,
 ) -> pd.DataFrame:
     """Per node, the fidelity over ``window`` of ``host`` (``host.parquet`` with a ``node``
-    column, on the window's clock) and of its shaped egress port (``shaper``, rows of
+    column, on the window's clock), of its shaped egress port (``shaper``, rows of
     :func:`shaper_table` over the same window; none where the cell has no cap or no wire
-    bins). A node with only one of the two has NaN in the other's columns; a node whose port
-    is outside the shaper's bounds (:func:`shaper_limited`) is host-limited by ``shaper``.
-    Empty (with the columns) without either."""
+    bins) and of its delayer (``delayers``, :func:`delayer_lateness` of the run's record). A
+    node without one of them has NaN in its columns; a node whose port is outside the
+    shaper's bounds (:func:`shaper_limited`) is host-limited by ``shaper``, one whose delayer
+    was late past :data:`DELAY_LATE_BOUND` by ``delay``. Empty (with the columns) without
+    any."""
     rows: dict[int, dict[str, object]] = {}
     if window is not None and not host.empty and "node" in host:
         for node, samples in host.groupby("node", sort=True):
@@ -178,8 +232,12 @@ def fidelity_table(
             row = rows.setdefault(node, {"host_limited": False, "limited_by": ""})
             row.update(port)
             if shaper_limited(port):
-                row["host_limited"] = True
-                row["limited_by"] = ",".join(filter(None, [str(row["limited_by"]), "shaper"]))
+                _limit(row, "shaper")
+    for node, lateness in (delayers or {}).items():
+        row = rows.setdefault(int(node), {"host_limited": False, "limited_by": ""})
+        row.update(lateness)
+        if lateness["delay_late_share"] > DELAY_LATE_BOUND:
+            _limit(row, "delay")
     if not rows:
         return pd.DataFrame(columns=FIDELITY_COLUMNS)
     table = pd.DataFrame([{"node": n, **rows[n]} for n in sorted(rows)], columns=FIDELITY_COLUMNS)
@@ -195,6 +253,7 @@ FIDELITY_SUMMARY_COLUMNS: list[str] = [
     "ranks_wait_share",
     "delayer_wait_share",
     "steal_share",
+    "delay_late_share",
     "runnable_rank_threads",
     "host_cpus",
     "oversubscribed",
@@ -213,12 +272,13 @@ def cell_verdict(table: pd.DataFrame) -> dict[str, object]:
     hosts of their own are each held against their own. ``monitored``: some node has host
     samples; ``shaper_checked``: some node's port was backlogged long enough to be judged,
     with the worst port's ``achieved_over_cap`` (farthest from 1), ``shaper_gap_share`` and
-    ``shaper_over_share``."""
+    ``shaper_over_share``; ``delay_late_share``: the latest delayer's (NaN without one)."""
     nan = float("nan")
     row: dict[str, object] = {
         "monitored": False, "host_limited": False, "limited_by": "",
         "ranks_wait_share": nan, "delayer_wait_share": nan, "steal_share": nan,
-        "runnable_rank_threads": nan, "host_cpus": nan, "oversubscribed": False,
+        "delay_late_share": nan, "runnable_rank_threads": nan, "host_cpus": nan,
+        "oversubscribed": False,
         "shaper_checked": False, "achieved_over_cap": nan, "shaper_gap_share": nan,
         "shaper_over_share": nan,
     }  # fmt: skip
@@ -243,6 +303,9 @@ def cell_verdict(table: pd.DataFrame) -> dict[str, object]:
             host_cpus=float(per_host.loc[worst, "cpus"]),
             oversubscribed=bool((per_host["runnable"] > per_host["cpus"]).any()),
         )
+    late = pd.to_numeric(table["delay_late_share"], errors="coerce").dropna()
+    if not late.empty:
+        row["delay_late_share"] = float(late.max())
     achieved = pd.to_numeric(table["achieved_over_cap"], errors="coerce").dropna()
     if not achieved.empty:
         row.update(

@@ -67,7 +67,7 @@ from commscope.metrics.crosscheck import (
     summed_flows,
     window_transfers,
 )
-from commscope.metrics.fidelity import fidelity_table, shaper_table
+from commscope.metrics.fidelity import delayer_lateness, fidelity_table, shaper_table
 from commscope.metrics.framework import WIRE_COLUMNS, wire_vs_framework
 from commscope.metrics.matrix import comm_matrix, node_matrix
 from commscope.metrics.sockets import SOCKET_INPUT_COLUMNS, socket_stats
@@ -224,7 +224,8 @@ def _cell_tables(
         traces.ops, traces.warmup_steps, measured_steps=measured_steps, backend=traces.backend
     )
     node_mat = node_matrix(rank_mat)
-    fidelity = fidelity_table(traces.host, window, shaper)
+    delayers = delayer_lateness(traces.meta.get("link_engine"))
+    fidelity = fidelity_table(traces.host, window, shaper, delayers)
     yield "summary", cell_summary(traces, node_mat=node_mat, fidelity=fidelity)
     yield "fidelity", with_params(params, fidelity)
     yield "comm_matrix", rank_mat
@@ -471,7 +472,7 @@ def read_shaper_table(
     check: no cap (cell.json ``bw_bps``), no BPF wire accounting, no raw directory or no
     window. What each sender offered its shaper is its own egress hook's bins
     (``raw/<node>/wire.parquet``, put on the orchestrator's clock and snapped to the bins as
-    parse_cell does its ingress bins); what the shaper delivered is the receivers' ingress
+    the parse stage does its ingress bins); what the shaper delivered is the receivers' ingress
     bins by sender (``wire_flows``). The tbf's bucket is the one shaping sized for the
     nodes' MTU and offloads (cell.json ``links``)."""
     rate = meta.get("bw_bps")

@@ -11,7 +11,12 @@ from commscope.cell.load import CellTraces
 from commscope.cell.parse import cell_link
 from commscope.contracts import P2P_OPS
 from commscope.metrics.counters import bin_width_ns, counted_wire_bytes, traffic_shape
-from commscope.metrics.fidelity import FIDELITY_SUMMARY_COLUMNS, cell_verdict, fidelity_table
+from commscope.metrics.fidelity import (
+    FIDELITY_SUMMARY_COLUMNS,
+    cell_verdict,
+    delayer_lateness,
+    fidelity_table,
+)
 from commscope.metrics.framework import wire_vs_framework
 from commscope.metrics.matrix import comm_matrix, node_matrix, node_traffic_split
 from commscope.metrics.steps import step_times, training_window
@@ -219,8 +224,8 @@ def cell_summary(
     * monitored, host_limited, limited_by, ranks_wait_share, ..., shaper_checked,
       achieved_over_cap, ...: the fidelity monitor's verdict over the measured steps
       (:func:`commscope.metrics.fidelity.cell_verdict` of ``fidelity``, the cell's fidelity
-      table; when not given, computed from ``traces.host`` alone, without the shaper check,
-      whose senders' egress bins only the raw directory has).
+      table; when not given, computed from ``traces.host`` and the delayers' record, without
+      the shaper check, whose senders' egress bins only the raw directory has).
 
     Columns: cell params, then SUMMARY_COLUMNS.
     """
@@ -265,6 +270,7 @@ def cell_summary(
     row.update(link_engine_summary(traces.meta.get("link_engine")))
     if fidelity is None:
         window = training_window(measured) if n_measured else None
-        fidelity = fidelity_table(traces.host, window)
+        delayers = delayer_lateness(traces.meta.get("link_engine"))
+        fidelity = fidelity_table(traces.host, window, delayers=delayers)
     row.update(cell_verdict(fidelity))
     return pd.DataFrame([row], columns=[*params, *SUMMARY_COLUMNS])

@@ -14,6 +14,7 @@ from commscope.contracts import is_replay
 from commscope.metrics.fidelity import (
     ACHIEVED_HIGH_BOUND,
     ACHIEVED_LOW_BOUND,
+    DELAY_LATE_BOUND,
     DELAYER_WAIT_BOUND,
     GAP_BOUND,
     RANK_WAIT_BOUND,
@@ -37,6 +38,11 @@ _LIMITS: dict[str, tuple[str, float, str]] = {
         "the packet delayer waited for a core {} of its runnable time",
     ),
     "steal": ("steal_share", STEAL_BOUND, "the hypervisor took {} of the CPU time"),
+    "delay": (
+        "delay_late_share",
+        DELAY_LATE_BOUND,
+        "the packet delayer released its latest packets (99th percentile) {} of the delay late",
+    ),
 }
 
 
@@ -141,7 +147,9 @@ def limitation_sentences(results: StudyResults, config: dict[str, Any] | None = 
         bounds = (
             f"a core more than {_pct(RANK_WAIT_BOUND)} of their runnable time, the packet "
             f"delayer more than {_pct(DELAYER_WAIT_BOUND)}, steal above "
-            f"{_pct(STEAL_BOUND)}, or a capped port did not deliver its cap while backlogged"
+            f"{_pct(STEAL_BOUND)}, a capped port did not deliver its cap while backlogged, or "
+            f"the delayer released packets (99th percentile) more than {_pct(DELAY_LATE_BOUND)} "
+            "of the delay late"
         )
         verdict = (
             f"{int(limited.sum())} {'was' if limited.sum() == 1 else 'were'} host-limited "
