@@ -488,13 +488,14 @@ MAX_CELLS = 5000
 # measured any: this machine's default study (session 7: median 7.6 s a cell, ~35 s a link).
 DEFAULT_CELL_S = 8.0
 DEFAULT_LINK_S = 35.0
-# Host seconds of each cell's analysis (parse, metrics, figure, export, prediction, status),
+# Host seconds of each cell's analysis (analyse_cell, prediction, status),
 # which runs between measurements, never beside one (issue 25, isolation): measured on this
 # 2-core machine's default study (docs/measurements.md), wall time of the whole study less its
 # measurements, per cell: 16 s with 103 cells, 10.5 s with 76 after each status stopped starting
 # a Snakemake of its own and the scheduler stopped re-running every second, 8 s (7.6 and 8.3 in
-# two studies) once the per-cell jobs stopped importing seaborn, SSH and pandas they do not use.
-ANALYSIS_CELL_S = 8.0
+# two studies) once the per-cell jobs stopped importing seaborn, SSH and pandas they do not use,
+# 6.5 s (6.2 and 6.6) with parse, metrics, figure and export in one job a cell (analyse_cell).
+ANALYSIS_CELL_S = 6.5
 
 
 @dataclass(frozen=True)

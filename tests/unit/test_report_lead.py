@@ -124,3 +124,28 @@ def test_abstract_names_the_reference_link() -> None:
     )
     text = " ".join(abstract_sentences(results))
     assert "Slowdowns are against the reference link (1 Gbit/s), a cap this host" in text
+
+
+def test_a_late_delayer_is_named_and_its_lateness_kept_apart() -> None:
+    """A cell host-limited by its delayer's lateness: the table says how far over the bound;
+    the lateness sentence gives the worst p99 of the cells the findings use and of all."""
+    delayed = {"link_engine": "nfqueue", "delay": "5ms", "delay_ms": 5.0}
+    rows = [
+        _cell("tp", 1000, 0.2, **delayed, delay_late_us_p99=300.0, delay_late_share=0.06),
+        _cell(
+            "ddp", 1000, 0.3, **delayed, delay_late_us_p99=5080.0, delay_late_share=1.016,
+            host_limited=True, limited_by="delay",
+        ),
+    ]  # fmt: skip
+    results = StudyResults.of(summary=pd.DataFrame(rows))
+    (row,) = limitations.limited_cells(results).to_dict("records")
+    assert row["cell"].startswith("ddp, gpt-tiny, 2×1, cap 1000 Mbit/s + delay 5 ms")
+    assert row["limited by"] == (
+        "the packet delayer released its latest packets (99th percentile) 102 % of the delay "
+        "late (bound 10 %)"
+    )
+    text = " ".join(limitations.limitation_sentences(results))
+    assert "up to 300 µs late (99th percentile) in the cells the findings use, up to 5.08 ms" in (
+        text
+    )
+    assert "later than 10 % of its delay is host-limited" in text

@@ -202,13 +202,21 @@ def limitation_sentences(results: StudyResults, config: dict[str, Any] | None = 
                 "host carries faithfully; the unshaped cells are one setting among the others."
             )
         )
-    if "link_engine" in summary:
-        late = summary["delay_late_us_p99"].dropna() if "delay_late_us_p99" in summary else []
+    if "link_engine" in summary and "delay_late_us_p99" in summary:
+        # The cells the findings use: the late ones above are host-limited by "delay".
+        kept = summary.loc[~host_limited_mask(summary), "delay_late_us_p99"].dropna()
+        late = summary["delay_late_us_p99"].dropna()
         if len(late):
+            worst = (
+                f"up to {fmt_us(kept.max())} late (99th percentile) in the cells the findings use, "
+                if len(kept)
+                else ""
+            )
             sentences.append(
-                "Delay and jitter come from a user-space delayer whose packets left up to "
-                f"{fmt_us(late.max())} late (99th percentile, worst cell): settings finer than "
-                "that are not represented."
+                f"Delay and jitter come from a user-space delayer whose packets left {worst}up "
+                f"to {fmt_us(late.max())} in any cell; a cell whose delayer was later than "
+                f"{_pct(DELAY_LATE_BOUND)} of its delay is host-limited (above): settings finer "
+                "than that lateness are not represented."
             )
     return sentences
 
