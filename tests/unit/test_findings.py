@@ -67,6 +67,19 @@ def test_delay_sensitivity_names_the_most_and_least_sensitive_at_the_largest_del
     apart = slowdown.assign(slowdown_ci_low=[1.9, 5.5, 2.2, 2.0], slowdown_ci_high=[2.1, 6.6, 3, 4])
     (finding,) = sensitivity_findings(StudyResults.of(slowdown=apart))
     assert finding.text.endswith("ddp 2.50x (95 % CI 2.20-3.00x), the least of 3 strategies.")
+    # The order established end to end, but the second's interval reaches the leader's: the
+    # lead at the top is not established, and it says so.
+    tie = apart.copy()
+    tie.loc[3, ["slowdown_mean", "slowdown_ci_low", "slowdown_ci_high"]] = [5.8, 5.0, 6.7]
+    (finding,) = sensitivity_findings(StudyResults.of(slowdown=tie))
+    assert finding.text.startswith(
+        "Most sensitive to latency (m on 2 nodes, 1 rank each): tp, whose step takes 6.00x "
+    )
+    assert (
+        ", though its lead over pp (5.80x (95 % CI 5.00-6.70x)) is not established (their 95 % "
+        "intervals overlap); ddp 2.50x"
+    ) in finding.text
+    assert finding.text.endswith("the least of 3 strategies.")
     # Another setup at the same delay is not averaged in: only the setup with most strategies.
     other = slowdown.iloc[[1]].assign(nodes=4, slowdown_mean=60.0)
     (finding,) = sensitivity_findings(StudyResults.of(slowdown=pd.concat([slowdown, other])))

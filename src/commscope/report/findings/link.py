@@ -79,10 +79,27 @@ def _sensitivity_at(
             + ("one run each" if runs == [1] else f"{' and '.join(map(str, runs))} runs")
             + ", no interval (at least 2 runs of each setting and of its baseline are needed)"
         )
+    # The leader named as the most sensitive only over a second whose interval it clears: with
+    # the order established end to end, a tie at the top is still said.
+    lead = ""
+    if not caveat and len(at) > 2:
+        second = at.iloc[1]
+        why = (
+            "its slowdown has no interval"
+            if pd.isna(second["high"])
+            else "their 95 % intervals overlap"
+            if hi["low"] <= second["high"]
+            else ""
+        )
+        if why:
+            lead = (
+                f", though its lead over {second['strategy']} ({_times(second)}) is not "
+                f"established ({why})"
+            )
     return [
         Finding(
             f"Most sensitive to {noun}{setup}: {hi['strategy']}, whose step takes "
-            f"{_times(hi)} as long under {setting} as {than_baseline(results)}; "
+            f"{_times(hi)} as long under {setting} as {than_baseline(results)}{lead}; "
             f"{lo['strategy']} {_times(lo)}, the least of {len(at)} strategies{caveat}"
             f"{left_out(lost_in(results, **keys))}.",
             SENSITIVITY,
