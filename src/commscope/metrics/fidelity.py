@@ -47,7 +47,8 @@ after its due time, over the configured delay (:func:`delayer_lateness`). Above
 :data:`DELAY_LATE_BOUND` the node is host-limited by ``delay``: more than one packet in a
 hundred crossed a link slower than the one configured by more than a tenth of its delay.
 
-Rows: one per node of the cell with host statistics or a shaped port; none without either.
+Rows: one per node of the cell with host statistics, a shaped port or a delayer; none without
+any.
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ HOST_BUSY_BOUND = 0.95
 # packet (TCP delivers in order: a late packet holds back every one behind it), so a message of
 # a few hundred packets meets roughly the p99; at 10 % of the delay the extra latency is within
 # the effects the delay findings compare, the same order as RANK_WAIT_BOUND. DDP's gradient
-# bursts at 1 Gbit/s + 5 ms left the delayer's p99 11 ms late on a busy host (2026-11-27).
+# bursts at 1 Gbit/s + 5 ms left the delayer's p99 3-11 ms late on a host below HOST_BUSY_BOUND,
+# where its CPU wait does not count (2026-11-27).
 DELAY_LATE_BOUND = 0.10
 
 FIDELITY_COLUMNS: list[str] = [
