@@ -1,4 +1,5 @@
 # Shared helpers: the sweep cells (Paramspace, one directory level per axis) and their settings.
+import functools
 import json
 import logging
 import os
@@ -63,9 +64,18 @@ TRAINING_CELL = f"(?!{REPLAY_CELL}(?![A-Za-z0-9._-])){SAFE_COMPONENT}"
 RUN_SETTINGS = {k: v for k, v in config["run"].items() if k != "attempts"}
 
 
+# Paramspace.instance builds a pandas Series per axis (~10 ms a cell). Snakemake evaluates every
+# job's params again after each checkpoint (run_cell) when it collects the jobs' conda
+# environments: uncached, that was 1.6 s of each of the ~80 updates of a study, between cells.
+@functools.cache
+def _cell_instance(items):
+    return cellspace.instance(dict(items))
+
+
 def cell_params(wildcards):
     """The cell's own sweep values (typed), and nothing else: reruns follow only them."""
-    return cellspace.instance(wildcards)
+    # The wildcards' own order, as Paramspace gives it (the params' hash follows it).
+    return dict(_cell_instance(tuple(wildcards.items())))
 
 
 def model_params(wildcards):

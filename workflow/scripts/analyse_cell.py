@@ -1,5 +1,7 @@
-"""Rule analyse_cell: one cell's raw files to its trace tables, metric tables, throughput figure
-and exports, every file declared by the rule; each stage reads what the one before wrote."""
+"""Rules analyse_cell and analyse_replay_cell: one cell's raw files to its trace tables, metric
+tables, throughput figure and exports and, for a training cell, the analytical prediction of its
+step compared with the trace; every file declared by the rule, each stage reading what the one
+before wrote."""
 
 from pathlib import Path
 
@@ -9,6 +11,7 @@ from commscope.export.cell import export_cell_files
 from commscope.logs import log_to
 from commscope.metrics.io import write_cell_metrics
 from commscope.plots.cell import plot_cell_throughput
+from commscope.predict.cell import predict_cell
 from commscope.spec.settings import CellSettings
 
 out = snakemake.output
@@ -52,3 +55,18 @@ with log_to(snakemake.log[0]):
         astra=Path(out.astra),
         flows=Path(out.flows),
     )
+    # A training cell (rule analyse_cell) is predicted from its link's microbenchmark fits; a
+    # replay cell is compared with its program instead (rule compare_replay).
+    if hasattr(out, "predict_timing"):
+        predict_cell(
+            model_spec=dict(snakemake.params.model),
+            plan_spec=dict(snakemake.params.strategy),
+            fit_paths=[Path(p) for p in snakemake.input.fits],
+            cell_json=trace["cell"],
+            ops=trace["ops"],
+            steps=trace["steps"],
+            warmup_steps=snakemake.params.warmup_steps,
+            out_ops=Path(out.predict_ops),
+            out_compare=Path(out.predict_compare),
+            out_timing=Path(out.predict_timing),
+        )
