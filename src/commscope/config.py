@@ -494,7 +494,8 @@ DEFAULT_LINK_S = 35.0
 # measurements, per cell: 16 s with 103 cells, 10.5 s with 76 after each status stopped starting
 # a Snakemake of its own and the scheduler stopped re-running every second, 8 s (7.6 and 8.3 in
 # two studies) once the per-cell jobs stopped importing seaborn, SSH and pandas they do not use,
-# 6.5 s (6.2 and 6.6) with parse, metrics, figure and export in one job a cell (analyse_cell).
+# 6.5 s (6.2 and 6.6) with parse, metrics, figure and export in one job a cell (analyse_cell),
+# which since session 15 also predicts the cell (predict_cell's own job is gone).
 ANALYSIS_CELL_S = 6.5
 
 

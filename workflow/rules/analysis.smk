@@ -14,7 +14,7 @@ from commscope.contracts import (
 # its link's microbenchmark fits; a replay cell is compared with its program in compare_replay).
 # One job, not five: a cell's analysis runs between measurements (run_cell holds every core), so
 # the study lasts as long as their sum, and each job paid ~1.5-2 s of CPU for its own
-# interpreter and imports against ~0.5 s of work (docs/performance.md).
+# interpreter and imports against ~0.5 s of work (commscope.analysis, docs/performance.md).
 CELL_ANALYSIS_OUTPUTS = {
     **{
         table: f"{RUNS}/{CELL}/trace/{file}" for table, file in CELL_TABLE_FILES.items()
@@ -74,7 +74,7 @@ rule analyse_replay_cell:
         cell=cell_params,
         warmup_steps=config["run"]["warmup_steps"],
     script:
-        "../scripts/analyse_cell.py"
+        "../scripts/analyse_replay_cell.py"
 
 
 # The aggregate job also derives the study tables the study figures draw (commscope.metrics.study).
