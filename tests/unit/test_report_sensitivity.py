@@ -13,7 +13,7 @@ import yaml
 from synthetic import cell_id, cell_params
 
 from commscope.metrics.study import slowdown_table, step_time_over_repeats
-from commscope.plots.study import cap_series, plot_slowdown, slowdown_figure
+from commscope.plots.study import _wrap_title, cap_series, plot_slowdown, slowdown_figure
 from commscope.report import StudyResults, render_report
 from commscope.report.render import _figure_entries
 from commscope.report.sections._base import baseline_link
@@ -125,6 +125,17 @@ def test_slowdown_figure_draws_each_axis_with_its_baseline(slowdown: pd.DataFram
             assert list(line.get_ydata()) == pytest.approx(want)
     # TP spans 12x at the cap: that panel is logarithmic, the others linear.
     assert bw.get_yscale() == "log" and delay.get_yscale() == "linear"
+
+
+def test_a_panel_title_wraps_between_words_never_inside_a_quantity() -> None:
+    # At 1280 px the one-line subtitle of the delay panel ran into the loss panel's.
+    held = "2 nodes × 1 rank, gpt-tiny, cubic, cap 1000 Mbit/s otherwise"
+    lines = _wrap_title(held).split("\n")
+    assert lines == ["2 nodes × 1 rank, gpt-tiny, cubic,", "cap\u00a01000\u00a0Mbit/s otherwise"]
+    assert " ".join(lines).replace("\u00a0", " ") == held
+    assert _wrap_title("cubic, cap 200 Mbit/s + delay 5 ms otherwise", 20).split("\n") == [
+        "cubic,", "cap\u00a0200\u00a0Mbit/s +", "delay 5\u00a0ms otherwise",
+    ]  # fmt: skip
 
 
 def test_slowdown_figure_says_which_panel_has_no_data(

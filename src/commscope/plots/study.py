@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
+import textwrap
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -323,6 +325,13 @@ def _held_fixed(series: pd.DataFrame, baseline: str = "unshaped") -> str:
     return ", ".join([*parts, f"{baseline} otherwise"])
 
 
+def _wrap_title(text: str, width: int = 44) -> str:
+    """``text`` in lines of at most ``width`` characters, never between a number and its unit
+    or a cap and its rate: one line of a panel's title ran into the next panel's at 1280 px."""
+    glued = re.sub(r"(?<=\d) (?=[kMG]?bit/s|ms|%)|(?<=\bcap) (?=\d)", "\u00a0", text)
+    return "\n".join(textwrap.wrap(glued, width))
+
+
 def _count(value: object, noun: str) -> str:
     return f"{value} {noun}" if str(value) == "1" else f"{value} {noun}s"
 
@@ -390,7 +399,8 @@ def slowdown_figure(slowdown: pd.DataFrame, palette: Mapping[str, tuple] | None 
     for ax, (axis, xlabel, what, unshaped_label) in zip(axes, _SLOWDOWN_PANELS, strict=True):
         rows, col = drawn[axis], SHAPING[axis]
         title = {"bw": "vs bandwidth cap", "delay": "vs one-way delay", "loss": "vs loss"}[axis]
-        ax.set_title(f"slowdown {title}" + ("" if shared or rows.empty else f"\n{held[axis]}"))
+        what_held = "" if shared or rows.empty else "\n" + _wrap_title(held[axis])
+        ax.set_title(f"slowdown {title}{what_held}")
         if rows.empty:
             _no_data(ax, f"cells that vary the {what} alone")
             continue
