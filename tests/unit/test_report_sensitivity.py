@@ -12,7 +12,11 @@ import pytest
 import yaml
 from synthetic import cell_id, cell_params
 
-from commscope.metrics.study import slowdown_table, step_time_over_repeats
+from commscope.metrics.study import (
+    derive_study_tables,
+    slowdown_table,
+    step_time_over_repeats,
+)
 from commscope.plots.study import _wrap_title, cap_series, plot_slowdown, slowdown_figure
 from commscope.report import StudyResults, render_report
 from commscope.report.render import _figure_entries
@@ -222,6 +226,26 @@ def test_sensitivity_sentences_list_orphans_and_the_engines_accuracy(
     assert "netem" not in text.replace("without netem", "")
     # Nothing to say without the data.
     assert sensitivity_sentences(slowdown.iloc[0:0], summary.drop(columns="link_engine")) == []
+
+
+def test_slowdowns_leave_out_host_limited_cells(summary: pd.DataFrame) -> None:
+    # tp's second run at 20 ms was host-limited: its slowdown rests on the first run alone, and
+    # the section says one cell is left out (the monitor's verdict, docs/fidelity.md).
+    tp20 = (summary["strategy"] == "tp") & (summary["delay"] == "20ms")
+    marked = summary.assign(host_limited=tp20 & (summary["repeat"] == 1))
+    derived = derive_study_tables(
+        {"summary": marked, "msg_sizes": pd.DataFrame(), "op_volume": pd.DataFrame(),
+         "step_times": pd.DataFrame()},
+    )  # fmt: skip
+    rows = derived["slowdown"]
+    tp20 = rows[(rows["strategy"] == "tp") & (rows["delay"] == "20ms")].iloc[0]
+    assert tp20["repeats"] == 1 and np.isnan(tp20["slowdown_ci_low"])
+    assert tp20["slowdown_mean"] == pytest.approx(FACTORS[("none", "20ms", "0pct")]["tp"] / 1.01)
+    everything = slowdown_table(summary)
+    assert len(rows) == len(everything)  # the setting stays (one green run)
+    text = " ".join(sensitivity_sentences(rows, marked))
+    assert "leave out the cell the fidelity monitor found host-limited" in text
+    assert "leave out" not in " ".join(sensitivity_sentences(everything, summary))
 
 
 def test_cells_table_shows_the_link_engine(summary: pd.DataFrame) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 
 from commscope.cell.status import failures, ran_products, read_statuses
-from commscope.metrics.study import slowdown_table
+from commscope.metrics.study import monitor_green, slowdown_table
 from commscope.predict.cell import comparison_table, timing_table
 from commscope.spec.link import ReferenceLink
 
@@ -41,7 +41,7 @@ def _slowdown(results: StudyResults) -> pd.DataFrame:
     # The aggregate job's table; derived from the summary for results without the file.
     if results.declared("slowdown"):
         return results.read("slowdown")
-    return slowdown_table(results.summary, results.reference)
+    return slowdown_table(monitor_green(results.summary), results.reference)
 
 
 def _imports(results: StudyResults) -> pd.DataFrame:

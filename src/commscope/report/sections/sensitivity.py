@@ -8,7 +8,7 @@ from typing import Any
 
 import pandas as pd
 
-from commscope.metrics.study import CI_LEVEL, SETUP_AXES
+from commscope.metrics.study import CI_LEVEL, SETUP_AXES, monitor_green
 from commscope.report.results import StudyResults
 from commscope.report.sections._base import Section, setting_label
 from commscope.spec.link import SHAPING, ReferenceLink
@@ -171,18 +171,28 @@ def _engine_sentences(summary: pd.DataFrame) -> list[str]:
 def sensitivity_sentences(
     slowdown: pd.DataFrame, summary: pd.DataFrame, baseline: str = "the unshaped link"
 ) -> list[str]:
-    """The sensitivity section's text computed from the data: settings without a run of their
+    """The sensitivity section's text computed from the data: how many host-limited cells the
+    table and figure leave out (their slowdowns come from the monitor-green cells,
+    :func:`~commscope.metrics.study.monitor_green`), settings without a (kept) run of their
     setup on ``baseline`` (:func:`~commscope.report.sections._base.baseline_link`; listed,
     since they have no slowdown), then which link engine applied delay and loss and how
     accurately (:func:`_engine_sentences`). Nothing for data that is absent."""
     sentences = []
+    limited = len(summary) - len(monitor_green(summary))
+    kept = " that the fidelity monitor kept" if limited else ""
+    if limited:
+        cells = "cell" if limited == 1 else f"{limited} cells"
+        sentences.append(
+            f"The table and the figure leave out the {cells} the fidelity monitor found "
+            "host-limited (see Limitations): there the host, not the link, set the step time."
+        )
     if not slowdown.empty:
         orphans = slowdown[slowdown["baseline_repeats"] == 0]
         if len(orphans):
             listed = "; ".join(_setup_text(r) for r in orphans.to_dict("records"))
             sentences.append(
                 f"{len(orphans)} setting{'' if len(orphans) == 1 else 's'} had no run of "
-                f"{'its' if len(orphans) == 1 else 'their'} setup on {baseline}, so no "
+                f"{'its' if len(orphans) == 1 else 'their'} setup on {baseline}{kept}, so no "
                 f"slowdown: {listed}."
             )
     return [*sentences, *_engine_sentences(summary)]
