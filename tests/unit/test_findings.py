@@ -405,3 +405,24 @@ def test_a_failed_cell_note_keeps_the_findings_tags() -> None:
     (noted,) = lost_sides([f], [{"cell": cell}], ["ddp"])
     assert "[Computed without 1 failed cell" in noted.text
     assert (noted.question, noted.source) == ("sensitivity", "measured")
+
+
+def test_the_knee_order_is_established_only_where_the_knees_intervals_separate() -> None:
+    from commscope.report.findings.link import _knee_ties, _knee_words
+
+    nan, inf = float("nan"), float("inf")
+    order = pd.DataFrame(
+        [  # strategy, knee, its interval: ordered by knee, highest first
+            ("fsdp", 700e6, 650e6, 760e6), ("tp", 620e6, 500e6, 700e6),
+            ("ddp", 610e6, 560e6, 640e6), ("pp", 140e6, 0.0, 300e6), ("ep", 100e6, nan, nan),
+        ],
+        columns=["strategy", "knee_bps", "knee_ci_low_bps", "knee_ci_high_bps"],
+    ).assign(cap_low_bps=200e6, cap_high_bps=1e9, slowdown_low=1.8, slowdown_high=1.0)  # fmt: skip
+    # fsdp's interval reaches tp's, tp's and ddp's overlap; ddp's lies above pp's; ep has none.
+    assert _knee_ties(order) == ["fsdp and tp", "tp and ddp", "pp and ep"]
+    words = [_knee_words(r) for _, r in order.iterrows()]
+    assert words[0].startswith("fsdp 700 Mbit/s, 95 % CI 650-760 Mbit/s (between 200 Mbit/s")
+    assert words[3].startswith("pp 140 Mbit/s, 95 % CI up to 300 Mbit/s (between")
+    assert words[4].startswith("ep 100 Mbit/s (between")
+    high = order.iloc[[0]].assign(knee_ci_high_bps=inf)
+    assert ", 95 % CI from 650 Mbit/s up (" in _knee_words(high.iloc[0])

@@ -78,3 +78,31 @@ def test_step_time_over_repeats_carries_its_interval() -> None:
     assert t.loc["ddp", "ci_low"] == pytest.approx(10 - 3.182446 * sd / 2, abs=1e-5)
     assert t.loc["ddp", "ci_high"] == pytest.approx(10 + 3.182446 * sd / 2, abs=1e-5)
     assert math.isnan(t.loc["pp", "ci_low"]) and t.loc["pp", "repeats"] == 1
+
+
+def _with_intervals(strategy: str, curve: dict[float, tuple[float, float, float]]) -> pd.DataFrame:
+    """A slowdown table against a 1 Gbit/s reference cap: ``curve`` maps a cap to its slowdown
+    and interval; the reference's own row carries an interval the knee must not use."""
+    rows = [{**SETUP, "strategy": strategy, "varied": "baseline", "bw_bps": 1e9}]
+    rows[0] |= {"slowdown_mean": 1.0, "slowdown_ci_low": 0.8, "slowdown_ci_high": 1.25}
+    for cap, (mean, low, high) in curve.items():
+        rows.append({**SETUP, "strategy": strategy, "varied": "bw", "bw_bps": cap})
+        rows[-1] |= {"slowdown_mean": mean, "slowdown_ci_low": low, "slowdown_ci_high": high}
+    return pd.DataFrame(rows)
+
+
+def test_the_knee_carries_the_interval_of_the_curves_through_the_slowdowns_intervals() -> None:
+    t = knee_table(_with_intervals("ddp", {200e6: (1.5, 1.2, 1.9), 100e6: (2.5, 2.0, 3.1)}))
+    r = t.iloc[0]
+    # Each curve from the reference cap (1 exactly) to 200 Mbit/s, linear in 1 / cap:
+    # 1/knee = 1/1G + (1.1 - 1) / (s - 1) x (1/200M - 1/1G), s = 1.5, 1.2 and 1.9.
+    knee = {s: 1 / (1e-9 + 0.1 / (s - 1) * 4e-9) for s in (1.5, 1.2, 1.9)}
+    assert r["knee_bps"] == pytest.approx(knee[1.5])  # 556 Mbit/s
+    assert r["knee_ci_low_bps"] == pytest.approx(knee[1.2])  # 333 Mbit/s
+    assert r["knee_ci_high_bps"] == pytest.approx(knee[1.9])  # 692 Mbit/s
+    # A lower end the caps do not bracket is open (0); a cap run once gives no interval.
+    open_low = knee_table(_with_intervals("pp", {200e6: (1.3, 1.05, 1.6)})).iloc[0]
+    assert open_low["knee_ci_low_bps"] == 0.0 and open_low["knee_ci_high_bps"] > 0
+    once = knee_table(_with_intervals("tp", {200e6: (1.5, math.nan, math.nan)})).iloc[0]
+    assert math.isnan(once["knee_ci_low_bps"]) and math.isnan(once["knee_ci_high_bps"])
+    assert once["knee_bps"] == pytest.approx(knee[1.5])

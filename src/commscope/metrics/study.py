@@ -70,6 +70,8 @@ KNEE_COLUMNS: list[str] = [
     "cap_low_bps",
     "slowdown_high",
     "slowdown_low",
+    "knee_ci_low_bps",
+    "knee_ci_high_bps",
 ]
 
 
@@ -387,6 +389,23 @@ def _knee_of(caps: np.ndarray, slowdowns: np.ndarray, threshold: float) -> dict[
     return out
 
 
+def _knee_bound(rows: pd.DataFrame, side: str, threshold: float) -> float:
+    """One end of a setup's knee interval (:func:`knee_table`): the knee of the curve through
+    its caps' ``slowdown_ci_<side>`` (the reference cap at 1); 0 or inf where that curve's knee
+    lies below or above the caps, NaN when a cap has no interval."""
+    column = f"slowdown_ci_{side}"
+    if column not in rows:
+        return float("nan")
+    bound = rows[column].where(rows["varied"] != "baseline", 1.0)
+    if bound.isna().any():
+        return float("nan")
+    curve = bound.groupby(rows["bw_bps"]).mean().sort_index(ascending=False)
+    knee = _knee_of(curve.index.to_numpy("float64"), curve.to_numpy("float64"), threshold)
+    if not math.isnan(knee["knee_bps"]):
+        return knee["knee_bps"]
+    return float("inf") if not math.isnan(knee["knee_above_bps"]) else 0.0
+
+
 def knee_table(slowdown: pd.DataFrame, threshold: float = KNEE_SLOWDOWN) -> pd.DataFrame:
     """The knee of each setup, read from its measured slowdown curve over the cap.
 
@@ -405,6 +424,11 @@ def knee_table(slowdown: pd.DataFrame, threshold: float = KNEE_SLOWDOWN) -> pd.D
     ``cap_high_bps``/``cap_low_bps`` and ``slowdown_high``/``slowdown_low``: the bracket (only
     its low side, the highest cap, when the knee is above; only its high side, the lowest cap,
     when it is below).
+    ``knee_ci_low_bps``/``knee_ci_high_bps``: the knee's :data:`CI_LEVEL` interval, the knees of
+    the curves through every cap's slowdown interval (``slowdown_ci_low``, ``slowdown_ci_high``;
+    the reference cap at 1, its spread already in each ratio's interval): a curve that slows
+    more reaches the threshold at a higher cap. An end the caps do not bracket is open: 0 below
+    the lowest cap, inf above the highest. NaN when a cap of the curve has no interval (one run).
 
     Columns: :data:`KNEE_COLUMNS`, one row per setup with a capped cell.
     """
@@ -417,7 +441,16 @@ def knee_table(slowdown: pd.DataFrame, threshold: float = KNEE_SLOWDOWN) -> pd.D
     for key, g in rows.groupby(list(SETUP_AXES), sort=True, dropna=False):
         curve = g.groupby("bw_bps")["slowdown_mean"].mean().sort_index(ascending=False)
         knee = _knee_of(curve.index.to_numpy("float64"), curve.to_numpy("float64"), threshold)
-        records.append({**dict(zip(SETUP_AXES, key, strict=True)), "caps": len(curve), **knee})
+        low, high = (_knee_bound(g, side, threshold) for side in ("low", "high"))
+        records.append(
+            {
+                **dict(zip(SETUP_AXES, key, strict=True)),
+                "caps": len(curve),
+                **knee,
+                "knee_ci_low_bps": low,
+                "knee_ci_high_bps": high,
+            }
+        )
     return pd.DataFrame(records, columns=KNEE_COLUMNS)
 
 

@@ -5,6 +5,8 @@ interval over runs, stated as an ordering only where the intervals separate."""
 
 from __future__ import annotations
 
+import itertools
+import math
 from typing import Any
 
 import pandas as pd
@@ -139,12 +141,40 @@ def sensitivity_findings(results: StudyResults) -> list[Finding]:
     ]
 
 
+def _knee_ci_words(row: Any) -> str:
+    """The knee's interval (``knee_ci_low_bps``/``knee_ci_high_bps``), '' without one."""
+    low, high = row.get("knee_ci_low_bps", math.nan), row.get("knee_ci_high_bps", math.nan)
+    if pd.isna(low) or pd.isna(high):
+        return ""
+    if low <= 0 and math.isinf(high):
+        return ", 95 % CI any cap"
+    if low <= 0:
+        return f", 95 % CI up to {high / 1e6:,.0f} Mbit/s"
+    if math.isinf(high):
+        return f", 95 % CI from {low / 1e6:,.0f} Mbit/s up"
+    return f", 95 % CI {low / 1e6:,.0f}-{high / 1e6:,.0f} Mbit/s"
+
+
+def _knee_ties(order: pd.DataFrame) -> list[str]:
+    """Neighbours in the knee order whose lead is not established: the higher knee's interval
+    does not lie wholly above the lower one's (or either has none)."""
+    ties = []
+    rows = list(order.itertuples(index=False))
+    for upper, lower in itertools.pairwise(rows):
+        if pd.isna(upper.knee_bps) or pd.isna(lower.knee_bps):
+            continue  # a knee off the caps is ordered by the side it lies on
+        if not (upper.knee_ci_low_bps > lower.knee_ci_high_bps):  # NaN: no interval
+            ties.append(f"{upper.strategy} and {lower.strategy}")
+    return ties
+
+
 def _knee_words(row: Any) -> str:
-    """One strategy's knee: its value and bracket, or the side of the caps it lies on."""
+    """One strategy's knee: its value, interval and bracket, or the side of the caps it lies
+    on."""
     if pd.notna(row["knee_bps"]):
         return (
-            f"{row['strategy']} {row['knee_bps'] / 1e6:,.0f} Mbit/s (between "
-            f"{row['cap_low_bps'] / 1e6:g} Mbit/s, {row['slowdown_low']:.2f}x, and "
+            f"{row['strategy']} {row['knee_bps'] / 1e6:,.0f} Mbit/s{_knee_ci_words(row)} "
+            f"(between {row['cap_low_bps'] / 1e6:g} Mbit/s, {row['slowdown_low']:.2f}x, and "
             f"{row['cap_high_bps'] / 1e6:g} Mbit/s, {row['slowdown_high']:.2f}x)"
         )
     if pd.notna(row["knee_above_bps"]):
@@ -202,6 +232,12 @@ def link_findings(results: StudyResults) -> list[Finding]:
             + f", read off the slowdown curve; {setup_words(first)}): "
             + "; ".join(_knee_words(r) for _, r in order.iterrows())
         )
+        ties = _knee_ties(order)
+        if ties:
+            text += (
+                f". Not established: the order of {', of '.join(ties)} (the 95 % intervals "
+                "of their knees overlap)"
+            )
         if "wire_tx_bytes_per_step_per_node" in group:
             rate = group["wire_tx_bytes_per_step_per_node"] * 8 / group["step_time_mean_s"]
             rate = pd.Series(rate.to_numpy(), index=group["strategy"]).dropna()
