@@ -399,9 +399,12 @@ def _by_strategy(table: pd.DataFrame, column: str) -> list[tuple[str, Spread]]:
 
 
 def _pct_interval(v: Spread) -> str:
+    """A share's interval over runs in percent, within 0-100 %: the t interval of a mean of
+    shares can reach past them (fsdp's overlap, 0 % in three runs, read '-0-0 %')."""
     if pd.isna(v.low):
         return "one run" if v.n == 1 else f"{v.n} runs"
-    return f"95 % CI {100 * v.low:.0f}-{100 * v.high:.0f} %, {v.n} runs"
+    low, high = 100 * max(v.low, 0.0), 100 * min(v.high, 1.0)
+    return f"95 % CI {low:.0f}-{high:.0f} %, {v.n} runs"
 
 
 def _where(row: dict[str, Any]) -> str:
