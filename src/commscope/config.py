@@ -495,8 +495,9 @@ DEFAULT_LINK_S = 35.0
 # a Snakemake of its own and the scheduler stopped re-running every second, 8 s (7.6 and 8.3 in
 # two studies) once the per-cell jobs stopped importing seaborn, SSH and pandas they do not use,
 # 6.5 s (6.2 and 6.6) with parse, metrics, figure and export in one job a cell (analyse_cell),
-# which since session 15 also predicts the cell (predict_cell's own job is gone).
-ANALYSIS_CELL_S = 6.5
+# which since session 15 also predicts the cell (predict_cell's own job is gone): 5.7 and
+# 5.9 s (387 and 402 s over 68 cells, study-wide jobs included).
+ANALYSIS_CELL_S = 5.8
 
 
 @dataclass(frozen=True)
