@@ -454,13 +454,19 @@ def knee_table(slowdown: pd.DataFrame, threshold: float = KNEE_SLOWDOWN) -> pd.D
     return pd.DataFrame(records, columns=KNEE_COLUMNS)
 
 
+def host_limited_mask(table: pd.DataFrame) -> pd.Series:
+    """Per row of a summary-like table: was the cell host-limited (the summary's
+    ``host_limited``, docs/fidelity.md; a table without the column, from before the monitor,
+    has none)? The one reading of the monitor's verdict for the tables, findings and report."""
+    if "host_limited" not in table:
+        return pd.Series(False, index=table.index)
+    return table["host_limited"].astype("boolean").fillna(False).astype(bool)
+
+
 def monitor_green(summary: pd.DataFrame) -> pd.DataFrame:
-    """The summary's rows of cells the fidelity monitor did not mark host-limited (all rows of a
-    summary without ``host_limited``, from before the monitor): the cells whose step time the
-    network, not the host, set (docs/fidelity.md)."""
-    if summary.empty or "host_limited" not in summary:
-        return summary
-    return summary[~summary["host_limited"].astype("boolean").fillna(False).to_numpy(bool)]
+    """The summary's rows of cells the fidelity monitor did not mark host-limited
+    (:func:`host_limited_mask`): the cells whose step time the network, not the host, set."""
+    return summary[~host_limited_mask(summary)]
 
 
 def derive_study_tables(

@@ -15,6 +15,7 @@ import pandas as pd
 from commscope.contracts import is_replay
 from commscope.metrics.study import (
     baseline_rows,
+    host_limited_mask,
     mean_ci,
     runs_to_separate,
     slowdown_table,
@@ -83,8 +84,7 @@ def host_limited_cells(results: Any) -> set[str]:
     summary = results.summary
     if summary.empty or "host_limited" not in summary or "cell" not in summary:
         return set()
-    limited = summary["host_limited"].astype("boolean").fillna(False).to_numpy(bool)
-    return set(summary.loc[limited, "cell"].astype(str))
+    return set(summary.loc[host_limited_mask(summary), "cell"].astype(str))
 
 
 def kept(results: Any, name: str) -> tuple[pd.DataFrame, int]:

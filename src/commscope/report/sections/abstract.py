@@ -10,7 +10,7 @@ from typing import Any
 import pandas as pd
 
 from commscope.contracts import is_replay
-from commscope.metrics.study import link_number_columns
+from commscope.metrics.study import host_limited_mask, link_number_columns
 from commscope.report.results import StudyResults
 from commscope.report.sections._base import baseline_link
 from commscope.spec.link import LINK_NUMBER_COLUMNS
@@ -109,7 +109,7 @@ def abstract_sentences(results: StudyResults) -> list[str]:
         )
     if "host_limited" in summary and "monitored" in summary:
         watched = summary["monitored"].fillna(False).astype(bool)
-        limited = summary["host_limited"].fillna(False).astype(bool) & watched
+        limited = host_limited_mask(summary) & watched
         head = f"A fidelity monitor watched {int(watched.sum())} of {len(summary)} cells and found "
         sentences.append(
             head + f"the host, not the network, set the step time of {int(limited.sum())} (listed "

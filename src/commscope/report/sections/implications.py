@@ -16,7 +16,13 @@ import numpy as np
 import pandas as pd
 
 from commscope.contracts import is_replay
-from commscope.metrics.study import CI_LEVEL, SETUP_AXES, link_number_columns, mean_ci
+from commscope.metrics.study import (
+    CI_LEVEL,
+    SETUP_AXES,
+    host_limited_mask,
+    link_number_columns,
+    mean_ci,
+)
 from commscope.report.results import StudyResults
 from commscope.report.sections._base import Section, setting_label, than_baseline
 from commscope.spec.link import LINK_NUMBER_COLUMNS
@@ -27,14 +33,6 @@ AVOID_SLOWDOWN = 2.0
 
 # What makes two cells the same setup apart from their strategy (and their link).
 SETUP = [a for a in SETUP_AXES if a != "strategy"]
-
-
-def host_limited_mask(table: pd.DataFrame) -> pd.Series:
-    """Per row of a summary-like table: was the cell host-limited (the summary's
-    ``host_limited``; a table without the column, from before the monitor, has none)?"""
-    if "host_limited" not in table:
-        return pd.Series(False, index=table.index)
-    return table["host_limited"].fillna(False).astype(bool)
 
 
 def _usable(summary: pd.DataFrame) -> pd.DataFrame:

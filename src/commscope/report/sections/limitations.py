@@ -20,9 +20,9 @@ from commscope.metrics.fidelity import (
     RANK_WAIT_BOUND,
     STEAL_BOUND,
 )
+from commscope.metrics.study import host_limited_mask
 from commscope.report.results import StudyResults
 from commscope.report.sections._base import Section, setting_label
-from commscope.report.sections.implications import host_limited_mask
 from commscope.units import fmt_count, fmt_us, is_missing
 
 # limited_by's words -> (summary column, bound, what waited)
