@@ -10,7 +10,8 @@ modes, each in a fresh interpreter, alternating over ``--rounds``:
         it and stamps the op's end in a Python done-callback on its Future: the part of the
         capture's path that its nested c10d kernel and ``_watch`` take;
 - cxx:  the same kernel in C++ (``benchmarks/native/c10d_end_stamp.cpp``, built once with
-        ``torch.utils.cpp_extension.load`` into ``--build``): the callback runs on gloo's
+        ``torch.utils.cpp_extension.load`` into ``--build``, by default
+        ``~/.cache/commscope/native``): the callback runs on gloo's
         thread without the GIL.
 
 Per mode it prints the minimum and the median over blocks of every round. The extension is a
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import shutil
 import statistics
 import subprocess
 import sys
@@ -62,7 +64,9 @@ def measure(mode: str, build: Path, blocks: int) -> list[float]:
     import torch
     import torch.distributed as dist
 
-    store = dist.FileStore(tempfile.mktemp(), 1)
+    # The rendezvous file in a directory of our own (mkdtemp: 0700), never a guessable name.
+    rendezvous = Path(tempfile.mkdtemp(prefix="cs-native-"))
+    store = dist.FileStore(str(rendezvous / "store"), 1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     stamped = None  # how many ends the kernel stamped: a kernel that never ran measures nothing
     if mode == "py":
@@ -86,6 +90,7 @@ def measure(mode: str, build: Path, blocks: int) -> list[float]:
     if stamped is not None and stamped() < 1000 * blocks:
         raise RuntimeError(f"{mode}: only {stamped()} of {1000 * blocks}+ ops stamped their end")
     dist.destroy_process_group()
+    shutil.rmtree(rendezvous, ignore_errors=True)
     return per_op
 
 
@@ -93,7 +98,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--blocks", type=int, default=7)
-    ap.add_argument("--build", type=Path, default=Path(tempfile.gettempdir()) / "cs_native")
+    # The built extension is loaded into this process: its directory must be the user's own,
+    # not a fixed name under /tmp that another local user could create first.
+    ap.add_argument("--build", type=Path, default=Path.home() / ".cache" / "commscope" / "native")
     ap.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)  # one child's mode
     args = ap.parse_args()
     if args.mode:
