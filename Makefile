@@ -7,7 +7,9 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup system-deps study test test-unit lint clean-cluster
 
-setup: system-deps $(STAMP)
+NATIVE := $(VENV)/.capture-native
+
+setup: system-deps $(STAMP) $(NATIVE)
 
 system-deps:
 	@bash envs/bootstrap.sh
@@ -18,6 +20,11 @@ $(STAMP): envs/requirements.txt envs/dev-requirements.txt pyproject.toml
 	$(BIN)/pip install -q -r envs/dev-requirements.txt
 	$(BIN)/pip install -q --no-deps -e .
 	touch $(STAMP)
+
+# The capture's C++ kernel, built against this environment's torch into it (~1 min once).
+$(NATIVE): $(STAMP) src/commscope/workload/capture_native.cpp src/commscope/workload/capture_native.py
+	$(BIN)/python -m commscope.workload.capture_native
+	touch $(NATIVE)
 
 study: setup
 	source $(BIN)/activate && snakemake --cores 8 report

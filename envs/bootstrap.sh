@@ -26,6 +26,8 @@ command -v llvm-strip >/dev/null || need+=(llvm)
 command -v nft >/dev/null || need+=(nftables)
 command -v iptables >/dev/null || need+=(iptables)
 command -v cc >/dev/null || need+=(gcc libc6-dev)
+# The capture's native kernel (commscope.workload.capture_native), built against torch.
+command -v c++ >/dev/null || need+=(g++)
 [ -e /usr/include/libnetfilter_queue/libnetfilter_queue.h ] || need+=(libnetfilter-queue-dev)
 python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
 # The report is checked as a reader meets it: in headless Chromium (tests/integration/browser.py).

@@ -76,17 +76,21 @@ def _worker(rank: int, world: int, jobs: dict[str, dict], ports: dict[str, int],
     )
     import torch
 
-    from commscope.workload import capture, train
+    from commscope.workload import capture, capture_native, train
 
     torch.set_num_threads(1)
     for name, job in jobs.items():
         os.environ["MASTER_PORT"] = str(ports[name])
+        # The kernel under functional collectives: the native one (make setup builds it) unless
+        # the job asks for the Python one; train.run installs the capture anew.
+        os.environ[capture_native.ENV] = job.get("capture", "native")
+        capture.uninstall()
         capture.reset()
         capture.set_step(-1)
         capture.set_phase("other")
         train.run(
             {
-                **job,
+                **{k: v for k, v in job.items() if k != "capture"},
                 "device": "cpu",
                 "threads": 1,
                 "pg_timeout_s": 60,
@@ -128,6 +132,9 @@ DDP_BUCKETS = {"dp": -1, "bucket_cap_mb": 0.01}
 JOBS2: dict[str, dict[str, Any]] = {
     **{s: {"plan": PLANS[s], "model": MODEL, "steps": STEPS} for s in STRATEGIES if s != "fsdp"},
     "ddp-buckets": {"plan": DDP_BUCKETS, "model": MODEL, "steps": STEPS},
+    # TP again with the capture's Python kernels (no native build, COMMSCOPE_CAPTURE=python):
+    # the same rows, ends and waits.
+    "tp-python": {"plan": PLANS["tp"], "model": MODEL, "steps": STEPS, "capture": "python"},
     "resnet50": {"plan": BUILTIN_STRATEGIES["ddp"], "model": RESNET, "steps": RESNET_STEPS},
     "fsdp": {"plan": PLANS["fsdp"], "model": MODEL, "steps": STEPS},
 }
@@ -155,6 +162,8 @@ def test_rank_metadata(traces: dict, strategy: str) -> None:
     meta = traces[strategy]["meta"]
     assert [m["rank"] for m in meta] == [0, 1]
     assert all(m["world_size"] == WORLD and m["backend"] == "gloo" for m in meta)
+    # make setup builds the native kernel: a rank that fell back to Python would cost more.
+    assert {m["capture"] for m in meta} == {"native"}
     # The plan as resolved for this world is recorded with every rank.
     plan = ParallelPlan.from_dict(JOBS2[strategy]["plan"]).resolve(WORLD)
     assert all(ParallelPlan(**m["plan"]) == plan for m in meta)
@@ -322,8 +331,9 @@ def test_pp_waits_on_its_sends_and_recvs_in_the_schedule(traces: dict) -> None:
     assert (sends["wait_ns"] < sends["t_end_ns"] - sends["t_issue_ns"]).any()
 
 
-def test_tp_waits_on_every_functional_all_reduce_at_first_use(traces: dict) -> None:
-    ops = _in_steps(traces["tp"]["ops"])
+@pytest.mark.parametrize("job", ["tp", "tp-python"])
+def test_tp_waits_on_every_functional_all_reduce_at_first_use(traces: dict, job: str) -> None:
+    ops = _in_steps(traces[job]["ops"])
     functional = ops[ops["source"] == "functional"]
     assert len(functional) > 0
     # Forward and backward alike: AsyncCollectiveTensor's wait (on a view of the output, below
@@ -439,8 +449,9 @@ def test_fsdp_reduce_scatter_completion_times(traces: dict) -> None:
 # ─────────────────────────────────────────────────────────── TP
 
 
-def test_tp_allreduces_per_layer(traces: dict) -> None:
-    ops = traces["tp"]["ops"]
+@pytest.mark.parametrize("job", ["tp", "tp-python"])
+def test_tp_allreduces_per_layer(traces: dict, job: str) -> None:
+    ops = traces[job]["ops"]
     steps = _in_steps(ops)
     assert set(steps["op"]) == {"allreduce"}
     assert (steps["source"] == "functional").all()  # DTensor redistributions
@@ -463,8 +474,9 @@ def test_tp_allreduces_per_layer(traces: dict) -> None:
     assert set(setup["op"]) == {"scatter", "broadcast", "barrier"}
 
 
-def test_tp_completion_times(traces: dict) -> None:
-    ops = traces["tp"]["ops"]
+@pytest.mark.parametrize("job", ["tp", "tp-python"])
+def test_tp_completion_times(traces: dict, job: str) -> None:
+    ops = traces[job]["ops"]
     steps = _in_steps(ops)
     assert len(steps) == WORLD * STEPS * 6 * L
     # Forward all-reduces too: DTensor's AsyncCollectiveTensor waits below the autograd keys,
@@ -474,17 +486,35 @@ def test_tp_completion_times(traces: dict) -> None:
     # A forward all-reduce completes before the forward is over (its result feeds the next
     # layer), and long before the step ends.
     fwd = steps[steps["phase"] == "fwd"]
-    bounds = traces["tp"]["steps"]
+    bounds = traces[job]["steps"]
     fwd_end = bounds[bounds["phase"] == "fwd"].set_index(["rank", "step"])["t_end_ns"]
     ends = fwd.set_index(["rank", "step"])["t_end_ns"].astype("int64")
     assert (ends <= fwd_end.loc[ends.index] + GIL_SLACK_NS).all()
 
 
-def test_tp_completion_times_keep_nanosecond_precision(traces: dict) -> None:
-    ends = traces["tp"]["ops"]["t_end_ns"].dropna().astype("int64")
+@pytest.mark.parametrize("job", ["tp", "tp-python"])
+def test_tp_completion_times_keep_nanosecond_precision(traces: dict, job: str) -> None:
+    ends = traces[job]["ops"]["t_end_ns"].dropna().astype("int64")
     assert len(ends) > 20
     # Real time_ns() values are multiples of 256 only by chance (1 in 256 each).
     assert not (ends % 256 == 0).all()
+
+
+def test_tp_native_ends_need_no_gil_slack(traces: dict) -> None:
+    """The native kernel stamps a functional op's end on gloo's thread as its future completes,
+    without the GIL: before the training thread's wait on it returns, every time (the Python
+    callback may run up to GIL_SLACK_NS later)."""
+    meta = traces["tp"]["meta"]
+    assert {m["capture"] for m in meta} == {"native"}
+    assert {m["capture"] for m in traces["tp-python"]["meta"]} == {"python"}
+    ops = _in_steps(traces["tp"]["ops"])
+    waited = ops[ops["wait_ns"] > 0]
+    assert len(waited) > 0
+    assert (waited["t_end_ns"] <= waited["t_wait_end_ns"]).all()
+    # The two runs record the same ops (only the times differ).
+    cols = ["rank", "op", "source", "group", "bytes", "seq", "step", "phase"]
+    python = traces["tp-python"]["ops"][cols].reset_index(drop=True)
+    assert traces["tp"]["ops"][cols].reset_index(drop=True).equals(python)
 
 
 # ─────────────────────────────────────────────────────────── PP

@@ -291,6 +291,9 @@ def _cell_meta(
         "torch": ranks[0]["torch"] if ranks else None,
         "plan": ranks[0].get("plan") if ranks else None,
         "captures": run_meta.get("captures"),
+        # The capture's kernel under functional collectives: "native" (C++) or "python"
+        # (a build was missing: more CPU per functional op, docs/overhead.md).
+        "capture_kernel": sorted({r.get("capture", "python") for r in ranks}),
         "clock": run_meta.get("clock"),
         "links": run_meta.get("links"),
         # Which engine applied delay/jitter/loss, and its record (delayer lateness, drops).

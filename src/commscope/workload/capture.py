@@ -64,6 +64,7 @@ import torch
 import torch.distributed as dist
 
 from commscope.contracts import OPS_COLUMNS, P2P_OPS, ROOTED_OPS, WAIT_COLUMNS
+from commscope.workload import capture_native
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -159,6 +160,8 @@ class _Table:
         self.t_end: list[int | None] = []
         self.w_start: list[int | None] = []
         self.w_end: list[int | None] = []
+        # Rows whose end the native kernel stamps: row -> its slot (capture_native.ends).
+        self.slots: dict[int, int] = {}
 
 
 class _State:
@@ -185,6 +188,10 @@ class _State:
 
 _STATE = _State()
 _LIBS: list[torch.library.Library] = []
+# The native kernel (capture_native) while installed, else None: the Python kernels run.
+_NATIVE: Any = None
+# Its end stamps' reader, kept after uninstall(): a table's slots outlive the kernel.
+_NATIVE_ENDS: Any = None
 # The functional row whose C++ kernel is running on this thread: [row, table, work seen].
 _TLS = threading.local()
 _DTYPES: dict[torch.dtype, str] = {}
@@ -634,16 +641,19 @@ def _make_functional_kernel(overload: Any, op: str):  # noqa: ANN202
             with _BELOW_AUTOGRAD(), _BELOW_INPLACE_OR_VIEW(), _NO_TORCH_FUNCTION():
                 return call(*args, **kwargs)
         row, table = _record(op, "functional", spec, args, kwargs)
-        parent = [row, table, False]
-        _TLS.parent = parent
-        try:
-            with _BELOW_AUTOGRAD(), _NO_TORCH_FUNCTION():
-                out = call(*args, **kwargs)
-        finally:
-            _TLS.parent = None
-        # The wait on an output is the row's wait, and its end the op's end when no inner
-        # Work was seen (a backend whose functional kernel hides it).
-        sets_end = not parent[2]
+        if _NATIVE is not None:
+            out, sets_end = _call_native(call, args, kwargs, table, row)
+        else:
+            parent = [row, table, False]
+            _TLS.parent = parent
+            try:
+                with _BELOW_AUTOGRAD(), _NO_TORCH_FUNCTION():
+                    out = call(*args, **kwargs)
+            finally:
+                _TLS.parent = None
+            # The wait on an output is the row's wait, and its end the op's end when no inner
+            # Work was seen (a backend whose functional kernel hides it).
+            sets_end = not parent[2]
         pending = _STATE.pending
         if len(pending) > _PENDING_MAX:  # outputs never waited on (dropped by their caller)
             for key in list(pending)[: _PENDING_MAX // 2]:  # the oldest half
@@ -660,6 +670,31 @@ def _make_functional_kernel(overload: Any, op: str):  # noqa: ANN202
 _PENDING_MAX = 4096
 
 
+def _call_native(call: Any, args: tuple, kwargs: dict, table: _Table, row: int) -> tuple:
+    """Run a functional op's C++ kernel with the native kernel tying its inner c10d op's
+    Work to ``row``; returns (the op's output, whether the wait on it also stamps its end: no
+    inner Work was seen)."""
+    slot = _NATIVE.begin()
+    try:
+        with _BELOW_AUTOGRAD(), _NO_TORCH_FUNCTION():
+            out = call(*args, **kwargs)
+    finally:
+        seen = _NATIVE.end()
+    if seen.__class__ is int:
+        if seen == _HOOKED:
+            table.slots[row] = slot
+        elif seen == _COMPLETED_INSIDE:
+            _completed_inside(table, row)
+        return out, seen == _NOT_REACHED
+    # A Work without a future (gloo reduce-scatter): a thread waits on it, as in _watch.
+    _WAITER.add(dist.Work.unbox(seen), table.t_end, row)
+    return out, False
+
+
+# capture_native's end(): what the inner c10d op did.
+_NOT_REACHED, _HOOKED, _COMPLETED_INSIDE = 0, 1, 2
+
+
 def _wait_kernel(overload: Any):  # noqa: ANN202
     def kernel(tensor: torch.Tensor) -> torch.Tensor:
         claimed = _claim(tensor)
@@ -673,10 +708,13 @@ def _wait_kernel(overload: Any):  # noqa: ANN202
 
 def install() -> None:
     """Register the recording kernels and wrap the Python waits (once per process). Recording
-    starts with enable()."""
-    global _FC_WAIT
+    starts with enable(). The kernel under functional collectives is the native one when it is
+    built (:mod:`capture_native`), else Python's: :func:`impl` says which."""
+    global _FC_WAIT, _NATIVE, _NATIVE_ENDS
     if _LIBS:
         return
+    native = capture_native.load()
+    nested: dict[str, Any] = {}  # the native kernel's Python fallback, per operator
     for namespace, table, factory in (
         ("c10d", C10D_OPS, _make_c10d_kernel),
         ("_c10d_functional", FUNCTIONAL_OPS, _make_functional_kernel),
@@ -691,11 +729,20 @@ def install() -> None:
             for key in _AUTOGRAD_KEYS:
                 lib.impl(name, factory(overload, canonical), key)
             if namespace == "c10d":
-                lib.impl(name, _make_nested_c10d_kernel(overload, canonical), "ADInplaceOrView")
+                kernel = _make_nested_c10d_kernel(overload, canonical)
+                if native is None:
+                    lib.impl(name, kernel, "ADInplaceOrView")
+                else:
+                    nested[f"c10d::{name}"] = kernel
         if namespace == "_c10d_functional":
             wait = ns_ops.wait_tensor.default
             for key in _AUTOGRAD_KEYS:
                 lib.impl("wait_tensor", _wait_kernel(wait), key)
+    if native is not None:
+        native.install([n.removeprefix("c10d::") for n in nested], nested)
+        native.set_enabled(_STATE.enabled)
+        _NATIVE = native
+        _NATIVE_ENDS = native.ends
     # Every Python wait on a Work goes through the class attribute (pybind method).
     dist.Work.wait = _work_wait
     import torch.distributed._functional_collectives as funcol
@@ -707,9 +754,12 @@ def install() -> None:
 def uninstall() -> None:
     """Remove the recording kernels and the wait wrappers again (the overhead benchmark's
     baseline runs without them); install() registers them anew."""
-    global _FC_WAIT
+    global _FC_WAIT, _NATIVE
     while _LIBS:
         _LIBS.pop()._destroy()
+    if _NATIVE is not None:
+        _NATIVE.uninstall()
+        _NATIVE = None
     dist.Work.wait = _WORK_WAIT
     if _FC_WAIT is not None:
         sys.modules["torch.distributed._functional_collectives"].wait_tensor = _FC_WAIT
@@ -722,6 +772,16 @@ def enable(on: bool = True) -> None:
     if on:
         _STATE.thread = threading.get_ident()
     _STATE.enabled = on
+    if _NATIVE is not None:
+        _NATIVE.set_enabled(on)
+
+
+def impl() -> str:
+    """Which kernel ties functional collectives to their rows: "native" (capture_native's C++
+    kernel) or "python"; "none" before install()."""
+    if not _LIBS:
+        return "none"
+    return "native" if _NATIVE is not None else "python"
 
 
 def set_step(step: int) -> None:
@@ -760,7 +820,20 @@ def records() -> list[OpRecord]:
     """Everything recorded so far in this process (issue order), one OpRecord per op (their
     waits: :func:`frame`)."""
     table = _STATE.table
-    return [OpRecord(*row, t_end) for row, t_end in zip(table.rows, table.t_end, strict=False)]
+    n = len(table.rows)
+    ends = _ends(table, n)
+    return [OpRecord(*row, t_end) for row, t_end in zip(table.rows[:n], ends, strict=True)]
+
+
+def _ends(table: _Table, n: int) -> list[int | None]:
+    """``t_end_ns`` of the first ``n`` rows of ``table``, with the native kernel's stamps."""
+    ends = table.t_end[:n]
+    slotted = [(row, slot) for row, slot in table.slots.items() if row < n and ends[row] is None]
+    if slotted and _NATIVE_ENDS is not None:
+        stamps = _NATIVE_ENDS([slot for _, slot in slotted])
+        for (row, _), stamp in zip(slotted, stamps, strict=True):
+            ends[row] = stamp or None  # 0: not completed (yet)
+    return ends
 
 
 def frame() -> pd.DataFrame:
@@ -776,7 +849,7 @@ def frame() -> pd.DataFrame:
     for col in ("group_size", "peer", "root", "numel", "bytes", "bytes_out", "seq", "step"):
         ops[col] = ops[col].astype("int64")
     ops["t_issue_ns"] = ops["t_issue_ns"].astype("int64")
-    ops["t_end_ns"] = pd.array(table.t_end[:n], dtype="Int64")
+    ops["t_end_ns"] = pd.array(_ends(table, n), dtype="Int64")
     for col, values in zip(WAIT_COLUMNS, _waits(table, n), strict=True):
         ops[col] = pd.array(values, dtype="Int64")
     return ops

@@ -131,5 +131,5 @@ def close_rank(start: RankStart, meta: dict[str, Any], linger_s: float) -> None:
     dist.destroy_process_group()
     timeline["closed"] = time.time_ns()
     (start.out_dir / rank_meta_file(start.rank)).write_text(
-        json.dumps({**meta, "timeline_ns": timeline}, indent=2)
+        json.dumps({**meta, "capture": capture.impl(), "timeline_ns": timeline}, indent=2)
     )
