@@ -8,7 +8,10 @@ other load on the host hit every mode of a round alike and cancel in the round's
 
 - off:               no capture kernels registered at all (the true baseline)
 - installed:         kernels registered, recording disabled (what every op pays regardless)
-- capture:           op capture on (the torch.library kernels on every c10d op)
+- capture:           op capture on (the torch.library kernels on every c10d op; under
+                     functional collectives the native kernel, capture_native, when built)
+- capture-python:    the same with the Python kernel under functional collectives
+                     (COMMSCOPE_CAPTURE=python: what a rank without the native build pays)
 - capture@FILE:      the same with another version of the capture module (``--compare FILE``,
                      e.g. the previous commit's capture.py): before/after in one paired run
 - capture+sampler:   capture on and the real 1 kHz interface sampler running (a separate
@@ -34,8 +37,10 @@ with it the BPF program's per-packet cost, is then that of a real link (loopback
 
 ``--per-op`` instead measures what one op costs (one rank, gloo, a 4-element tensor): CPU time
 per c10d all-reduce and per functional all-reduce + wait_tensor with no kernels, kernels
-installed but disabled, and recording; the minimum over rounds, as CPU time of this process
-(all threads, so completion callbacks count) is least disturbed by other load.
+installed but disabled, recording, and recording with the Python kernel under functional
+collectives (``recording-python``); per mode the mean over rounds of its paired difference to
+``none`` with a 95 % t interval, as CPU time of this process (all threads, so completion
+callbacks count).
 """
 
 from __future__ import annotations
@@ -63,7 +68,7 @@ import torch.multiprocessing as mp
 from commscope.node.sampler import default_cache_dir
 from commscope.node.wire import build_object, prog_stats, ring_slots
 from commscope.spec.plan import BUILTIN_STRATEGIES, ParallelPlan
-from commscope.workload import capture
+from commscope.workload import capture, capture_native
 from commscope.workload.trainer import StepLog, Trainer
 
 MODEL = {"layers": 4, "hidden": 128, "heads": 4, "seq": 64, "vocab": 1024, "batch": 8}
@@ -71,6 +76,7 @@ MODES = (
     "off",
     "installed",
     "capture",
+    "capture-python",
     "capture+sampler",
     "capture+pysampler",
     "capture+bpf",
@@ -194,6 +200,7 @@ def _worker(
             for module in (capture, other):
                 if module is not None:
                     module.uninstall()
+            os.environ[capture_native.ENV] = "python" if mode == "capture-python" else "native"
             if mode != "off" and mode != "profiler":
                 cap.install()
             cap.enable(mode.startswith("capture"))
@@ -256,9 +263,12 @@ def _per_op(rounds: int, compare: Path | None, n: int = 200) -> None:
         ("none", None, False),
         ("installed", capture, False),
         ("recording", capture, True),
+        ("recording-python", capture, True),
     ]
     if other is not None:
         modes.append((f"recording@{compare.name}", other, True))
+    if capture_native.load() is None:
+        print("(no native build: make setup; recording runs the Python kernels too)")
     rng = random.Random(1234)
     print(
         f"us of CPU per op: mean over {rounds} rounds of {n} ops (95 % CI); load average ", end=""
@@ -271,6 +281,8 @@ def _per_op(rounds: int, compare: Path | None, n: int = 200) -> None:
                 for m in (capture, other):
                     if m is not None:
                         m.uninstall()
+                python = mode == "recording-python"
+                os.environ[capture_native.ENV] = "python" if python else "native"
                 if module is not None:
                     module.install()
                     module.enable(on)

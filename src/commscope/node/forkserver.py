@@ -69,7 +69,14 @@ REQUEST_TRIES = 3
 MAX_SPAWNS = 5
 # Read by the OpenMP/MKL runtimes when torch is imported: a server imported with other values
 # would give its ranks other thread pools, so they are part of its identity.
-IMPORT_TIME_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONPATH", "CUDA_VISIBLE_DEVICES")
+# COMMSCOPE_CAPTURE: which capture kernel the preload installs (commscope.workload.capture_native).
+IMPORT_TIME_ENV = (
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "PYTHONPATH",
+    "CUDA_VISIBLE_DEVICES",
+    "COMMSCOPE_CAPTURE",
+)
 
 
 class LaunchError(RuntimeError):
@@ -110,7 +117,11 @@ def fingerprint(preload: Sequence[str]) -> str:
         if spec and spec.origin:
             roots.append(Path(spec.origin).parent)
     pkg_root = roots[0] if roots else None
-    for path in sorted(pkg_root.rglob("*.py")) if pkg_root else ():
+    sources = [*pkg_root.rglob("*.py"), *pkg_root.rglob("*.cpp")] if pkg_root else []
+    # The native extensions built into this environment (the capture's kernel): a server
+    # started before a build must not keep running the Python kernels.
+    sources += Path(sys.prefix, "share", "commscope").glob("*.so")
+    for path in sorted(sources):
         st = path.stat()
         h.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}".encode())
     for root in roots[1:]:  # torch: its version file says enough
