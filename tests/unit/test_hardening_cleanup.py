@@ -77,6 +77,19 @@ def test_a_node_namespace_is_exactly_what_ns_name_writes(ns: str, cluster: str |
         assert teardown.ns_name(cluster, int(ns.rsplit("-", 1)[1])) == ns
 
 
+@pytest.mark.parametrize(
+    ("ns", "cluster"),
+    [("cs-abc-leaf0", "abc"), ("cs-cs-spine3", "cs"), ("cs-abc-leaf12", "abc")]
+    + [(ns, None) for ns in ("cs-abc-leaf", "cs-abc-leaf01", "cs-abc-core0", "cs-abc-spine-1")],
+)
+def test_a_router_namespace_is_exactly_what_router_ns_writes(ns: str, cluster: str | None) -> None:
+    from commscope.cluster.fabric import router_ns
+
+    assert cluster_of_netns(ns) == cluster
+    if cluster is not None:
+        assert router_ns(cluster, ns.rsplit("-", 1)[1]) == ns
+
+
 def test_cleanup_all_takes_only_the_namespaces_and_links_commscope_made(
     machine: dict[str, list[str]],
 ) -> None:

@@ -50,6 +50,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from commscope.cluster import fabric
 from commscope.cluster.claim import check_cluster_name
 from commscope.cluster.hosts import Cluster, Host, NodeSpec, on_all
 from commscope.cluster.machine import allow_congestion_controls, require_root
@@ -63,6 +64,7 @@ from commscope.cluster.teardown import (
     remove_cluster,
 )
 from commscope.spec.settings import check_mtu, subnet_problem
+from commscope.spec.topology import Topology
 
 log = logging.getLogger(__name__)
 
@@ -149,8 +151,13 @@ def provision_netns(
     connect_timeout: float = 10.0,
     mtu: int = 1500,
     offload: bool = False,
+    topology: Topology | None = None,
 ) -> Cluster:
     """Build (or reuse) the emulated cluster ``name`` with ``n_nodes`` nodes; return it.
+
+    ``topology`` (default flat): the nodes' experiment links meet on one bridge, or on the
+    leaves of a leaf-spine fabric (:mod:`commscope.cluster.fabric`); ``extra["fabric"]``
+    records its routers and links.
 
     Idempotent: if state_dir/cluster.json describes a live cluster of this name with at least
     ``n_nodes`` nodes on the same subnets and every node's sshd answers, that cluster is returned
@@ -164,8 +171,11 @@ def provision_netns(
     if not isinstance(n_nodes, int) or n_nodes < 1:
         raise ValueError(f"n_nodes={n_nodes!r} must be a positive integer (e.g. 2)")
     check_mtu(mtu)
+    topology = topology or Topology()
+    topology.check_fits(n_nodes, f"this study ({n_nodes} nodes)")
     mgmt_net, mgmt_addrs = _subnet_hosts(mgmt_subnet, "mgmt_subnet", n_nodes)
     exp_net, exp_addrs = _subnet_hosts(exp_subnet, "exp_subnet", n_nodes)
+    fabric.check_addresses(exp_net, topology, n_nodes)
     if mgmt_net.overlaps(exp_net):
         raise ValueError(
             f"mgmt_subnet={mgmt_subnet!r} and exp_subnet={exp_subnet!r} overlap; "
@@ -189,7 +199,7 @@ def provision_netns(
         raise RuntimeError(f"{SSHD} not found: install openssh-server")
     state_dir = Path(state_dir).resolve()
     with lock_state_dir(state_dir):
-        existing = _reuse(name, n_nodes, state_dir, mgmt_subnet, exp_subnet, python)
+        existing = _reuse(name, n_nodes, state_dir, mgmt_subnet, exp_subnet, python, topology)
         if existing is not None:
             log.info("netns cluster %s: reusing %d live nodes", name, existing.size)
             for i in range(existing.size):  # a cluster built before the guard gets it too
@@ -202,8 +212,9 @@ def provision_netns(
         _check_no_route_overlap(mgmt_net, f"{name}-mgmt", "mgmt_subnet")
         try:
             cluster = _build(
-                name, state_dir, mgmt_net, mgmt_addrs, exp_net, exp_addrs, python, connect_timeout
-            )
+                name, state_dir, mgmt_net, mgmt_addrs, exp_net, exp_addrs, python, connect_timeout,
+                topology, mtu, offload,
+            )  # fmt: skip
             _configure_cluster_links(cluster, mtu, offload)
             cluster.extra["cc_allowed"] = allow_congestion_controls()
             _check_exp_connectivity(cluster.nodes)
@@ -215,8 +226,23 @@ def provision_netns(
         return cluster
 
 
+def topology_key(topology: Topology) -> str:
+    """What of a topology the built cluster depends on (rates and overrides are per cell)."""
+    if not topology.leaf_spine:
+        return "flat"
+    return f"leaf-spine:{topology.racks}x{topology.nodes_per_rack}:{topology.spines}:" + (
+        topology.ecmp_hash
+    )
+
+
 def _reuse(
-    name: str, n_nodes: int, state_dir: Path, mgmt_subnet: str, exp_subnet: str, python: str
+    name: str,
+    n_nodes: int,
+    state_dir: Path,
+    mgmt_subnet: str,
+    exp_subnet: str,
+    python: str,
+    topology: Topology,
 ) -> Cluster | None:
     path = state_dir / "cluster.json"
     if not path.exists():
@@ -233,10 +259,14 @@ def _reuse(
         or cluster.size < n_nodes
         or extra.get("mgmt_subnet") != mgmt_subnet
         or extra.get("exp_subnet") != exp_subnet
+        or extra.get("topology", "flat") != topology_key(topology)
     ):
         return None
     live = set(list_netns())
     if any(node.netns not in live for node in cluster.nodes):
+        return None
+    routers = extra.get("fabric", {}).get("routers", {})
+    if any(router["ns"] not in live for router in routers.values()):
         return None
 
     def answers(host: Host) -> Exception | None:
@@ -279,8 +309,18 @@ def exp_link_commands(
 
 
 def _configure_cluster_links(cluster: Cluster, mtu: int, offload: bool) -> None:
-    """Set ``mtu`` and the offloads on every node's experiment veth (both ends), record them in
-    the nodes and ``cluster.extra``, and check the bridge followed the MTU."""
+    """Set ``mtu`` and the offloads on every node's experiment veth (both ends), and on every
+    fabric link, record them in the nodes and ``cluster.extra``, and check the bridge followed
+    the MTU."""
+    built = cluster.extra.get("fabric")
+    if built is not None:
+        for ends in built["links"].values():
+            for port in (fabric.Port(*ends["lower"]), fabric.Port(*ends["upper"])):
+                for cmd in fabric.port_commands(port, mtu, offload):
+                    run_checked(cmd)
+        cluster.nodes = [replace(node, mtu=mtu, offload=offload) for node in cluster.nodes]
+        cluster.extra.update(mtu=mtu, offload=offload)
+        return
     for node in cluster.nodes:
         assert node.netns is not None  # a netns cluster's node
         for cmd in exp_link_commands(
@@ -317,14 +357,19 @@ def _build(
     exp_addrs: list,
     python: str,
     connect_timeout: float,
+    topology: Topology,
+    mtu: int,
+    offload: bool,
 ) -> Cluster:
     alias = link_alias(name)
-    br_mgmt, br_exp = f"{name}-mgmt", f"{name}-exp"
+    br_mgmt = f"{name}-mgmt"
+    # A leaf-spine fabric replaces the experiment bridge: nodes plug into their leaves.
+    br_exp = None if topology.leaf_spine else f"{name}-exp"
     gateway = mgmt_net.network_address + 1
     n_nodes = len(mgmt_addrs)
 
     # Bridges. Note: always spell out `name`/`dev`: `ip link add a ...` parses "a" as "address".
-    for br in (br_mgmt, br_exp):
+    for br in (b for b in (br_mgmt, br_exp) if b is not None):
         run_checked(["ip", "link", "add", "name", br, "type", "bridge"])
         run_checked(["ip", "link", "set", "dev", br, "alias", alias])
         _disable_ipv6(br)
@@ -342,26 +387,34 @@ def _build(
     known_hosts: list[str] = []
     nodes: list[NodeSpec] = []
     for i in range(n_nodes):
+        exp = (br_exp, exp_net, exp_addrs[i])
         node, host_line = _make_node(
-            name, i, state_dir, (br_mgmt, mgmt_net, mgmt_addrs[i]), (br_exp, exp_net, exp_addrs[i]),
-            client_key, authorized, python,
+            name, i, state_dir, (br_mgmt, mgmt_net, mgmt_addrs[i]), exp, client_key, authorized,
+            python,
         )  # fmt: skip
         nodes.append(node)
         known_hosts.append(host_line)
     (state_dir / "known_hosts").write_text("\n".join(known_hosts) + "\n")
+    extra: dict = {
+        "mgmt_subnet": str(mgmt_net),
+        "exp_subnet": str(exp_net),
+        "bridge_mgmt": br_mgmt,
+        "gateway": str(gateway),
+        "topology": topology_key(topology),
+    }
+    if br_exp is not None:
+        extra["bridge_exp"] = br_exp
+    else:
+        node_ns = [node.netns or "" for node in nodes]
+        addrs = [str(a) for a in exp_addrs]
+        extra["fabric"] = fabric.build_fabric(name, topology, node_ns, addrs, exp_net, mtu, offload)
 
     cluster = Cluster(
         name=name,
         backend="netns",
         nodes=nodes,
         state_dir=str(state_dir),
-        extra={
-            "mgmt_subnet": str(mgmt_net),
-            "exp_subnet": str(exp_net),
-            "bridge_mgmt": br_mgmt,
-            "bridge_exp": br_exp,
-            "gateway": str(gateway),
-        },
+        extra=extra,
     )
     for i, node in enumerate(nodes):
         wait_for_sshd(node, state_dir / f"node{i}", connect_timeout)
@@ -373,13 +426,14 @@ def _make_node(
     i: int,
     state_dir: Path,
     mgmt: tuple[str, ipaddress.IPv4Network, object],
-    exp: tuple[str, ipaddress.IPv4Network, object],
+    exp: tuple[str | None, ipaddress.IPv4Network, object],
     client_key: Path,
     authorized: Path,
     python: str,
 ) -> tuple[NodeSpec, str]:
     """Node ``i``: its namespace, a veth to each bridge (``mgmt``/``exp``: bridge, subnet,
-    address), a fresh host key and a running sshd. Returns the node and its known_hosts line."""
+    address; no experiment bridge: the fabric builder wires ``exp0`` later), a fresh host key
+    and a running sshd. Returns the node and its known_hosts line."""
     (br_mgmt, mgmt_net, mgmt_addr), (br_exp, exp_net, exp_addr) = mgmt, exp
     alias = link_alias(name)
     ns = ns_name(name, i)
@@ -390,10 +444,10 @@ def _make_node(
     run_checked(["ip", "netns", "add", ns])
     _disable_ipv6(ns=ns)
     run_checked(["ip", "-n", ns, "link", "set", "dev", "lo", "up"])
-    for root_end, node_end, br, net, addr in (
-        (f"{name}m{i}", "mgmt0", br_mgmt, mgmt_net, mgmt_addr),
-        (_root_exp_end(name, i), "exp0", br_exp, exp_net, exp_addr),
-    ):
+    ends = [(f"{name}m{i}", "mgmt0", br_mgmt, mgmt_net, mgmt_addr)]
+    if br_exp is not None:
+        ends.append((_root_exp_end(name, i), "exp0", br_exp, exp_net, exp_addr))
+    for root_end, node_end, br, net, addr in ends:
         veth = ["type", "veth", "peer", "name", node_end, "netns", ns]
         run_checked(["ip", "link", "add", "name", root_end, *veth])
         run_checked(["ip", "link", "set", "dev", root_end, "alias", alias])

@@ -195,6 +195,13 @@ def provision(cluster_cfg: ClusterSettings, n_nodes: int, root: Path) -> Cluster
             connect_timeout=timeout,
             mtu=cluster_cfg.mtu,
             offload=cluster_cfg.offload,
+            topology=cluster_cfg.topology,
+        )
+    if cluster_cfg.topology.leaf_spine:
+        raise ValueError(
+            "cluster.topology: kind leaf-spine is built on the netns backend only so far; real "
+            "hosts (backend: ssh) run on their own network: remove cluster.topology, or use "
+            "backend: netns"
         )
     nodes = load_inventory(Path(cluster_cfg.inventory))
     if len(nodes) < n_nodes:

@@ -125,7 +125,8 @@ def tbf_burst_bytes(rate_bps: int, mtu: int = 1500, offload: bool = False) -> in
     return max(math.ceil(rate_bps / 8 / 1000), room)
 
 
-def _tbf(rate_bps: int, mtu: int, offload: bool) -> str:
+def tbf_qdisc(rate_bps: int, mtu: int, offload: bool) -> str:
+    """The tbf qdisc (tc words after the handle) that caps an interface at ``rate_bps``."""
     burst = tbf_burst_bytes(rate_bps, mtu, offload)
     return f"tbf rate {rate_bps}bit burst {burst} latency {TBF_LATENCY_MS}ms"
 
@@ -168,7 +169,7 @@ def shape_commands(
         return []
     # The device names are quoted for the node's shell; the rest is numbers and tc keywords.
     iface, ifb = shlex.quote(iface), shlex.quote(ifb)
-    tbf = None if shape.rate_bps is None else _tbf(shape.rate_bps, mtu, offload)
+    tbf = None if shape.rate_bps is None else tbf_qdisc(shape.rate_bps, mtu, offload)
     cmds = [
         f"ip link add {ifb} type ifb",
         f"ip link set dev {ifb} up",

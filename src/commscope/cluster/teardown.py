@@ -135,16 +135,20 @@ def remove_cluster(name: str, state_dir: Path | None) -> list[str]:
 
 
 # Exactly the names commscope gives: node namespaces ns_name(NAME, i) (NAME as CLUSTER_NAME
-# allows, i as range() writes it), the netem probe's namespace, and the alias stamped on root-side
+# allows, i as range() writes it), a leaf-spine fabric's routers (cs-NAME-leafR, cs-NAME-spineS:
+# cluster.fabric.router_ns), the netem probe's namespace, and the alias stamped on root-side
 # links. Nothing else that merely starts with "cs-" is ours.
-_NS_NAME_RE = re.compile(rf"{re.escape(NETNS_PREFIX)}([a-z0-9]{{1,6}})-(?:0|[1-9][0-9]*)")
+_NS_NAME_RE = re.compile(
+    rf"{re.escape(NETNS_PREFIX)}([a-z0-9]{{1,6}})-(?:(?:leaf|spine)?(?:0|[1-9][0-9]*))"
+)
 _PROBE_NS_RE = re.compile(r"csprobe([1-9][0-9]*)")
 _ALIAS_RE = re.compile(rf"{re.escape(_ALIAS_PREFIX + NETNS_PREFIX)}([a-z0-9]{{1,6}})")
 
 
 def cluster_of_netns(ns: str) -> str | None:
-    """The netns cluster whose node namespace ``ns`` is (``cs-NAME-i``, exactly as
-    :func:`ns_name` writes it), or None for any other name."""
+    """The netns cluster whose node or router namespace ``ns`` is (``cs-NAME-i`` as
+    :func:`ns_name` writes it, ``cs-NAME-leafR``/``cs-NAME-spineS``), or None for any other
+    name."""
     match = _NS_NAME_RE.fullmatch(ns)
     return match.group(1) if match else None
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from commscope.spec.link import LINK_AXES, LINK_DEFAULTS, LINK_ENGINES, LinkSetting, LinkShape
+from commscope.spec.topology import Topology
 
 # The experiment links' MTU (bytes of IP packet; a frame adds 14 bytes of Ethernet header).
 # 576 is the smallest datagram every IPv4 host must accept (RFC 791); 65535 is veth's maximum.
@@ -282,6 +283,8 @@ class ClusterSettings:
     connect_timeout_s: float = 10.0
     mtu: int = DEFAULT_MTU
     offload: bool = False
+    # The experiment network's shape: flat (one switch) or leaf-spine (spec.topology).
+    topology: Topology = field(default_factory=Topology)
 
     def __post_init__(self) -> None:
         if self.backend not in ("netns", "ssh"):
@@ -291,12 +294,19 @@ class ClusterSettings:
     @classmethod
     def from_mapping(cls, cluster: Mapping[str, Any]) -> ClusterSettings:
         kw = _known(cls, cluster, "cluster")
-        casts: dict[str, Any] = {"connect_timeout_s": float, "mtu": _as_int, "offload": _as_bool}
+        casts: dict[str, Any] = {
+            "connect_timeout_s": float,
+            "mtu": _as_int,
+            "offload": _as_bool,
+            "topology": Topology.from_mapping,
+        }
         typed = {}
         for key, value in kw.items():
             try:
                 typed[key] = casts.get(key, str)(value)
             except (TypeError, ValueError) as err:
+                if key == "topology":  # its messages name their own key
+                    raise
                 raise ValueError(f"cluster.{key}={value!r}: {err}") from None
         return cls(**typed)
 

@@ -1,0 +1,197 @@
+"""A leaf-spine fabric between a netns cluster's nodes (issue 26; plan: spec.topology).
+
+Routers are namespaces ``cs-NAME-leaf{r}`` and ``cs-NAME-spine{s}`` (:func:`router_ns`), links
+are veth pairs created directly between two namespaces, at the cluster's MTU with the same
+offloads as the node links (frames, not GSO super-packets). Nothing of it lives in the root
+namespace, so deleting the namespaces removes it all (:mod:`commscope.cluster.teardown` knows
+the names).
+
+Routing keeps the nodes exactly as on the flat network: each node's ``exp0`` still holds its
+address in the experiment subnet, on-link. The router ports hold no address: they answer ARP
+for whatever they route elsewhere (``proxy_arp``, with ``proxy_delay`` 0: the default holds
+each answer up to 0.8 s), and routes name output devices only — ``/32`` to each node, over
+every uplink at once for the other racks' nodes (a Linux multipath route, hashed per
+``fib_multipath_hash_policy``: 0 by addresses, 1 by addresses and ports). Each router has one
+address of its own on ``lo`` (the top of the experiment subnet), the source of its ARP requests.
+``rp_filter`` is off on the routers: with ECMP a flow's two directions may cross different
+spines. Measured on this kernel (docs/topology.md): ping across racks 0.07-0.2 ms; see the
+integration test for the ECMP split and the uplink caps.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from commscope.cluster.shaping import tbf_qdisc
+from commscope.cluster.syscmd import run_checked, run_quiet
+from commscope.cluster.teardown import NETNS_PREFIX
+from commscope.spec.topology import ECMP_HASHES, Topology
+
+# The node end of a node link (the interface shaping and the wire accounting use).
+NODE_IFACE = "exp0"
+
+
+def router_ns(name: str, router: str) -> str:
+    """The namespace of router ``router`` (``leaf0``, ``spine1``) of cluster ``name``."""
+    return f"{NETNS_PREFIX}{name}-{router}"
+
+
+def router_addrs(exp_net: ipaddress.IPv4Network, topo: Topology) -> dict[str, str]:
+    """Each router's own address: the top of the experiment subnet, below broadcast
+    (leaf0 highest), so the nodes' addresses (from .2 up) never meet them."""
+    top = int(exp_net.broadcast_address) - 1
+    return {r: str(ipaddress.IPv4Address(top - k)) for k, r in enumerate(topo.routers())}
+
+
+def check_addresses(exp_net: ipaddress.IPv4Network, topo: Topology, n_nodes: int) -> None:
+    """ValueError when the experiment subnet cannot hold the nodes and the routers."""
+    need = n_nodes + len(topo.routers()) + 3  # network, .1 (unused gateway), broadcast
+    if need > exp_net.num_addresses:
+        raise ValueError(
+            f"exp_subnet={exp_net} holds {exp_net.num_addresses} addresses; {n_nodes} nodes and "
+            f"{len(topo.routers())} routers need {need}: use a larger subnet (e.g. a /24)"
+        )
+
+
+@dataclass(frozen=True)
+class Port:
+    """One end of a fabric link: its namespace and interface."""
+
+    ns: str
+    dev: str
+
+
+def link_ports(name: str, topo: Topology, node_ns: Sequence[str]) -> dict[str, tuple[Port, Port]]:
+    """Every link of the fabric by name, as its (lower, upper) ports: a node's ``exp0`` and its
+    leaf's port, or a leaf's uplink and the spine's port."""
+
+    def ns_of(owner: str) -> str:
+        if owner.startswith("node"):
+            return node_ns[int(owner.removeprefix("node"))]
+        return router_ns(name, owner)
+
+    return {
+        link.name: (Port(ns_of(link.a[0]), link.a[1]), Port(ns_of(link.b[0]), link.b[1]))
+        for link in topo.fabric_links(len(node_ns))
+    }
+
+
+def _ns_sysctl(ns: str, settings: dict[str, str]) -> None:
+    args = [f"{k}={v}" for k, v in settings.items()]
+    run_checked(["ip", "netns", "exec", ns, "sysctl", "-qw", *args])
+
+
+def port_commands(port: Port, mtu: int, offload: bool) -> list[list[str]]:
+    """The commands that give a fabric port ``mtu``, its offloads (TSO/GSO as ``offload``, GRO
+    off, as the node links) and bring it up; idempotent."""
+    state = "on" if offload else "off"
+    return [
+        ["ip", "-n", port.ns, "link", "set", "dev", port.dev, "mtu", str(mtu)],
+        ["ip", "netns", "exec", port.ns, "ethtool", "-K", port.dev, "tso", state, "gso", state,
+         "gro", "off"],
+        ["ip", "-n", port.ns, "link", "set", "dev", port.dev, "up"],
+    ]  # fmt: skip
+
+
+def build_fabric(
+    name: str,
+    topo: Topology,
+    node_ns: Sequence[str],
+    node_addrs: Sequence[str],
+    exp_net: ipaddress.IPv4Network,
+    mtu: int,
+    offload: bool,
+) -> dict[str, object]:
+    """Build the routers and links between the nodes in ``node_ns`` (node i at
+    ``node_addrs[i]``) and give each node's ``exp0`` its address; returns the record for
+    ``cluster.json`` (``extra["fabric"]``). The nodes' namespaces exist; the routers' must not
+    (the provisioner removed the cluster's leftovers). Raises RuntimeError naming the command
+    that failed."""
+    topo.check_fits(len(node_ns))
+    check_addresses(exp_net, topo, len(node_ns))
+    own = router_addrs(exp_net, topo)
+    hash_policy = str(ECMP_HASHES[topo.ecmp_hash])
+    for router, addr in own.items():
+        ns = router_ns(name, router)
+        run_checked(["ip", "netns", "add", ns])
+        run_checked(["ip", "-n", ns, "link", "set", "dev", "lo", "up"])
+        run_checked(["ip", "-n", ns, "addr", "add", f"{addr}/32", "dev", "lo"])
+        _ns_sysctl(
+            ns,
+            {
+                "net.ipv4.ip_forward": "1",
+                "net.ipv4.fib_multipath_hash_policy": hash_policy,
+                "net.ipv4.conf.all.rp_filter": "0",
+                "net.ipv4.conf.default.rp_filter": "0",
+                "net.ipv6.conf.all.disable_ipv6": "1",
+                "net.ipv6.conf.default.disable_ipv6": "1",
+            },
+        )
+    ports = link_ports(name, topo, node_ns)
+    for lower, upper in ports.values():
+        veth = ["type", "veth", "peer", "name", upper.dev, "netns", upper.ns]
+        run_checked(["ip", "link", "add", "name", lower.dev, "netns", lower.ns, *veth])
+        for port in (lower, upper):
+            for cmd in port_commands(port, mtu, offload):
+                run_checked(cmd)
+        routed = [upper] if lower.dev == NODE_IFACE else [lower, upper]
+        for port in routed:  # router ports: answer ARP for what they route, at once
+            _ns_sysctl(
+                port.ns,
+                {
+                    f"net.ipv4.conf.{port.dev}.proxy_arp": "1",
+                    f"net.ipv4.conf.{port.dev}.rp_filter": "0",
+                    f"net.ipv4.neigh.{port.dev}.proxy_delay": "0",
+                },
+            )
+    for ns, addr in zip(node_ns, node_addrs, strict=True):
+        cidr = f"{addr}/{exp_net.prefixlen}"
+        run_checked(["ip", "-n", ns, "addr", "add", cidr, "dev", NODE_IFACE])
+    for router, routes in topo.routes(list(node_addrs)).items():
+        ns = router_ns(name, router)
+        for prefix, devs in routes:
+            if len(devs) == 1:
+                run_checked(["ip", "-n", ns, "route", "add", prefix, "dev", devs[0]])
+            else:
+                hops = [w for dev in devs for w in ("nexthop", "dev", dev)]
+                run_checked(["ip", "-n", ns, "route", "add", prefix, *hops])
+    return {
+        "topology": topo.describe(),
+        "routers": {r: {"ns": router_ns(name, r), "addr": a} for r, a in own.items()},
+        "links": {
+            link: {"lower": [lo.ns, lo.dev], "upper": [up.ns, up.dev]}
+            for link, (lo, up) in ports.items()
+        },
+    }
+
+
+def uplink_ports(fabric: dict) -> list[Port]:
+    """Both ends of every leaf-spine link of a built fabric (``build_fabric``'s record): the
+    egress of each direction, where a cap on the uplink goes."""
+    out = []
+    for name, ends in fabric["links"].items():
+        if not name.startswith("node"):
+            out += [Port(*ends["lower"]), Port(*ends["upper"])]
+    return out
+
+
+def cap_port(port: Port, rate_bps: int, mtu: int, offload: bool) -> None:
+    """Cap ``port``'s egress at ``rate_bps`` (tbf, as a node's link is capped)."""
+    run_checked(["ip", "netns", "exec", port.ns, "tc", "qdisc", "replace", "dev", port.dev,
+                 "root", "handle", "1:", *tbf_qdisc(rate_bps, mtu, offload).split()])  # fmt: skip
+
+
+def uncap_port(port: Port) -> bool:
+    """Remove ``port``'s root qdisc (True if there was one to remove)."""
+    tc = ["tc", "qdisc", "del", "dev", port.dev, "root"]
+    return run_quiet(["ip", "netns", "exec", port.ns, *tc])
+
+
+def port_bytes(port: Port) -> tuple[int, int]:
+    """(transmitted, received) bytes of ``port`` so far (its interface counters)."""
+    base = f"/sys/class/net/{port.dev}/statistics"
+    out = run_checked(["ip", "netns", "exec", port.ns, "cat", f"{base}/tx_bytes",
+                       f"{base}/rx_bytes"]).stdout.split()  # fmt: skip
+    return int(out[0]), int(out[1])
