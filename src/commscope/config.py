@@ -223,6 +223,49 @@ def cells_frame(config: dict[str, Any]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True).drop_duplicates(ignore_index=True)
 
 
+def _uncapped(bw: str) -> bool:
+    """Whether the sweep's ``bw`` value means no cap (a value that does not parse is not
+    this check's to report)."""
+    try:
+        return LinkSetting(bw).shape().rate_bps is None
+    except ValueError:
+        return False
+
+
+def _topology_problems(config: dict[str, Any], cells: pd.DataFrame) -> list[str]:
+    """Cells the configured topology cannot carry: more nodes than its racks hold, an
+    oversubscription with no node rate to derive the uplinks from, real hosts."""
+    try:
+        cluster = ClusterSettings.from_mapping(config.get("cluster", {}))
+    except ValueError as err:
+        return [str(err)]
+    topology = cluster.topology
+    if not topology.leaf_spine:
+        return []
+    problems = []
+    if cluster.backend != "netns":
+        problems.append(
+            "cluster.topology: kind leaf-spine is built on the netns backend only so far; "
+            "remove cluster.topology or use backend: netns"
+        )
+    most = int(cells["nodes"].max())
+    if topology.capacity is not None and most > topology.capacity:
+        problems.append(
+            f"cluster.topology: {topology.racks} racks x {topology.nodes_per_rack} nodes hold "
+            f"{topology.capacity} nodes, the sweep asks for {most} (sweep.nodes): raise racks "
+            "or nodes_per_rack, or lower sweep.nodes"
+        )
+    if topology.oversubscription is not None:
+        uncapped = sorted({str(b) for b in set(cells["bw"]) if _uncapped(str(b))})
+        if uncapped:
+            problems.append(
+                f"cluster.topology.oversubscription: the uplink rate follows from the nodes' "
+                f"rate, and sweep.bw has uncapped values {uncapped}: cap every cell (e.g. "
+                "bw: [1gbit]) or set cluster.topology.uplink_bw instead"
+            )
+    return problems
+
+
 def check_study(
     config: dict[str, Any],
     max_nodes: int | None = None,
@@ -260,6 +303,7 @@ def check_study(
             f"sweep.nodes: {int(cells['nodes'].max())} nodes asked for but the cluster has "
             f"{max_nodes}; lower sweep.nodes or add hosts to the inventory"
         )
+    problems += _topology_problems(config, cells)
     for name in sorted(set(cells["strategy"]) - set(strategy_names(config)) - {REPLAY_STRATEGY}):
         problems.append(
             f"sweep.strategy: {name!r} is neither built in nor defined under strategies: "

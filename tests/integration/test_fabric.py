@@ -12,10 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from commscope.bench.run import MICROBENCH_MODULE
 from commscope.cluster import fabric
 from commscope.cluster.hosts import Cluster, Host
 from commscope.cluster.netns import provision_netns
 from commscope.cluster.teardown import list_netns, teardown_netns
+from commscope.contracts import RUN_FILE
+from commscope.experiment.cell import run_cell
+from commscope.spec.settings import CellSettings, RunSettings, Workload
 from commscope.spec.topology import Topology
 
 from .conftest import integration_skip_reason
@@ -132,6 +136,35 @@ def test_uplink_caps_bound_cross_rack_traffic_only(
     assert 0.8 * 2 * CAP_BPS <= across <= 2 * CAP_BPS, across
     # Inside a rack nothing crosses an uplink.
     assert within > 3 * CAP_BPS, within
+
+
+def test_a_cell_caps_the_uplinks_and_a_nodes_own_link_and_undoes_both(
+    built: tuple[Cluster, Path], tmp_path: Path
+) -> None:
+    """A real cell (the collective microbenchmark on 3 nodes: two in rack 0, one in rack 1)
+    with the uplinks at 50 Mbit/s and node 2's link overridden to 100 Mbit/s: run.json records
+    the fabric's caps and queues, cross-rack bytes went through them, nothing stays shaped."""
+    cluster, _ = built
+    block = {**TOPO.to_mapping(), "uplink_bw": "50mbit", "links": {"node2": {"bw": "100mbit"}}}
+    cluster.extra["topology_block"] = block
+    spec = {"ops": ["allreduce"], "sizes": [1 << 20], "budget_s": 0.3, "min_iters": 2,
+            "max_iters": 4}  # fmt: skip
+    cell = CellSettings(nodes=3, ranks_per_node=1, bw="200mbit")
+    run = RunSettings.from_mapping({"timeout_s": 120, "sample_hz": 100, "master_port": 29561})
+    raw = run_cell(cluster, cell, Workload(MICROBENCH_MODULE, spec), run, tmp_path / "raw")
+    meta = json.loads((raw / RUN_FILE).read_text())
+    assert set(meta["fabric"]["uplink_bps"].values()) == {50_000_000}
+    assert meta["node_shapes"]["node2"]["rate_bps"] == 100_000_000
+    assert "node0" not in meta["node_shapes"]  # the cell's own shape
+    ports = meta["fabric"]["ports"]
+    assert len(ports) == 8
+    # Rack 0's two nodes reach node 2 over both directions of the uplinks they hash to.
+    crossed = sum(ports[f"leaf0-spine{s}:lower"]["bytes"] for s in (0, 1))
+    assert crossed > 1 << 20, ports
+    for ends in cluster.extra["fabric"]["links"].values():
+        for side in ("lower", "upper"):
+            qdisc = fabric._root_qdisc(fabric.Port(*ends[side]))
+            assert qdisc is None or qdisc["kind"] != "tbf", (ends[side], qdisc)
 
 
 def test_teardown_removes_the_routers(built: tuple[Cluster, Path]) -> None:

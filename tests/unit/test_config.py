@@ -975,3 +975,24 @@ def test_replay_entries_are_checked_before_anything_runs(default_config: dict[st
     assert "bw~33mbit" in text and "is not a cell of this study's sweep" in text
     assert "replays.dlrm-8gpu.source.import: 'nope' is not defined under imports:" in text
     assert "replays.dlrm-8gpu.ranks: [0, 0, 0, 1, 1, 2, 2, 3] does not put ranks_per_node=2" in text
+
+
+# ─────────────────────────────────────────────────────────── topology against the sweep
+
+LEAF_SPINE = {"kind": "leaf-spine", "racks": 2, "nodes_per_rack": 2, "spines": 2}
+
+
+def test_a_leaf_spine_study_is_checked_against_its_racks_and_rates() -> None:
+    fits = {**study(nodes=4), "cluster": {"topology": {**LEAF_SPINE, "oversubscription": 2}}}
+    assert len(checked(fits)) == 1
+    too_many = {**study(nodes=8), "cluster": {"topology": LEAF_SPINE}}
+    assert "2 racks x 2 nodes hold 4 nodes, the sweep asks for 8" in config_error(too_many)
+    uncapped = {
+        **study(nodes=4, bw=["none", "1gbit"]),
+        "cluster": {"topology": {**LEAF_SPINE, "oversubscription": 2}},
+    }
+    assert "sweep.bw has uncapped values ['none']" in config_error(uncapped)
+    real = {**study(), "cluster": {"backend": "ssh", "topology": LEAF_SPINE}}
+    assert "leaf-spine is built on the netns backend only" in config_error(real)
+    bad = {**study(), "cluster": {"topology": {**LEAF_SPINE, "links": {"node9": {"bw": "1gbit"}}}}}
+    assert "cluster.topology.links.node9: no such link" in config_error(bad)

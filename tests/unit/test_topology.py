@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from commscope.spec.link import LinkShape
 from commscope.spec.settings import ClusterSettings
 from commscope.spec.topology import Topology
 
@@ -69,11 +70,27 @@ def test_a_cell_that_does_not_fit_the_racks_is_refused() -> None:
 
 def test_per_link_overrides_are_checked() -> None:
     topo = Topology.from_mapping(
-        {**LEAF_SPINE, "links": {"node3": {"bw": "250mbit"}, "leaf0-spine1": {"delay": "1ms"}}}
+        {
+            **LEAF_SPINE,
+            "uplink_bw": "1gbit",
+            "links": {"node3": {"bw": "250mbit", "loss": "1%"}, "leaf0-spine1": {"bw": "100mbit"}},
+        }
     )
-    assert topo.links["node3"].shape().rate_bps == 250_000_000
-    assert topo.links["leaf0-spine1"].shape().delay_ms == 1.0
     assert "2 links overridden" in topo.describe()
+    # A node's override replaces what it gives of the cell's shape, nothing else.
+    cell = LinkShape.parse("1gbit", "5ms", "0ms", "0%", "bbr")
+    assert topo.node_shape(3, cell) == LinkShape(250_000_000, 5.0, 0.0, 1.0, "bbr")
+    assert topo.node_shape(0, cell) is cell
+    # An uplink's override replaces the fabric's rate for that link only.
+    rates = topo.uplink_rates(10**9)
+    assert rates == {
+        "leaf0-spine0": 10**9,
+        "leaf0-spine1": 100_000_000,
+        "leaf1-spine0": 10**9,
+        "leaf1-spine1": 10**9,
+    }
+    # The block survives cluster.json.
+    assert Topology.from_mapping(topo.to_mapping()) == topo
 
 
 @pytest.mark.parametrize(
@@ -98,6 +115,10 @@ def test_per_link_overrides_are_checked() -> None:
             "links.node4: no such link in 2 racks x 2 nodes and 2 spines",
         ),
         ({**LEAF_SPINE, "links": {"node0": {}}}, "links.node0: give its shape"),
+        (
+            {**LEAF_SPINE, "links": {"leaf1-spine0": {"bw": "1mbit", "delay": "1ms"}}},
+            r"leaf1-spine0: \['delay'\] on a leaf-spine link are not emulated yet",
+        ),
         ({**LEAF_SPINE, "links": {"node0": {"rate": "1mbit"}}}, r"unknown keys \['rate'\]"),
         (
             {**LEAF_SPINE, "links": {"node0": {"loss": "50%"}}},

@@ -298,6 +298,10 @@ def _cell_meta(
         "links": run_meta.get("links"),
         # Which engine applied delay/jitter/loss, and its record (delayer lateness, drops).
         "link_engine": run_meta.get("link_engine"),
+        # A leaf-spine fabric's caps for the cell and its uplink queues (cluster.fabric), and
+        # the nodes whose own link the topology overrides.
+        "fabric": run_meta.get("fabric"),
+        "node_shapes": run_meta.get("node_shapes"),
     }
 
 

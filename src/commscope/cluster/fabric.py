@@ -21,10 +21,13 @@ integration test for the ECMP split and the uplink caps.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Sequence
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
-from commscope.cluster.shaping import tbf_qdisc
+from commscope.cluster.shaping import ShapingError, tbf_qdisc
 from commscope.cluster.syscmd import run_checked, run_quiet
 from commscope.cluster.teardown import NETNS_PREFIX
 from commscope.spec.topology import ECMP_HASHES, Topology
@@ -195,3 +198,58 @@ def port_bytes(port: Port) -> tuple[int, int]:
     out = run_checked(["ip", "netns", "exec", port.ns, "cat", f"{base}/tx_bytes",
                        f"{base}/rx_bytes"]).stdout.split()  # fmt: skip
     return int(out[0]), int(out[1])
+
+
+def _root_qdisc(port: Port, stats: bool = False) -> dict | None:
+    """``port``'s root qdisc as ``tc -j`` reports it (with counters when ``stats``)."""
+    args = ["tc", "-j", *(["-s"] if stats else []), "qdisc", "show", "dev", port.dev]
+    out = run_checked(["ip", "netns", "exec", port.ns, *args], check=False).stdout
+    for qdisc in json.loads(out or "[]"):
+        if qdisc.get("root"):
+            return qdisc
+    return None
+
+
+@contextmanager
+def shaped_fabric(
+    built: dict | None, topology: Topology, node_rate_bps: int | None, mtu: int, offload: bool
+) -> Iterator[dict[str, Any]]:
+    """Cap the fabric's leaf-spine links for one cell (both directions, each at its rate:
+    :meth:`Topology.uplink_rates` for nodes at ``node_rate_bps``); ALWAYS remove the caps after
+    the block. Yields the record for run.json: the topology, each uplink's rate, and after the
+    block each capped port's queue counters (sent, drops, overlimits, requeues). ``built`` is
+    the cluster's fabric record (None: a flat cluster, nothing to do). Raises ShapingError when
+    a port keeps a qdisc after the block."""
+    if built is None or not topology.leaf_spine:
+        yield {}
+        return
+    rates = topology.uplink_rates(node_rate_bps)
+    record: dict[str, Any] = {"topology": topology.describe(), "uplink_bps": rates, "ports": {}}
+    ports = {
+        f"{name}:{side}": Port(*built["links"][name][side])
+        for name in rates
+        for side in ("lower", "upper")
+    }
+    for port in ports.values():  # a crashed run's cap would shape this cell
+        uncap_port(port)
+    try:
+        for key, port in ports.items():
+            rate = rates[key.split(":")[0]]
+            if rate is not None:
+                cap_port(port, rate, mtu, offload)
+        yield record
+    finally:
+        dirty = []
+        for key, port in ports.items():
+            qdisc = _root_qdisc(port, stats=True)
+            if qdisc is not None and qdisc.get("kind") == "tbf":
+                record["ports"][key] = {
+                    k: int(qdisc.get(k, 0))
+                    for k in ("bytes", "packets", "drops", "overlimits", "requeues")
+                }
+            uncap_port(port)
+            left = _root_qdisc(port)
+            if left is not None and left.get("kind") not in ("noqueue", "pfifo_fast", "fq_codel"):
+                dirty.append(f"{port.ns} {port.dev}: {left.get('kind')}")
+        if dirty:
+            raise ShapingError("the fabric keeps caps after the cell: " + "; ".join(dirty))

@@ -205,6 +205,8 @@ def provision_netns(
             for i in range(existing.size):  # a cluster built before the guard gets it too
                 _guard_mgmt(ns_name(name, i), state_dir / f"node{i}")
             _configure_cluster_links(existing, mtu, offload)
+            # The rates and overrides may have changed (they shape cells, not the build).
+            existing.extra["topology_block"] = topology.to_mapping()
             existing.extra["cc_allowed"] = allow_congestion_controls()
             existing.to_json(state_dir / "cluster.json")
             return existing
@@ -401,6 +403,7 @@ def _build(
         "bridge_mgmt": br_mgmt,
         "gateway": str(gateway),
         "topology": topology_key(topology),
+        "topology_block": topology.to_mapping(),
     }
     if br_exp is not None:
         extra["bridge_exp"] = br_exp

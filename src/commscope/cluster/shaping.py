@@ -53,7 +53,7 @@ import json
 import logging
 import math
 import shlex
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -514,10 +514,15 @@ def parse_qdisc_stats(host: Host, stdout: str) -> list[dict]:
 
 @contextmanager
 def shaped(
-    hosts: list[Host], shape: LinkShape, engine: str = "auto", seed: int = 0
+    hosts: list[Host],
+    shape: LinkShape,
+    engine: str = "auto",
+    seed: int = 0,
+    per_host: Mapping[str, LinkShape] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Shape every host and set its congestion control for the duration of the block; ALWAYS
-    unshape and restore the congestion control afterwards.
+    unshape and restore the congestion control afterwards. ``per_host`` gives a host (by name)
+    a shape of its own in place of ``shape`` (a heterogeneous link: spec.topology overrides).
 
     ``engine`` is ``run.link_engine`` and ``seed`` seeds the jitter draws (node i uses
     ``seed + i``). Yields the link record, a dict filled as the cell goes: ``engine`` (the
@@ -531,7 +536,10 @@ def shaped(
     from commscope.cluster.hosts import on_all  # SSH only where links are shaped
 
     # Refuse before anything is touched: never emulate a delay by silently dropping it.
-    used = set(on_all(hosts, lambda h: engine_for(h, shape, engine)))
+    shapes = {h.name: (per_host or {}).get(h.name, shape) for h in hosts}
+    used = {e for e in on_all(hosts, lambda h: engine_for(h, shapes[h.name], engine)) if e}
+    if not used:
+        used = {None}
     if len(used) > 1:
         raise ShapingCannotRun(
             f"the cell's nodes would use different link engines ({sorted(map(str, used))}): "
@@ -558,7 +566,7 @@ def shaped(
     index = {h.name: i for i, h in enumerate(hosts)}
     applied = False
     try:
-        on_all(hosts, lambda h: apply_shape(h, shape, engine, seed + index[h.name]))
+        on_all(hosts, lambda h: apply_shape(h, shapes[h.name], engine, seed + index[h.name]))
         applied = True
         yield record
     finally:
@@ -575,10 +583,9 @@ def shaped(
                 record["nodes"][h.name] = removed
             # --queue-bypass lets packets through undelayed once the delayer is gone: one that
             # died during the cell (no exit statistics) took the delay with it.
+            own = shapes[h.name]
             delayed = (
-                applied
-                and record["engine"] == "nfqueue"
-                and bool(shape.delay_ms or shape.jitter_ms)
+                applied and record["engine"] == "nfqueue" and bool(own.delay_ms or own.jitter_ms)
             )
             if delayed and "delayer" not in removed:
                 return (

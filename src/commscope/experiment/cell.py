@@ -24,6 +24,7 @@ from typing import Any
 
 from paramiko.ssh_exception import SSHException
 
+from commscope.cluster.fabric import shaped_fabric
 from commscope.cluster.hosts import Cluster, Host, on_all
 from commscope.cluster.provision import provision, state_dir
 from commscope.cluster.shaping import ShapingError, shaped
@@ -49,6 +50,7 @@ from commscope.node.sampler import default_cache_dir
 from commscope.node.wire import WireError, ring_slots
 from commscope.spec.link import LinkShape
 from commscope.spec.settings import CellSettings, ClusterSettings, RunSettings, Workload
+from commscope.spec.topology import Topology
 
 log = logging.getLogger(__name__)
 
@@ -268,8 +270,20 @@ def _measure(
     # Jitter draws differ per repeat (and per node, see shaped) but are the same on a rerun.
     seed = 1000 * int(launcher.cell.repeat or 0)
     progress.phase = "shape"
-    with shaped(hosts, shape, run.link_engine, seed) as link:
+    # A leaf-spine fabric: its uplinks capped for the cell, a node's own link where the
+    # topology overrides it (cluster.json keeps the block the cluster was provisioned with).
+    extra = launcher.cluster.extra
+    topology = Topology.from_mapping(extra.get("topology_block"))
+    per_host = {h.name: topology.node_shape(h.spec.index, shape) for h in hosts}
+    mtu, offload = int(extra.get("mtu", 1500)), bool(extra.get("offload", False))
+    with (
+        shaped(hosts, shape, run.link_engine, seed, per_host) as link,
+        shaped_fabric(extra.get("fabric"), topology, shape.rate_bps, mtu, offload) as fab,
+    ):
         meta["link_engine"] = link
+        if fab:
+            meta["fabric"] = fab
+            meta["node_shapes"] = {n: s.__dict__ for n, s in per_host.items() if s != shape}
         marks["shaped"] = time.time_ns()
         progress.phase = "probes"
         started = on_all(hosts, probes.start)

@@ -160,6 +160,12 @@ class Topology:
             bad = sorted(set(shape) - set(_OVERRIDE_KEYS))
             if bad:
                 raise ValueError(f"{where}: unknown keys {bad}; known: {list(_OVERRIDE_KEYS)}")
+            impaired = sorted(set(shape) - {"bw"})
+            if name.startswith("leaf") and impaired:
+                raise ValueError(
+                    f"{where}: {impaired} on a leaf-spine link are not emulated yet (only bw is); "
+                    "remove them, or impair the nodes' links (links.node<i>)"
+                )
             override = LinkOverride(**{k: str(v) for k, v in shape.items()})
             try:
                 override.shape()
@@ -244,6 +250,53 @@ class Topology:
             )
         rack = node_rate_bps * self.nodes_per_rack
         return max(8, round(rack / self.oversubscription / self.spines))
+
+    def node_shape(self, node: int, cell: LinkShape) -> LinkShape:
+        """Node ``node``'s link in a cell shaped ``cell``: the cell's, with what the node's
+        override (``links.node{i}``) gives in its place."""
+        override = self.links.get(f"node{node}")
+        if override is None:
+            return cell
+        own = override.shape()
+        return LinkShape(
+            rate_bps=own.rate_bps if override.bw is not None else cell.rate_bps,
+            delay_ms=own.delay_ms if override.delay is not None else cell.delay_ms,
+            jitter_ms=own.jitter_ms if override.jitter is not None else cell.jitter_ms,
+            loss_pct=own.loss_pct if override.loss is not None else cell.loss_pct,
+            cc=cell.cc,
+        )
+
+    def uplink_rates(self, node_rate_bps: int | None) -> dict[str, int | None]:
+        """Each leaf-spine link's rate in a cell whose nodes run at ``node_rate_bps``: the
+        fabric's (:meth:`uplink_rate_bps`) or the link's override."""
+        rate = self.uplink_rate_bps(node_rate_bps)
+        out: dict[str, int | None] = {}
+        for link in self.fabric_links(0):
+            override = self.links.get(link.name)
+            out[link.name] = override.shape().rate_bps if override and override.bw else rate
+        return out
+
+    def to_mapping(self) -> dict[str, Any]:
+        """The block as :meth:`from_mapping` reads it back (for cluster.json)."""
+        if not self.leaf_spine:
+            return {"kind": "flat"}
+        out: dict[str, Any] = {
+            "kind": self.kind,
+            "racks": self.racks,
+            "nodes_per_rack": self.nodes_per_rack,
+            "spines": self.spines,
+            "ecmp_hash": self.ecmp_hash,
+        }
+        if self.uplink_bw is not None:
+            out["uplink_bw"] = self.uplink_bw
+        if self.oversubscription is not None:
+            out["oversubscription"] = self.oversubscription
+        if self.links:
+            out["links"] = {
+                name: {k: v for k, v in vars(o).items() if v is not None}
+                for name, o in self.links.items()
+            }
+        return out
 
     def describe(self) -> str:
         """One line for logs and the report's setup paragraph."""
