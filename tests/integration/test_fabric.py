@@ -141,24 +141,33 @@ def test_uplink_caps_bound_cross_rack_traffic_only(
 def test_a_cell_caps_the_uplinks_and_a_nodes_own_link_and_undoes_both(
     built: tuple[Cluster, Path], tmp_path: Path
 ) -> None:
-    """A real cell (the collective microbenchmark on 3 nodes: two in rack 0, one in rack 1)
-    with the uplinks at 50 Mbit/s and node 2's link overridden to 100 Mbit/s: run.json records
-    the fabric's caps and queues, cross-rack bytes went through them, nothing stays shaped."""
+    """A real cell (the collective microbenchmark on 2 nodes spread over the racks) with the
+    uplinks at 50 Mbit/s and node 2's link overridden to 100 Mbit/s: run.json records where
+    the nodes ran, the fabric's caps and queues, cross-rack bytes went through them, nothing
+    stays shaped."""
     cluster, _ = built
-    block = {**TOPO.to_mapping(), "uplink_bw": "50mbit", "links": {"node2": {"bw": "100mbit"}}}
+    block = {
+        **TOPO.to_mapping(),
+        "placement": "spread",
+        "uplink_bw": "50mbit",
+        "links": {"node2": {"bw": "100mbit"}},
+    }
     cluster.extra["topology_block"] = block
     spec = {"ops": ["allreduce"], "sizes": [1 << 20], "budget_s": 0.3, "min_iters": 2,
             "max_iters": 4}  # fmt: skip
-    cell = CellSettings(nodes=3, ranks_per_node=1, bw="200mbit")
+    cell = CellSettings(nodes=2, ranks_per_node=1, bw="200mbit")
     run = RunSettings.from_mapping({"timeout_s": 120, "sample_hz": 100, "master_port": 29561})
     raw = run_cell(cluster, cell, Workload(MICROBENCH_MODULE, spec), run, tmp_path / "raw")
     meta = json.loads((raw / RUN_FILE).read_text())
+    # Cell nodes 0 and 1 are the cluster's node0 (rack 0) and node2 (rack 1).
+    assert meta["placement"] == {"node0": {"node": 0, "rack": 0}, "node2": {"node": 1, "rack": 1}}
+    assert [n["index"] for n in meta["nodes"]] == [0, 1]
     assert set(meta["fabric"]["uplink_bps"].values()) == {50_000_000}
     assert meta["node_shapes"]["node2"]["rate_bps"] == 100_000_000
     assert "node0" not in meta["node_shapes"]  # the cell's own shape
     ports = meta["fabric"]["ports"]
     assert len(ports) == 8
-    # Rack 0's two nodes reach node 2 over both directions of the uplinks they hash to.
+    # node0 reaches node2 over the uplink its connections hash to.
     crossed = sum(ports[f"leaf0-spine{s}:lower"]["bytes"] for s in (0, 1))
     assert crossed > 1 << 20, ports
     for ends in cluster.extra["fabric"]["links"].values():

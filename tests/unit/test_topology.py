@@ -48,6 +48,16 @@ def test_a_leaf_spine_plans_racks_links_and_routes() -> None:
     assert topo.uplink_rate_bps(None) == 500_000_000
 
 
+def test_placement_packs_a_rack_first_or_spreads_over_the_racks() -> None:
+    packed = Topology.from_mapping({**LEAF_SPINE, "racks": 3})
+    assert packed.place(4) == [0, 1, 2, 3]  # racks 0, 0, 1, 1
+    spread = Topology.from_mapping({**LEAF_SPINE, "racks": 3, "placement": "spread"})
+    assert spread.place(4) == [0, 2, 4, 1]  # racks 0, 1, 2, 0
+    assert [spread.rack_of(i) for i in spread.place(2)] == [0, 1]
+    assert Topology().place(3) == [0, 1, 2]
+    assert "placement spread" in spread.describe()
+
+
 def test_oversubscription_derives_the_uplink_rate_from_the_node_rate() -> None:
     topo = Topology.from_mapping({**LEAF_SPINE, "oversubscription": 2})
     # A rack: 2 nodes x 1 Gbit/s = 2 Gbit/s over 2 uplinks at 2:1 -> 500 Mbit/s each.
@@ -109,6 +119,7 @@ def test_per_link_overrides_are_checked() -> None:
         ),
         ({**LEAF_SPINE, "oversubscription": 0}, "oversubscription=0: a ratio between 0.1"),
         ({**LEAF_SPINE, "ecmp_hash": "l7"}, "ecmp_hash='l7': use l3"),
+        ({**LEAF_SPINE, "placement": "random"}, "placement='random': use pack"),
         ({**LEAF_SPINE, "links": ["node0"]}, "cluster.topology.links: write a mapping"),
         (
             {**LEAF_SPINE, "links": {"node4": {"bw": "1mbit"}}},

@@ -302,6 +302,7 @@ def _cell_meta(
         # the nodes whose own link the topology overrides.
         "fabric": run_meta.get("fabric"),
         "node_shapes": run_meta.get("node_shapes"),
+        "placement": run_meta.get("placement"),
     }
 
 

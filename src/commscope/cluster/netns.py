@@ -173,6 +173,8 @@ def provision_netns(
     check_mtu(mtu)
     topology = topology or Topology()
     topology.check_fits(n_nodes, f"this study ({n_nodes} nodes)")
+    if topology.capacity is not None:  # every rack full: a spread cell needs nodes of each
+        n_nodes = max(n_nodes, topology.capacity)
     mgmt_net, mgmt_addrs = _subnet_hosts(mgmt_subnet, "mgmt_subnet", n_nodes)
     exp_net, exp_addrs = _subnet_hosts(exp_subnet, "exp_subnet", n_nodes)
     fabric.check_addresses(exp_net, topology, n_nodes)

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -174,22 +174,29 @@ def run_cell(
     shaped. The caller owns the cluster for the duration (see :func:`cluster_lock`)."""
     progress = progress or Progress()
     progress.phase = "prepare"
-    if cell.nodes > cluster.size:
+    # Which of the cluster's nodes: the first ones, or on a leaf-spine spread over the racks
+    # (spec.topology placement). The cell numbers its nodes 0..n-1 in that order.
+    topology = Topology.from_mapping(cluster.extra.get("topology_block"))
+    chosen = topology.place(cell.nodes)
+    if cell.nodes > cluster.size or max(chosen) >= cluster.size:
         raise CellCannotRun(
             f"cell wants nodes={cell.nodes} but cluster {cluster.name} has {cluster.size}"
         )
     shape = cell.link_shape()
     out_dir.mkdir(parents=True, exist_ok=True)
     tag = new_tag()
-    hosts = [Host(spec, connect_timeout=connect_timeout_s) for spec in cluster.nodes[: cell.nodes]]
+    specs = [replace(cluster.nodes[j], index=k) for k, j in enumerate(chosen)]
+    placed = replace(cluster, nodes=specs)
+    hosts = [Host(spec, connect_timeout=connect_timeout_s) for spec in specs]
     try:
         _measure(
             hosts,
-            Launcher(cluster, cell, run, tag, workload.module),
+            Launcher(placed, cell, run, tag, workload.module),
             workload,
             shape,
             out_dir,
             progress,
+            {spec.name: j for spec, j in zip(specs, chosen, strict=True)},
         )
     except (OSError, EOFError, SSHException, ShapingError) as err:
         # A node lost mid-cell (its sshd gone, its management link down): say which, and why.
@@ -240,8 +247,10 @@ def _measure(
     shape: LinkShape,
     out_dir: Path,
     progress: Progress,
+    placement: dict[str, int],
 ) -> None:
-    """The cell's phases from preparing the nodes to writing run.json (see the module doc)."""
+    """The cell's phases from preparing the nodes to writing run.json (see the module doc).
+    ``placement``: each host's index in the cluster (its rack, its link overrides)."""
     run, tag, names = launcher.run, launcher.tag, [h.name for h in hosts]
     remote_dirs = {h.name: f"{h.spec.workdir}/{tag}" for h in hosts}
     # Wall-clock marks of the orchestrator's phases, kept in run.json: the cell's fixed cost.
@@ -274,7 +283,7 @@ def _measure(
     # topology overrides it (cluster.json keeps the block the cluster was provisioned with).
     extra = launcher.cluster.extra
     topology = Topology.from_mapping(extra.get("topology_block"))
-    per_host = {h.name: topology.node_shape(h.spec.index, shape) for h in hosts}
+    per_host = {h.name: topology.node_shape(placement[h.name], shape) for h in hosts}
     mtu, offload = int(extra.get("mtu", 1500)), bool(extra.get("offload", False))
     with (
         shaped(hosts, shape, run.link_engine, seed, per_host) as link,
@@ -283,6 +292,10 @@ def _measure(
         meta["link_engine"] = link
         if fab:
             meta["fabric"] = fab
+            meta["placement"] = {
+                h.name: {"node": h.spec.index, "rack": topology.rack_of(placement[h.name])}
+                for h in hosts
+            }
             meta["node_shapes"] = {n: s.__dict__ for n, s in per_host.items() if s != shape}
         marks["shaped"] = time.time_ns()
         progress.phase = "probes"

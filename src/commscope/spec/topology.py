@@ -10,6 +10,7 @@ The config's ``cluster.topology`` block (issue 26; docs/topology.md)::
       uplink_bw: 1gbit        # each leaf-spine link's rate, both ways ('none': uncapped) ...
       oversubscription: 2     # ... or a rack's node rate over its uplinks' (needs the cell's bw)
       ecmp_hash: l4           # l3: by addresses; l4: by addresses and ports (per connection)
+      placement: spread       # a cell's nodes: pack (fill rack 0 first) or spread (round-robin)
       links:                  # per-link overrides: heterogeneous links
         node3: {bw: 250mbit}                     # one node's NIC at a quarter rate
         leaf0-spine1: {bw: 100mbit, delay: 1ms}  # one degraded uplink
@@ -34,6 +35,7 @@ KINDS = ("flat", "leaf-spine")
 ECMP_HASHES = {"l3": 0, "l4": 1}  # net.ipv4.fib_multipath_hash_policy
 _LINK_NAME = re.compile(r"node(0|[1-9][0-9]*)|leaf(0|[1-9][0-9]*)-spine(0|[1-9][0-9]*)")
 _OVERRIDE_KEYS = ("bw", "delay", "jitter", "loss")
+PLACEMENTS = ("pack", "spread")
 # Racks, spines and nodes a netns fabric holds: interface names stay short and 2 cores carry it.
 MAX_RACKS = 8
 MAX_SPINES = 4
@@ -78,6 +80,7 @@ class Topology:
     oversubscription: float | None = None
     ecmp_hash: str = "l4"
     links: Mapping[str, LinkOverride] = field(default_factory=dict)
+    placement: str = "pack"
 
     @classmethod
     def from_mapping(cls, block: Mapping[str, Any] | None) -> Topology:
@@ -90,7 +93,7 @@ class Topology:
                 "{kind: leaf-spine, racks: 2, nodes_per_rack: 2, spines: 2, uplink_bw: 1gbit}"
             )
         known = {"kind", "racks", "nodes_per_rack", "spines", "uplink_bw", "oversubscription",
-                 "ecmp_hash", "links"}  # fmt: skip
+                 "ecmp_hash", "links", "placement"}  # fmt: skip
         unknown = sorted(set(block) - known)
         if unknown:
             raise ValueError(f"cluster.topology: unknown keys {unknown}; known: {sorted(known)}")
@@ -138,7 +141,13 @@ class Topology:
                 f"cluster.topology.ecmp_hash={block['ecmp_hash']!r}: use l3 (by addresses) or "
                 "l4 (by addresses and ports)"
             )
-        topo = cls(kind, racks, per_rack, spines, uplink_bw, over, ecmp, {})
+        placement = str(block.get("placement", "pack"))
+        if placement not in PLACEMENTS:
+            raise ValueError(
+                f"cluster.topology.placement={block['placement']!r}: use pack (a cell's nodes "
+                "fill rack 0 first) or spread (one rack after the other)"
+            )
+        topo = cls(kind, racks, per_rack, spines, uplink_bw, over, ecmp, {}, placement)
         overrides = block.get("links") or {}
         if not isinstance(overrides, Mapping):
             raise ValueError(
@@ -172,7 +181,7 @@ class Topology:
             except ValueError as err:
                 raise ValueError(f"{where}: {err}") from None
             parsed[name] = override
-        return cls(kind, racks, per_rack, spines, uplink_bw, over, ecmp, parsed)
+        return cls(kind, racks, per_rack, spines, uplink_bw, over, ecmp, parsed, placement)
 
     # ── the plan
 
@@ -193,6 +202,16 @@ class Topology:
                 f"cluster.topology: {self.racks} racks x {self.nodes_per_rack} nodes hold {cap} "
                 f"nodes, {what} needs {n_nodes}: raise racks or nodes_per_rack"
             )
+
+    def place(self, n_nodes: int) -> list[int]:
+        """The cluster nodes a cell of ``n_nodes`` nodes runs on, in the cell's node order:
+        the first ``n_nodes`` (flat, or ``pack``: rack 0 fills first), or one from each rack in
+        turn (``spread``: node 0 of rack 0, of rack 1, ..., then the racks' second nodes)."""
+        if not self.leaf_spine or self.placement == "pack":
+            return list(range(n_nodes))
+        order = [r * self.nodes_per_rack + k for k in range(self.nodes_per_rack)
+                 for r in range(self.racks)]  # fmt: skip
+        return order[:n_nodes]
 
     def rack_of(self, node: int) -> int:
         """The rack (leaf) of node ``node`` (0 on a flat network)."""
@@ -286,6 +305,7 @@ class Topology:
             "nodes_per_rack": self.nodes_per_rack,
             "spines": self.spines,
             "ecmp_hash": self.ecmp_hash,
+            "placement": self.placement,
         }
         if self.uplink_bw is not None:
             out["uplink_bw"] = self.uplink_bw
@@ -312,7 +332,7 @@ class Topology:
         hetero = f", {len(self.links)} links overridden" if self.links else ""
         return (
             f"leaf-spine: {self.racks} racks x {self.nodes_per_rack} nodes, {self.spines} spines, "
-            f"{up}, ECMP by {self.ecmp_hash.upper()} hash{hetero}"
+            f"{up}, ECMP by {self.ecmp_hash.upper()} hash, placement {self.placement}{hetero}"
         )
 
 
