@@ -12,7 +12,7 @@ NATIVE := $(VENV)/.capture-native
 setup: system-deps $(STAMP) $(NATIVE)
 
 system-deps:
-	@bash envs/bootstrap.sh
+	@PYTHON="$(PYTHON)" bash envs/bootstrap.sh
 
 # Reinstall only when the pinned requirements or the package metadata change.
 $(STAMP): envs/requirements.txt envs/dev-requirements.txt pyproject.toml

@@ -18,7 +18,6 @@ once per ECMP hash policy, and measures with iperf3 (TCP, cubic):
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import threading
@@ -27,6 +26,7 @@ from pathlib import Path
 
 from commscope.cluster import fabric
 from commscope.cluster.hosts import Host
+from commscope.cluster.iperf import goodput_bps, iperf3
 from commscope.cluster.netns import provision_netns
 from commscope.cluster.teardown import teardown_netns
 from commscope.spec.topology import Topology
@@ -37,21 +37,7 @@ BLOCK = {"kind": "leaf-spine", "racks": 2, "nodes_per_rack": 2, "spines": 2}
 
 
 def _iperf(client: Host, server: Host, port: int, streams: int, seconds: int) -> float:
-    addr = server.spec.exp_addr
-    pidfile = f"{server.spec.workdir}/bench-iperf3-{port}.pid"
-    server.run(f"iperf3 -s -1 -D -B {addr} -p {port} --pidfile {pidfile}")
-    try:
-        server.run(
-            f"for i in $(seq 100); do ss -Hltn 'sport = :{port}' | grep -q . && exit 0; "
-            "sleep 0.05; done; exit 1"
-        )
-        out = client.run(
-            f"iperf3 -c {addr} -p {port} -t {seconds} -P {streams} -J", timeout=seconds + 30
-        )
-        return float(json.loads(out.stdout)["end"]["sum_received"]["bits_per_second"])
-    finally:
-        server.run(f"[ -f {pidfile} ] && kill $(cat {pidfile}) 2>/dev/null; rm -f {pidfile}",
-                   warn=True)  # fmt: skip
+    return goodput_bps(iperf3(client, server, seconds=seconds, streams=streams, port=port))
 
 
 def _uplink_tx(record: dict) -> list[int]:

@@ -26,8 +26,13 @@ command -v llvm-strip >/dev/null || need+=(llvm)
 command -v nft >/dev/null || need+=(nftables)
 command -v iptables >/dev/null || need+=(iptables)
 command -v cc >/dev/null || need+=(gcc libc6-dev)
-# The capture's native kernel (commscope.workload.capture_native), built against torch.
+# The capture's native kernel (commscope.workload.capture_native), built against torch and
+# the interpreter's headers (Python.h: python3-dev for Debian's python3; a pyenv or
+# python.org build brings its own).
 command -v c++ >/dev/null || need+=(g++)
+py="${PYTHON:-python3}"
+inc="$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null || true)"
+[ -n "$inc" ] && [ -e "$inc/Python.h" ] || need+=(python3-dev)
 [ -e /usr/include/libnetfilter_queue/libnetfilter_queue.h ] || need+=(libnetfilter-queue-dev)
 python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
 # The report is checked as a reader meets it: in headless Chromium (tests/integration/browser.py).

@@ -25,6 +25,7 @@ from commscope.spec.models import MAX_MODEL_PARAMS, TRAIN_BYTES_PER_PARAM, param
 from commscope.spec.plan import BUILTIN_STRATEGIES, ParallelPlan, mapping_problem, validate_cell
 from commscope.spec.schema_errors import MAX_PROBLEMS, SchemaProblem, schema_problems
 from commscope.spec.settings import ClusterSettings, subnet_problem
+from commscope.spec.topology import Topology
 from commscope.units import fmt_bytes
 
 if TYPE_CHECKING:
@@ -232,6 +233,40 @@ def _uncapped(bw: str) -> bool:
         return False
 
 
+def _node_override_problems(topology: Topology, cells: pd.DataFrame) -> list[str]:
+    """Node overrides no cell runs on (silently unused), and overrides that do not hold with a
+    cell's own shape (a node's jitter above the cell's delay)."""
+    problems = []
+    used: set[int] = set()
+    axes = ["nodes", *LINK_AXES]
+    for values in cells[axes].drop_duplicates().itertuples(index=False):
+        row = dict(zip(axes, values, strict=True))
+        placed = topology.place(int(row.pop("nodes")))
+        used.update(placed)
+        try:
+            shape = LinkSetting.from_mapping({k: str(v) for k, v in row.items()}).shape()
+        except ValueError:
+            continue  # the link axes' own check names it
+        for node in placed:
+            if f"node{node}" not in topology.links:
+                continue
+            try:
+                topology.node_shape(node, shape)
+            except ValueError as err:
+                problems.append(
+                    f"cluster.topology.links.node{node}: with the cell's link "
+                    f"({shape.describe()}): {err}"
+                )
+    for name in sorted(topology.links):
+        if name.startswith("node") and int(name.removeprefix("node")) not in used:
+            problems.append(
+                f"cluster.topology.links.{name}: no cell runs on {name} (placement "
+                f"{topology.placement}, at most {int(cells['nodes'].max())} nodes a cell): "
+                "remove it, raise sweep.nodes or use placement: spread"
+            )
+    return problems
+
+
 def _topology_problems(config: dict[str, Any], cells: pd.DataFrame) -> list[str]:
     """Cells the configured topology cannot carry: more nodes than its racks hold, an
     oversubscription with no node rate to derive the uplinks from, real hosts."""
@@ -255,6 +290,7 @@ def _topology_problems(config: dict[str, Any], cells: pd.DataFrame) -> list[str]
             f"{topology.capacity} nodes, the sweep asks for {most} (sweep.nodes): raise racks "
             "or nodes_per_rack, or lower sweep.nodes"
         )
+    problems += _node_override_problems(topology, cells)
     if topology.oversubscription is not None:
         uncapped = sorted({str(b) for b in set(cells["bw"]) if _uncapped(str(b))})
         if uncapped:

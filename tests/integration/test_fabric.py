@@ -23,6 +23,7 @@ from commscope.spec.settings import CellSettings, RunSettings, Workload
 from commscope.spec.topology import Topology
 
 from .conftest import integration_skip_reason
+from .iperf import goodput_bps, iperf3
 
 pytestmark = pytest.mark.integration
 
@@ -62,21 +63,7 @@ def hosts(built: tuple[Cluster, Path]) -> Iterator[list[Host]]:
 
 def _iperf(client: Host, server: Host, streams: int, seconds: int = 2) -> float:
     """Goodput (bit/s) of ``streams`` parallel TCP connections client -> server."""
-    addr = server.spec.exp_addr
-    pidfile = f"{server.spec.workdir}/fab-iperf3.pid"
-    server.run(f"iperf3 -s -1 -D -B {addr} -p {PORT} --pidfile {pidfile}")
-    try:
-        server.run(
-            f"for i in $(seq 100); do ss -Hltn 'sport = :{PORT}' | grep -q . && exit 0; "
-            "sleep 0.05; done; exit 1"
-        )
-        out = client.run(
-            f"iperf3 -c {addr} -p {PORT} -t {seconds} -P {streams} -J", timeout=seconds + 30
-        )
-        return float(json.loads(out.stdout)["end"]["sum_received"]["bits_per_second"])
-    finally:
-        server.run(f"[ -f {pidfile} ] && kill $(cat {pidfile}) 2>/dev/null; rm -f {pidfile}",
-                   warn=True)  # fmt: skip
+    return goodput_bps(iperf3(client, server, seconds=seconds, streams=streams, port=PORT))
 
 
 def _ttl(client: Host, addr: str) -> int:
@@ -170,6 +157,15 @@ def test_a_cell_caps_the_uplinks_and_a_nodes_own_link_and_undoes_both(
     # node0 reaches node2 over the uplink its connections hash to.
     crossed = sum(ports[f"leaf0-spine{s}:lower"]["bytes"] for s in (0, 1))
     assert crossed > 1 << 20, ports
+    # Every link's bytes each way: what node0 sent up its link left rack 0 over the uplinks
+    # (nothing else in the cell), and arrived down node2's link; node1 and node3 idle.
+    links = meta["fabric"]["links"]
+    sent = links["node0"]["up"]
+    over_spines = sum(links[f"leaf0-spine{s}"]["up"] for s in (0, 1))
+    assert sent > 1 << 20
+    assert abs(over_spines - sent) <= 0.02 * sent, links
+    assert abs(links["node2"]["down"] - sent) <= 0.02 * sent, links
+    assert links["node1"]["up"] < 10_000 and links["node3"]["up"] < 10_000, links
     for ends in cluster.extra["fabric"]["links"].values():
         for side in ("lower", "upper"):
             qdisc = fabric._root_qdisc(fabric.Port(*ends[side]))

@@ -996,3 +996,19 @@ def test_a_leaf_spine_study_is_checked_against_its_racks_and_rates() -> None:
     assert "leaf-spine is built on the netns backend only" in config_error(real)
     bad = {**study(), "cluster": {"topology": {**LEAF_SPINE, "links": {"node9": {"bw": "1gbit"}}}}}
     assert "cluster.topology.links.node9: no such link" in config_error(bad)
+
+
+def test_a_node_override_must_hold_with_every_cell_that_uses_it() -> None:
+    jitter = {**LEAF_SPINE, "links": {"node1": {"jitter": "2ms"}}}
+    # A jitter alone is fine where the cells' delay carries it ...
+    assert len(checked({**study(nodes=2, delay=["5ms"]), "cluster": {"topology": jitter}})) == 1
+    # ... and refused, naming the link and the cell's link, where it would exceed the delay.
+    message = config_error({**study(nodes=2), "cluster": {"topology": jitter}})
+    assert "cluster.topology.links.node1: with the cell's link (rate=50mbit" in message
+    assert "exceeds delay=0ms" in message
+    # An override no cell runs on would be silently unused.
+    unused = {**LEAF_SPINE, "links": {"node3": {"bw": "10mbit"}}}
+    message = config_error({**study(nodes=2), "cluster": {"topology": unused}})
+    assert "links.node3: no cell runs on node3 (placement pack" in message
+    spread = {**unused, "placement": "spread", "links": {"node2": {"bw": "10mbit"}}}
+    assert len(checked({**study(nodes=2), "cluster": {"topology": spread}})) == 1

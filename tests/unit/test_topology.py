@@ -58,6 +58,28 @@ def test_placement_packs_a_rack_first_or_spreads_over_the_racks() -> None:
     assert "placement spread" in spread.describe()
 
 
+def test_the_path_of_a_pair_and_the_links_loads() -> None:
+    topo = Topology.from_mapping(LEAF_SPINE)
+    assert topo.path(0, 1) == [("node0", "up", 1.0), ("node1", "down", 1.0)]
+    assert topo.path(1, 2) == [
+        ("node1", "up", 1.0),
+        ("leaf0-spine0", "up", 0.5),
+        ("leaf1-spine0", "down", 0.5),
+        ("leaf0-spine1", "up", 0.5),
+        ("leaf1-spine1", "down", 0.5),
+        ("node2", "down", 1.0),
+    ]
+    assert Topology().path(0, 1) == [] and topo.path(2, 2) == []
+    # 100 MB node0 -> node2 and 20 MB node1 -> node3 cross the spines; 7 MB stay in rack 0.
+    loads = topo.link_loads({(0, 2): 100e6, (1, 3): 20e6, (0, 1): 7e6})
+    assert loads[("node0", "up")] == (107e6, 107e6)
+    assert loads[("node1", "down")] == (7e6, 7e6)
+    # Expected: half of rack 0's 120 MB over each spine; worst: all of it over one.
+    assert loads[("leaf0-spine0", "up")] == (60e6, 120e6)
+    assert loads[("leaf1-spine1", "down")] == (60e6, 120e6)
+    assert ("leaf1-spine0", "up") not in loads  # nothing leaves rack 1
+
+
 def test_oversubscription_derives_the_uplink_rate_from_the_node_rate() -> None:
     topo = Topology.from_mapping({**LEAF_SPINE, "oversubscription": 2})
     # A rack: 2 nodes x 1 Gbit/s = 2 Gbit/s over 2 uplinks at 2:1 -> 500 Mbit/s each.

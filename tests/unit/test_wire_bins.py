@@ -120,6 +120,23 @@ def test_capped_counters_spread_bins_at_the_rate_and_keep_totals() -> None:
     assert at.tolist() == [0, 500, 1000, 2000, 2500, 3000]
 
 
+def test_each_node_is_serialised_at_its_own_rate_where_the_topology_gives_one() -> None:
+    spans = {0: (0, 30 * B), 1: (0, 30 * B)}
+    cell = counters_from_bins(_bins(), B, ADDR, {0: "e0", 1: "e1"}, spans, rate_bps=40_000_000)
+    own = counters_from_bins(
+        _bins(), B, ADDR, {0: "e0", 1: "e1"}, spans, rate_bps={0: 40_000_000, 1: 20_000_000}
+    )
+    # Node 0 at the cell's rate: the same series; node 1 at half of it: bins 10-12's 3000 B
+    # took 1.2 ms up to 13 x B (from 1 x B), 250 B per bin width.
+    assert own[own["node"] == 0].reset_index(drop=True).equals(
+        cell[cell["node"] == 0].reset_index(drop=True)
+    )
+    n1 = own[own["node"] == 1]
+    assert n1["rx_bytes"].iloc[-1] == 4000
+    at = np.interp(np.array([1, 7, 9, 13]) * B, n1["t_ns"], n1["rx_bytes"])
+    assert at.tolist() == [0, 1500, 2000, 3000]
+
+
 # --------------------------------------------------------------------------------------------
 # Issue 12: the same tables as the pandas implementation before it (frozen below), on the
 # analysis benchmark's bins of a long run (scaled down) and on irregular bins

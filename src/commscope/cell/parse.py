@@ -169,11 +169,22 @@ def cell_table_paths(out_dir: Path) -> dict[str, Path]:
     return {name: Path(out_dir) / file for name, file in CELL_TABLE_FILES.items()}
 
 
+def node_rates(run_meta: Mapping[str, Any]) -> dict[int, int | None]:
+    """Each node's link rate in a run (by the cell's node index): the cell's cap, or the node's
+    own where the topology overrides it (run.json ``node_shapes``, by node name)."""
+    cell_rate = LinkShape(**run_meta["shape"]).rate_bps
+    own = run_meta.get("node_shapes") or {}
+    return {
+        int(n["index"]): (own[n["name"]]["rate_bps"] if n["name"] in own else cell_rate)
+        for n in run_meta["nodes"]
+    }
+
+
 def _wire_tables(
     raw_dir: Path,
     nodes: list[dict[str, Any]],
     clock: dict[str, Any] | None,
-    rate_bps: int | None = None,
+    rate_bps: int | None | Mapping[int, int | None] = None,
 ) -> dict[str, Any] | None:
     """The BPF accounting's counters and node-pair flows of every node (see
     :mod:`commscope.cell.wire`; ``rate_bps`` the cell's cap, at which its bytes are
@@ -280,6 +291,8 @@ def _cell_meta(
         "backend": ranks[0]["backend"] if ranks else None,
         **shape.numbers(),
         "bw_bps": shape.rate_bps,  # null, not NaN, uncapped: cell.json is strict JSON
+        # Where a topology gives nodes links of their own: each node's rate (by node index).
+        "bw_bps_per_node": _own_rates(run_meta, shape.rate_bps),
         "param_bytes": ranks[0]["grad_bytes_local"] if ranks else None,
         "grad_bytes": ranks[0]["grad_bytes_local"] if ranks else None,
         "grad_bytes_per_rank": [r["grad_bytes_local"] for r in ranks],
@@ -297,13 +310,40 @@ def _cell_meta(
         "clock": run_meta.get("clock"),
         "links": run_meta.get("links"),
         # Which engine applied delay/jitter/loss, and its record (delayer lateness, drops).
-        "link_engine": run_meta.get("link_engine"),
+        "link_engine": _cell_local_nodes(run_meta.get("link_engine"), run_meta.get("nodes")),
         # A leaf-spine fabric's caps for the cell and its uplink queues (cluster.fabric), and
         # the nodes whose own link the topology overrides.
         "fabric": run_meta.get("fabric"),
         "node_shapes": run_meta.get("node_shapes"),
         "placement": run_meta.get("placement"),
     }
+
+
+def _cell_local_nodes(
+    record: Mapping[str, Any] | None, nodes: list[dict] | None
+) -> Mapping[str, Any] | None:
+    """``record`` with its per-node entries (``nodes``, keyed by the cluster's node names) keyed
+    ``node<i>`` by the cell's own node index, as every table numbers nodes: a cell placed over a
+    leaf-spine's racks runs on, say, node0 and node2 as its nodes 0 and 1."""
+    if not record or not record.get("nodes") or not nodes:
+        return record
+    index = {n["name"]: int(n["index"]) for n in nodes}
+    local = {
+        (f"node{index[name]}" if name in index else name): value
+        for name, value in record["nodes"].items()
+    }
+    return {**record, "nodes": local}
+
+
+def _own_rates(run_meta: Mapping[str, Any], cell_rate: int | None) -> dict[str, int | None] | None:
+    """Each node's rate (keys: node indices as strings) when some node's differs from the
+    cell's, else None."""
+    if not run_meta.get("node_shapes") or "nodes" not in run_meta:
+        return None
+    rates = node_rates(run_meta)
+    if all(rate == cell_rate for rate in rates.values()):
+        return None
+    return {str(i): rate for i, rate in sorted(rates.items())}
 
 
 def cell_link(meta: Mapping[str, Any]) -> LinkShape:
@@ -354,7 +394,7 @@ def build_cell_tables(
     run_meta = json.loads((raw_dir / RUN_FILE).read_text())
     node_index = {n["name"]: int(n["index"]) for n in run_meta["nodes"]}
     clock = node_clock(run_meta, node_index)
-    wire = _wire_tables(raw_dir, run_meta["nodes"], clock, LinkShape(**run_meta["shape"]).rate_bps)
+    wire = _wire_tables(raw_dir, run_meta["nodes"], clock, node_rates(run_meta))
     sample_hz = float(run_meta.get("captures", {}).get("sample_hz") or 0)
     tables = {
         **_node_tables(raw_dir, node_index, clock, wire, sample_hz),

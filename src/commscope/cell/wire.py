@@ -164,12 +164,13 @@ def counters_from_bins(
     addr_to_node: Mapping[str, int],
     ifaces: Mapping[int, str],
     spans: Mapping[int, tuple[int, int]],
-    rate_bps: int | None = None,
+    rate_bps: int | None | Mapping[int, int | None] = None,
 ) -> pd.DataFrame:
     """The ``counters`` table (COUNTER_COLUMNS) of a cell from its wire bins.
 
-    ``rate_bps`` is the cell's link cap, if any: each node's bytes are then placed on its link
-    as a link of that rate serialises them (:func:`serialized`) instead of at the instant
+    ``rate_bps`` is the cell's link cap, if any (or each node's, by node index, where a
+    topology gives some nodes links of their own): each node's bytes are then placed on its
+    link as a link of that rate serialises them (:func:`serialized`) instead of at the instant
     their bin closed.
 
     ``bins`` are every node's wire.parquet rows with a ``node`` column, on the orchestrator's
@@ -201,7 +202,8 @@ def counters_from_bins(
             mine = d == want
             column[at[mine]] = values[lo:hi][mine]
             per_bin[col] = column
-        frames.append(_sparse_cumulative(n, iface, t_bin, per_bin, bin_ns, start, end, rate_bps))
+        rate = rate_bps.get(n) if isinstance(rate_bps, Mapping) else rate_bps
+        frames.append(_sparse_cumulative(n, iface, t_bin, per_bin, bin_ns, start, end, rate))
     return pd.concat(frames, ignore_index=True)[COUNTER_COLUMNS]
 
 

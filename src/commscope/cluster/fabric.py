@@ -128,10 +128,12 @@ def build_fabric(
                 "net.ipv4.fib_multipath_hash_policy": hash_policy,
                 "net.ipv4.conf.all.rp_filter": "0",
                 "net.ipv4.conf.default.rp_filter": "0",
-                "net.ipv6.conf.all.disable_ipv6": "1",
-                "net.ipv6.conf.default.disable_ipv6": "1",
             },
         )
+        # Best effort, as for the nodes: a kernel booted without IPv6 has no such keys.
+        for key in ("all", "default"):
+            run_quiet(["ip", "netns", "exec", ns, "sysctl", "-qw",
+                       f"net.ipv6.conf.{key}.disable_ipv6=1"])  # fmt: skip
     ports = link_ports(name, topo, node_ns)
     for lower, upper in ports.values():
         veth = ["type", "veth", "peer", "name", upper.dev, "netns", upper.ns]
@@ -200,6 +202,25 @@ def port_bytes(port: Port) -> tuple[int, int]:
     return int(out[0]), int(out[1])
 
 
+def link_bytes(built: dict) -> dict[str, tuple[int, int]]:
+    """Bytes each fabric link has carried so far, per direction: (lower -> upper, upper ->
+    lower), read as the lower port's transmit and receive counters (one ``ip -s -j link`` per
+    namespace)."""
+    by_ns: dict[str, dict[str, tuple[int, int]]] = {}
+    for ns in {ends["lower"][0] for ends in built["links"].values()}:
+        out = run_checked(["ip", "-n", ns, "-s", "-j", "link", "show"]).stdout
+        by_ns[ns] = {
+            link["ifname"]: (
+                int(link["stats64"]["tx"]["bytes"]),
+                int(link["stats64"]["rx"]["bytes"]),
+            )
+            for link in json.loads(out or "[]")
+        }
+    return {
+        name: by_ns[ends["lower"][0]][ends["lower"][1]] for name, ends in built["links"].items()
+    }
+
+
 def _root_qdisc(port: Port, stats: bool = False) -> dict | None:
     """``port``'s root qdisc as ``tc -j`` reports it (with counters when ``stats``)."""
     args = ["tc", "-j", *(["-s"] if stats else []), "qdisc", "show", "dev", port.dev]
@@ -217,8 +238,10 @@ def shaped_fabric(
     """Cap the fabric's leaf-spine links for one cell (both directions, each at its rate:
     :meth:`Topology.uplink_rates` for nodes at ``node_rate_bps``); ALWAYS remove the caps after
     the block. Yields the record for run.json: the topology, each uplink's rate, and after the
-    block each capped port's queue counters (sent, drops, overlimits, requeues). ``built`` is
-    the cluster's fabric record (None: a flat cluster, nothing to do). Raises ShapingError when
+    block each capped port's queue counters (sent, drops, overlimits, requeues) and the bytes
+    every fabric link carried each way during the block (``links``: ``up`` from its lower end,
+    a node or leaf, ``down`` towards it: the ECMP split as it happened). ``built`` is the
+    cluster's fabric record (None: a flat cluster, nothing to do). Raises ShapingError when
     a port keeps a qdisc after the block."""
     if built is None or not topology.leaf_spine:
         yield {}
@@ -232,6 +255,7 @@ def shaped_fabric(
     }
     for port in ports.values():  # a crashed run's cap would shape this cell
         uncap_port(port)
+    before = link_bytes(built)
     try:
         for key, port in ports.items():
             rate = rates[key.split(":")[0]]
@@ -239,17 +263,29 @@ def shaped_fabric(
                 cap_port(port, rate, mtu, offload)
         yield record
     finally:
+        # The caps go first, whatever else fails: a vanished namespace must not leave them.
         dirty = []
         for key, port in ports.items():
-            qdisc = _root_qdisc(port, stats=True)
-            if qdisc is not None and qdisc.get("kind") == "tbf":
-                record["ports"][key] = {
-                    k: int(qdisc.get(k, 0))
-                    for k in ("bytes", "packets", "drops", "overlimits", "requeues")
-                }
-            uncap_port(port)
+            try:
+                qdisc = _root_qdisc(port, stats=True)
+                if qdisc is not None and qdisc.get("kind") == "tbf":
+                    record["ports"][key] = {
+                        k: int(qdisc.get(k, 0))
+                        for k in ("bytes", "packets", "drops", "overlimits", "requeues")
+                    }
+            finally:  # a port whose counters could not be read is uncapped all the same
+                uncap_port(port)
             left = _root_qdisc(port)
             if left is not None and left.get("kind") not in ("noqueue", "pfifo_fast", "fq_codel"):
                 dirty.append(f"{port.ns} {port.dev}: {left.get('kind')}")
+        try:
+            after = link_bytes(built)
+            record["links"] = {
+                name: {"up": after[name][0] - up, "down": after[name][1] - down}
+                for name, (up, down) in before.items()
+            }
+        except (RuntimeError, KeyError, OSError) as err:  # recorded, never the cell's error
+            record["links"] = None
+            record["links_error"] = str(err)
         if dirty:
             raise ShapingError("the fabric keeps caps after the cell: " + "; ".join(dirty))

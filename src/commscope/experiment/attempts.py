@@ -282,5 +282,7 @@ def measure_cell(
         out_dir=out_dir,
         log_path=log_path,
         attempts=attempts,
-        nodes=[f"node{i}" for i in range(cell.nodes)],
+        # The cluster's names of the cell's nodes (spread over a leaf-spine's racks: not the
+        # first ones).
+        nodes=[f"node{j}" for j in cluster.topology.place(cell.nodes)],
     )

@@ -167,7 +167,8 @@ def run_cell(
     connect_timeout_s: float = 10.0,
     progress: Progress | None = None,
 ) -> Path:
-    """Run ``workload`` on the first ``cell.nodes`` nodes; raw traces land in ``out_dir``.
+    """Run ``workload`` on ``cell.nodes`` nodes (the first ones, or on a leaf-spine as its
+    ``placement`` picks them: numbered 0..n-1 in that order); raw traces land in ``out_dir``.
 
     ``run.launcher`` starts ``workload.module`` on ``cell.ranks_per_node`` ranks per node with
     the path of ``workload.spec``; the cell's link axes (bw, delay, jitter, loss) set how links are

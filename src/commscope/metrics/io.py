@@ -506,15 +506,23 @@ def read_shaper_table(
     links = list((meta.get("links") or {}).values())
     mtu = max((int(link.get("mtu", 1500)) for link in links), default=1500)
     offload = any(link.get("tso") or link.get("gso") for link in links)
-    return shaper_table(
-        offered,
-        delivered,
-        window,
-        rate_bps=float(rate),
-        bin_ns=bin_ns,
-        burst_bytes=tbf_burst_bytes(int(rate), mtu, offload),
-        frame_bytes=mtu + ETH_HEADER_BYTES,
-    )
+    # Each node's shaper at its own rate where the topology gives it one (an uncapped node has
+    # none to check).
+    own = meta.get("bw_bps_per_node") or {}
+    rates = {n: own.get(str(n), rate) for n in index.values()}
+    tables = [
+        shaper_table(
+            offered[offered["node"].isin([n for n, r in rates.items() if r == node_rate])],
+            delivered,
+            window,
+            rate_bps=float(node_rate),
+            bin_ns=bin_ns,
+            burst_bytes=tbf_burst_bytes(int(node_rate), mtu, offload),
+            frame_bytes=mtu + ETH_HEADER_BYTES,
+        )
+        for node_rate in sorted({r for r in rates.values() if r})
+    ]
+    return pd.concat(tables, ignore_index=True) if tables else None
 
 
 def aggregate_tables(

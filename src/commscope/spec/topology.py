@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from commscope.spec.link import LinkShape
@@ -51,11 +51,20 @@ class LinkOverride:
     jitter: str | None = None
     loss: str | None = None
 
-    def shape(self) -> LinkShape:
-        """The override as a link shape (unset fields: no cap, no impairment)."""
-        return LinkShape.parse(
-            self.bw or "none", self.delay or "0ms", self.jitter or "0ms", self.loss or "0%"
-        )
+    def numbers(self) -> dict[str, Any]:
+        """The fields given, parsed as :class:`LinkShape` fields (``rate_bps``, ``delay_ms``,
+        ``jitter_ms``, ``loss_pct``), each on its own: whether a jitter fits the delay is the
+        merged shape's question (:meth:`Topology.node_shape`). ValueError naming the field."""
+        out: dict[str, Any] = {}
+        if self.bw is not None:
+            out["rate_bps"] = LinkShape.parse(self.bw).rate_bps
+        if self.delay is not None:
+            out["delay_ms"] = LinkShape.parse("none", self.delay).delay_ms
+        if self.jitter is not None:  # checked here against a delay as large as itself
+            out["jitter_ms"] = LinkShape.parse("none", self.jitter, self.jitter).jitter_ms
+        if self.loss is not None:
+            out["loss_pct"] = LinkShape.parse("none", "0ms", "0ms", self.loss).loss_pct
+        return out
 
 
 @dataclass(frozen=True)
@@ -177,7 +186,7 @@ class Topology:
                 )
             override = LinkOverride(**{k: str(v) for k, v in shape.items()})
             try:
-                override.shape()
+                override.numbers()
             except ValueError as err:
                 raise ValueError(f"{where}: {err}") from None
             parsed[name] = override
@@ -254,6 +263,39 @@ class Topology:
                 table[f"spine{s}"].append((f"{addr}/32", [f"d{rack}"]))
         return table
 
+    def path(self, src: int, dst: int) -> list[tuple[str, str, float]]:
+        """The links a byte from node ``src`` to node ``dst`` crosses: (link, direction, the
+        share of the pair's bytes it carries there). Up the source's link, down the
+        destination's; across racks up every uplink of the source's leaf and down the same
+        spine's link to the destination's leaf, ``1 / spines`` each (ECMP's expectation over
+        many connections; :meth:`link_loads` gives the worst case too). Empty on a flat
+        network or for a node to itself."""
+        if not self.leaf_spine or src == dst:
+            return []
+        hops = [(f"node{src}", "up", 1.0)]
+        a, b = self.rack_of(src), self.rack_of(dst)
+        if a != b:
+            share = 1.0 / self.spines
+            for s in range(self.spines):
+                hops += [(f"leaf{a}-spine{s}", "up", share), (f"leaf{b}-spine{s}", "down", share)]
+        return [*hops, (f"node{dst}", "down", 1.0)]
+
+    def link_loads(
+        self, pair_bytes: Mapping[tuple[int, int], float]
+    ) -> dict[tuple[str, str], tuple[float, float]]:
+        """Each (link, direction)'s bytes for these node pairs' bytes (src, dst: cluster
+        nodes): (expected under ECMP, worst case). The worst case of a leaf-spine link puts on
+        it every byte that may take it (all of a rack's cross-rack connections hashed to one
+        spine); a node link's is its expectation."""
+        expected: dict[tuple[str, str], float] = {}
+        worst: dict[tuple[str, str], float] = {}
+        for (src, dst), nbytes in pair_bytes.items():
+            for link, direction, share in self.path(src, dst):
+                key = (link, direction)
+                expected[key] = expected.get(key, 0.0) + share * nbytes
+                worst[key] = worst.get(key, 0.0) + nbytes
+        return {key: (value, worst[key]) for key, value in expected.items()}
+
     def uplink_rate_bps(self, node_rate_bps: int | None) -> int | None:
         """Each uplink's rate: ``uplink_bw``; or, with ``oversubscription``, a rack's node rate
         (``node_rate_bps`` x nodes per rack) over the ratio, split over the spines; None when
@@ -276,14 +318,9 @@ class Topology:
         override = self.links.get(f"node{node}")
         if override is None:
             return cell
-        own = override.shape()
-        return LinkShape(
-            rate_bps=own.rate_bps if override.bw is not None else cell.rate_bps,
-            delay_ms=own.delay_ms if override.delay is not None else cell.delay_ms,
-            jitter_ms=own.jitter_ms if override.jitter is not None else cell.jitter_ms,
-            loss_pct=own.loss_pct if override.loss is not None else cell.loss_pct,
-            cc=cell.cc,
-        )
+        # ValueError (LinkShape's own words) when the merge does not hold: a node's jitter
+        # above the cell's delay. config.check_study asks this of every cell beforehand.
+        return replace(cell, **override.numbers())
 
     def uplink_rates(self, node_rate_bps: int | None) -> dict[str, int | None]:
         """Each leaf-spine link's rate in a cell whose nodes run at ``node_rate_bps``: the
@@ -292,7 +329,7 @@ class Topology:
         out: dict[str, int | None] = {}
         for link in self.fabric_links(0):
             override = self.links.get(link.name)
-            out[link.name] = override.shape().rate_bps if override and override.bw else rate
+            out[link.name] = override.numbers()["rate_bps"] if override and override.bw else rate
         return out
 
     def to_mapping(self) -> dict[str, Any]:

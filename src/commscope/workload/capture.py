@@ -820,7 +820,8 @@ def records() -> list[OpRecord]:
     """Everything recorded so far in this process (issue order), one OpRecord per op (their
     waits: :func:`frame`)."""
     table = _STATE.table
-    n = len(table.rows)
+    # Rows and their end slots are appended one after the other, maybe on another thread.
+    n = min(len(table.rows), len(table.t_end))
     ends = _ends(table, n)
     return [OpRecord(*row, t_end) for row, t_end in zip(table.rows[:n], ends, strict=True)]
 
@@ -828,7 +829,8 @@ def records() -> list[OpRecord]:
 def _ends(table: _Table, n: int) -> list[int | None]:
     """``t_end_ns`` of the first ``n`` rows of ``table``, with the native kernel's stamps."""
     ends = table.t_end[:n]
-    slotted = [(row, slot) for row, slot in table.slots.items() if row < n and ends[row] is None]
+    # A copy first: functional ops on another thread (autograd's) may add slots meanwhile.
+    slotted = [(r, slot) for r, slot in list(table.slots.items()) if r < n and ends[r] is None]
     if slotted and _NATIVE_ENDS is not None:
         stamps = _NATIVE_ENDS([slot for _, slot in slotted])
         for (row, _), stamp in zip(slotted, stamps, strict=True):
@@ -844,7 +846,7 @@ def frame() -> pd.DataFrame:
     import pandas as pd  # only here: recording ranks import this module before pandas is needed
 
     table = _STATE.table
-    n = len(table.rows)
+    n = min(len(table.rows), len(table.w_end))  # w_end is appended last (_record)
     ops = pd.DataFrame.from_records(table.rows[:n], columns=list(COLUMNS[:-1]))
     for col in ("group_size", "peer", "root", "numel", "bytes", "bytes_out", "seq", "step"):
         ops[col] = ops[col].astype("int64")

@@ -78,14 +78,20 @@ void call_python(const c10::OperatorHandle& op, c10::DispatchKeySet below, torch
     op.redispatchBoxed(below, stack);
     return;
   }
+  // A reference of our own: the kernel may release the GIL, and an uninstall() meanwhile would
+  // drop the map's.
+  py::object kernel = it->second;
   const size_t n = schema.arguments().size();
   py::tuple args(n);
   for (size_t i = 0; i < n; ++i) {
     args[i] = torch::jit::toPyObject(std::move((*stack)[stack->size() - n + i]));
   }
   torch::jit::drop(*stack, n);
-  py::object out = it->second(*args);
+  py::object out = kernel(*args);
   const auto& returns = schema.returns();
+  if (returns.empty()) {  // monitored_barrier_ returns nothing
+    return;
+  }
   if (returns.size() == 1) {
     stack->push_back(torch::jit::toIValue(out, returns[0].type()));
   } else {
@@ -109,6 +115,8 @@ void nested_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch:
   }
   op.redispatchBoxed(below, stack);
   // Every c10d operator returns its Work last, alone or at the end of a tuple.
+  // The latest inner op decides what end() reports; a Work an earlier one left is let go.
+  t_state.work = c10::IValue();
   if (stack->empty()) {
     t_state.state = kCompletedInside;
     return;
@@ -152,11 +160,12 @@ int64_t begin() {
 
 py::object end() {
   const int state = t_state.state;
+  // Never keep a Work past its op: one that outlived its process group aborts the process.
+  c10::IValue work = std::move(t_state.work);
+  t_state.work = c10::IValue();
   t_state.parent = -1;
   t_state.state = kNotReached;
   if (state == kNoFuture) {
-    c10::IValue work = std::move(t_state.work);
-    t_state.work = c10::IValue();
     return torch::jit::toPyObject(std::move(work));
   }
   return py::int_(state);

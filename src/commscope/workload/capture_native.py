@@ -18,6 +18,7 @@ import argparse
 import hashlib
 import importlib.machinery
 import importlib.util
+import logging
 import os
 import shutil
 import subprocess
@@ -33,6 +34,7 @@ NAME = "commscope_capture_native"  # the module's init symbol: PyInit_<NAME>
 FLAGS = ("-O2", "-std=c++17", "-fPIC", "-shared", "-DTORCH_API_INCLUDE_EXTENSION_H")
 # Set to anything else than "native" to run the Python kernels (tests, the overhead benchmark).
 ENV = "COMMSCOPE_CAPTURE"
+log = logging.getLogger(__name__)
 
 
 class NativeBuildError(RuntimeError):
@@ -46,10 +48,15 @@ def cxx_compiler() -> str | None:
     return shutil.which("c++") or shutil.which("g++")
 
 
-def built_path(prefix: Path | None = None) -> Path:
-    """Where the build for this source, these flags, this torch and this Python lives."""
+def built_path(prefix: Path | None = None) -> Path | None:
+    """Where the build for this source, these flags, this torch and this Python lives; None
+    when the source is not installed (a package built without it)."""
     key = "\0".join((*FLAGS, torch.__version__, sys.version, sysconfig.get_platform()))
-    digest = hashlib.sha256(SOURCE.read_bytes() + key.encode()).hexdigest()[:16]
+    try:
+        source = SOURCE.read_bytes()
+    except OSError:
+        return None
+    digest = hashlib.sha256(source + key.encode()).hexdigest()[:16]
     base = Path(prefix if prefix is not None else sys.prefix) / "share" / "commscope"
     return base / f"{NAME}-{digest}.so"
 
@@ -58,6 +65,8 @@ def build(prefix: Path | None = None) -> Path:
     """Compile the extension unless this build exists already; returns its path. Raises
     NativeBuildError naming what is missing (the compiler, or the compiler's message)."""
     target = built_path(prefix)
+    if target is None:
+        raise NativeBuildError(f"{SOURCE} is missing: reinstall commscope with its package data")
     if target.exists():
         return target
     cxx = cxx_compiler()
@@ -95,6 +104,11 @@ def build(prefix: Path | None = None) -> Path:
         tmp.rename(target)  # atomic: a rank loading it never sees half a library
     finally:
         tmp.unlink(missing_ok=True)
+    # Builds of older sources or another torch are never loaded again (a rank that has one
+    # open keeps it: unlinking leaves a mapped file alone).
+    for stale in target.parent.glob(f"{NAME}-*.so"):
+        if stale != target:
+            stale.unlink(missing_ok=True)
     return target
 
 
@@ -104,14 +118,18 @@ def load(prefix: Path | None = None) -> ModuleType | None:
     if os.environ.get(ENV, "native") != "native":
         return None
     path = built_path(prefix)
-    if not path.exists():
+    if path is None or not path.exists():
         return None
     loader = importlib.machinery.ExtensionFileLoader(NAME, str(path))
     spec = importlib.util.spec_from_file_location(NAME, path, loader=loader)
     if spec is None:
         return None
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
+    try:
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
+    except (ImportError, OSError) as err:  # a damaged build: the Python kernels still record
+        log.warning("cannot load the native capture kernel %s (%s): Python kernels", path, err)
+        return None
     return module
 
 
