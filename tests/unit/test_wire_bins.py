@@ -128,8 +128,10 @@ def test_each_node_is_serialised_at_its_own_rate_where_the_topology_gives_one() 
     )
     # Node 0 at the cell's rate: the same series; node 1 at half of it: bins 10-12's 3000 B
     # took 1.2 ms up to 13 x B (from 1 x B), 250 B per bin width.
-    assert own[own["node"] == 0].reset_index(drop=True).equals(
-        cell[cell["node"] == 0].reset_index(drop=True)
+    assert (
+        own[own["node"] == 0]
+        .reset_index(drop=True)
+        .equals(cell[cell["node"] == 0].reset_index(drop=True))
     )
     n1 = own[own["node"] == 1]
     assert n1["rx_bytes"].iloc[-1] == 4000
