@@ -41,10 +41,9 @@ def _iperf(client: Host, server: Host, port: int, streams: int, seconds: int) ->
 
 
 def _uplink_tx(record: dict) -> list[int]:
-    return [
-        fabric.port_bytes(fabric.Port(*record["links"][f"leaf0-spine{s}"]["lower"]))[0]
-        for s in (0, 1)
-    ]
+    """Bytes leaf0 has sent up each of its two uplinks so far."""
+    sent = fabric.link_bytes(record)
+    return [sent[f"leaf0-spine{s}"][0] for s in (0, 1)]
 
 
 def measure(ecmp: str, cap_bps: int, trials: int) -> dict:

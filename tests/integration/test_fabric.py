@@ -94,10 +94,11 @@ def test_ecmp_spreads_connections_over_both_spines(
     built: tuple[Cluster, Path], hosts: list[Host]
 ) -> None:
     record = built[0].extra["fabric"]
-    uplinks = [fabric.Port(*record["links"][f"leaf0-spine{s}"]["lower"]) for s in (0, 1)]
-    before = [fabric.port_bytes(p)[0] for p in uplinks]
+    uplinks = [f"leaf0-spine{s}" for s in (0, 1)]  # leaf0's sending side of each: "up"
+    before = fabric.link_bytes(record)
     goodput = _iperf(hosts[0], hosts[2], STREAMS)
-    sent = [fabric.port_bytes(p)[0] - b for p, b in zip(uplinks, before, strict=True)]
+    after = fabric.link_bytes(record)
+    sent = [after[link][0] - before[link][0] for link in uplinks]
     assert goodput > 0
     share = min(sent) / sum(sent)
     # Both spines carry data; with 16 connections an L4 hash rarely leaves one under 10 %.

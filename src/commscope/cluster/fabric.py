@@ -86,16 +86,22 @@ def _ns_sysctl(ns: str, settings: dict[str, str]) -> None:
     run_checked(["ip", "netns", "exec", ns, "sysctl", "-qw", *args])
 
 
-def port_commands(port: Port, mtu: int, offload: bool) -> list[list[str]]:
-    """The commands that give a fabric port ``mtu``, its offloads (TSO/GSO as ``offload``, GRO
-    off, as the node links) and bring it up; idempotent."""
+def offload_features(offload: bool) -> list[str]:
+    """``ethtool -K`` arguments of an experiment link: TSO/GSO on with ``offload``, else off
+    (MTU frames, as a real wire); GRO off either way (veth's default; on, it would merge
+    received frames back into super-packets)."""
     state = "on" if offload else "off"
+    return ["tso", state, "gso", state, "gro", "off"]
+
+
+def port_commands(port: Port, mtu: int, offload: bool) -> list[list[str]]:
+    """The commands that give a fabric port ``mtu`` and the node links' offloads
+    (:func:`offload_features`) and bring it up; idempotent."""
     return [
         ["ip", "-n", port.ns, "link", "set", "dev", port.dev, "mtu", str(mtu)],
-        ["ip", "netns", "exec", port.ns, "ethtool", "-K", port.dev, "tso", state, "gso", state,
-         "gro", "off"],
+        ["ip", "netns", "exec", port.ns, "ethtool", "-K", port.dev, *offload_features(offload)],
         ["ip", "-n", port.ns, "link", "set", "dev", port.dev, "up"],
-    ]  # fmt: skip
+    ]
 
 
 def build_fabric(
@@ -110,10 +116,10 @@ def build_fabric(
     """Build the routers and links between the nodes in ``node_ns`` (node i at
     ``node_addrs[i]``) and give each node's ``exp0`` its address; returns the record for
     ``cluster.json`` (``extra["fabric"]``). The nodes' namespaces exist; the routers' must not
-    (the provisioner removed the cluster's leftovers). Raises RuntimeError naming the command
+    (the provisioner removed the cluster's leftovers), and the provisioner checked, before
+    building anything, that the racks hold the nodes and the subnet the routers
+    (``Topology.check_fits``, :func:`check_addresses`). Raises RuntimeError naming the command
     that failed."""
-    topo.check_fits(len(node_ns))
-    check_addresses(exp_net, topo, len(node_ns))
     own = router_addrs(exp_net, topo)
     hash_policy = str(ECMP_HASHES[topo.ecmp_hash])
     for router, addr in own.items():
@@ -172,14 +178,20 @@ def build_fabric(
     }
 
 
-def uplink_ports(fabric: dict) -> list[Port]:
-    """Both ends of every leaf-spine link of a built fabric (``build_fabric``'s record): the
-    egress of each direction, where a cap on the uplink goes."""
-    out = []
-    for name, ends in fabric["links"].items():
-        if not name.startswith("node"):
-            out += [Port(*ends["lower"]), Port(*ends["upper"])]
-    return out
+def fabric_ports(built: dict, uplinks_only: bool = False) -> list[Port]:
+    """Both ends of every link of a built fabric (``build_fabric``'s record), or of its
+    leaf-spine links only: the egress of each direction, where a cap on the link goes."""
+    return [
+        Port(*ends[side])
+        for name, ends in built["links"].items()
+        if not (uplinks_only and name.startswith("node"))
+        for side in ("lower", "upper")
+    ]
+
+
+def uplink_ports(built: dict) -> list[Port]:
+    """Both ends of every leaf-spine link (:func:`fabric_ports`)."""
+    return fabric_ports(built, uplinks_only=True)
 
 
 def cap_port(port: Port, rate_bps: int, mtu: int, offload: bool) -> None:
@@ -192,14 +204,6 @@ def uncap_port(port: Port) -> bool:
     """Remove ``port``'s root qdisc (True if there was one to remove)."""
     tc = ["tc", "qdisc", "del", "dev", port.dev, "root"]
     return run_quiet(["ip", "netns", "exec", port.ns, *tc])
-
-
-def port_bytes(port: Port) -> tuple[int, int]:
-    """(transmitted, received) bytes of ``port`` so far (its interface counters)."""
-    base = f"/sys/class/net/{port.dev}/statistics"
-    out = run_checked(["ip", "netns", "exec", port.ns, "cat", f"{base}/tx_bytes",
-                       f"{base}/rx_bytes"]).stdout.split()  # fmt: skip
-    return int(out[0]), int(out[1])
 
 
 def link_bytes(built: dict) -> dict[str, tuple[int, int]]:

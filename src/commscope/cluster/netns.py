@@ -298,12 +298,10 @@ def _reuse(
 def exp_link_commands(
     ns: str, root_end: str, node_end: str, mtu: int, offload: bool
 ) -> list[list[str]]:
-    """The commands that give both ends of a node's experiment veth ``mtu`` and its offloads:
-    TSO/GSO on with ``offload``, else off; GRO off either way (veth's default; on, it would
-    merge received frames back into super-packets). Idempotent (ethtool answers 0 when nothing
-    changes)."""
-    state = "on" if offload else "off"
-    features = ["tso", state, "gso", state, "gro", "off"]
+    """The commands that give both ends of a node's experiment veth ``mtu`` and its offloads
+    (:func:`~commscope.cluster.fabric.offload_features`). Idempotent (ethtool answers 0 when
+    nothing changes)."""
+    features = fabric.offload_features(offload)
     return [
         ["ip", "link", "set", "dev", root_end, "mtu", str(mtu)],
         ["ip", "-n", ns, "link", "set", "dev", node_end, "mtu", str(mtu)],
@@ -317,28 +315,26 @@ def _configure_cluster_links(cluster: Cluster, mtu: int, offload: bool) -> None:
     fabric link, record them in the nodes and ``cluster.extra``, and check the bridge followed
     the MTU."""
     built = cluster.extra.get("fabric")
-    if built is not None:
-        for ends in built["links"].values():
-            for port in (fabric.Port(*ends["lower"]), fabric.Port(*ends["upper"])):
-                for cmd in fabric.port_commands(port, mtu, offload):
-                    run_checked(cmd)
-        cluster.nodes = [replace(node, mtu=mtu, offload=offload) for node in cluster.nodes]
-        cluster.extra.update(mtu=mtu, offload=offload)
-        return
-    for node in cluster.nodes:
+    cmds: list[list[str]] = []
+    if built is not None:  # a leaf-spine: every fabric link, the nodes' included
+        for port in fabric.fabric_ports(built):
+            cmds += fabric.port_commands(port, mtu, offload)
+    for node in cluster.nodes if built is None else ():
         assert node.netns is not None  # a netns cluster's node
-        for cmd in exp_link_commands(
-            node.netns, _root_exp_end(cluster.name, node.index), node.exp_iface, mtu, offload
-        ):
-            run_checked(cmd)
+        end = _root_exp_end(cluster.name, node.index)
+        cmds += exp_link_commands(node.netns, end, node.exp_iface, mtu, offload)
+    for cmd in cmds:
+        run_checked(cmd)
     cluster.nodes = [replace(node, mtu=mtu, offload=offload) for node in cluster.nodes]
     cluster.extra.update(mtu=mtu, offload=offload)
-    bridge = cluster.extra.get("bridge_exp", f"{cluster.name}-exp")
-    # A bridge without an MTU set by hand follows the smallest MTU of its ports; it only matters
-    # for frames the bridge itself sends (it has no address here), but say so if it differs.
-    shown = json.loads(run_checked(["ip", "-j", "link", "show", "dev", bridge]).stdout)
-    if shown and shown[0].get("mtu") != mtu:
-        log.warning("bridge %s has MTU %s, its ports %d", bridge, shown[0].get("mtu"), mtu)
+    if built is None:
+        bridge = cluster.extra.get("bridge_exp", f"{cluster.name}-exp")
+        # A bridge without an MTU set by hand follows the smallest MTU of its ports; it only
+        # matters for frames the bridge itself sends (it has no address here), but say so if
+        # it differs.
+        shown = json.loads(run_checked(["ip", "-j", "link", "show", "dev", bridge]).stdout)
+        if shown and shown[0].get("mtu") != mtu:
+            log.warning("bridge %s has MTU %s, its ports %d", bridge, shown[0].get("mtu"), mtu)
     log.info(
         "netns cluster %s: experiment links at MTU %d, TSO/GSO %s",
         cluster.name,

@@ -197,6 +197,7 @@ def run_cell(
             shape,
             out_dir,
             progress,
+            topology,
             {spec.name: j for spec, j in zip(specs, chosen, strict=True)},
         )
     except (OSError, EOFError, SSHException, ShapingError) as err:
@@ -248,9 +249,11 @@ def _measure(
     shape: LinkShape,
     out_dir: Path,
     progress: Progress,
+    topology: Topology,
     placement: dict[str, int],
 ) -> None:
     """The cell's phases from preparing the nodes to writing run.json (see the module doc).
+    ``topology``: the cluster's (cluster.json keeps the block it was provisioned with);
     ``placement``: each host's index in the cluster (its rack, its link overrides)."""
     run, tag, names = launcher.run, launcher.tag, [h.name for h in hosts]
     remote_dirs = {h.name: f"{h.spec.workdir}/{tag}" for h in hosts}
@@ -281,9 +284,8 @@ def _measure(
     seed = 1000 * int(launcher.cell.repeat or 0)
     progress.phase = "shape"
     # A leaf-spine fabric: its uplinks capped for the cell, a node's own link where the
-    # topology overrides it (cluster.json keeps the block the cluster was provisioned with).
+    # topology overrides it.
     extra = launcher.cluster.extra
-    topology = Topology.from_mapping(extra.get("topology_block"))
     per_host = {h.name: topology.node_shape(placement[h.name], shape) for h in hosts}
     mtu, offload = int(extra.get("mtu", 1500)), bool(extra.get("offload", False))
     with (

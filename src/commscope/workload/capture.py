@@ -739,7 +739,7 @@ def install() -> None:
             for key in _AUTOGRAD_KEYS:
                 lib.impl("wait_tensor", _wait_kernel(wait), key)
     if native is not None:
-        native.install([n.removeprefix("c10d::") for n in nested], nested)
+        native.install(nested)
         native.set_enabled(_STATE.enabled)
         _NATIVE = native
         _NATIVE_ENDS = native.ends

@@ -181,15 +181,18 @@ std::vector<int64_t> ends(const std::vector<int64_t>& slots) {
   return out;
 }
 
-void install(const std::vector<std::string>& names, const py::dict& python_kernels) {
+void install(const py::dict& python_kernels) {
+  // Keys are operator names ("c10d::allreduce_"): each gets the kernel, and the Python kernel
+  // its calls outside a functional op go to.
   g_python_kernels->clear();
-  for (auto item : python_kernels) {
-    (*g_python_kernels)[item.first.cast<std::string>()] = py::reinterpret_borrow<py::object>(item.second);
-  }
   g_library = std::make_unique<torch::Library>(
       torch::Library::IMPL, "c10d", c10::DispatchKey::ADInplaceOrView, __FILE__, __LINE__);
-  for (const auto& name : names) {
-    g_library->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&nested_kernel>());
+  const std::string ns = "c10d::";
+  for (auto item : python_kernels) {
+    const auto name = item.first.cast<std::string>();
+    (*g_python_kernels)[name] = py::reinterpret_borrow<py::object>(item.second);
+    const auto op = name.rfind(ns, 0) == 0 ? name.substr(ns.size()) : name;
+    g_library->impl(op.c_str(), torch::CppFunction::makeFromBoxedFunction<&nested_kernel>());
   }
 }
 
@@ -202,7 +205,7 @@ void uninstall() {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "commscope's native capture kernel (commscope.workload.capture_native)";
-  m.def("install", &install, "Register the ADInplaceOrView kernel on these c10d operators.");
+  m.def("install", &install, "Register the kernel on these c10d operators ({name: Python kernel}).");
   m.def("uninstall", &uninstall, "Remove the kernels again.");
   m.def("set_enabled", [](bool on) { g_enabled.store(on); }, "Recording on or off.");
   m.def("begin", &begin, "A functional op starts on this thread: its end stamp's slot.");
